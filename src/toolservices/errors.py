@@ -1,0 +1,110 @@
+"""The three kinds of error, kept apart.
+
+* :class:`ToolError` and its subclasses describe something the *model* did or
+  caused (bad arguments, an unknown tool, a crashing or slow tool). They are
+  never raised out of a step: the dispatcher turns them into a failed
+  :class:`~toolservices.dispatch.CallResult` whose message the model reads.
+* :class:`UserError` is the *developer's* mistake (a tool whose signature
+  cannot be described, an unknown parser or backend name). It is raised at
+  construction time and names the valid options.
+* :class:`InfrastructureError` is a failure of the machinery itself (a dead
+  interpreter, a lost Ray actor, a closed MCP connection). It is typed and
+  says whether retrying may help.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InfrastructureError",
+    "ServiceUnavailableError",
+    "ToolArgumentError",
+    "ToolDefinitionError",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolNotFoundError",
+    "ToolServicesError",
+    "ToolTimeoutError",
+    "UserError",
+]
+
+
+class ToolServicesError(Exception):
+    """Base class of every exception this library raises on purpose."""
+
+
+# --- what the model should see ------------------------------------------------
+
+
+class ToolError(ToolServicesError):
+    """A failure the model caused or can act on; rendered into a tool result.
+
+    ``kind`` is a short machine-readable label used in metrics and results.
+    """
+
+    kind: str = "tool_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ToolNotFoundError(ToolError, KeyError):
+    """The model named a tool that does not exist.
+
+    Subclasses :class:`KeyError` so that ``ToolRegistry.get`` keeps the
+    contract's exception type.
+    """
+
+    kind = "unknown_tool"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class ToolArgumentError(ToolError):
+    """The arguments do not match the tool's JSON Schema."""
+
+    kind = "invalid_arguments"
+
+
+class ToolExecutionError(ToolError):
+    """The tool ran and raised; the message is the tool's own."""
+
+    kind = "tool_failed"
+
+
+class ToolTimeoutError(ToolError):
+    """The tool did not finish within its time limit."""
+
+    kind = "timeout"
+
+
+# --- what the developer did wrong ----------------------------------------------
+
+
+class UserError(ToolServicesError, ValueError):
+    """A mistake in how the library is used; raised at construction time."""
+
+
+class ToolDefinitionError(UserError):
+    """A function cannot be turned into a tool; lists every problem at once."""
+
+
+# --- infrastructure --------------------------------------------------------------
+
+
+class InfrastructureError(ToolServicesError, RuntimeError):
+    """A failure of the machinery, not of the model or the developer.
+
+    ``retryable`` says whether the same request may succeed if sent again
+    (for example after a worker was restarted).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class ServiceUnavailableError(InfrastructureError):
+    """A registered service is gone (its process or actor died)."""

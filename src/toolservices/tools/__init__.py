@@ -1,0 +1,17 @@
+"""Tools: typed functions and service objects with schemas and validation."""
+
+from toolservices.tools._function_schema import FunctionSchema, function_schema
+from toolservices.tools.base import FunctionTool, ServiceTool, Tool, ToolService, as_tool, tool
+from toolservices.tools.registry import ToolRegistry
+
+__all__ = [
+    "FunctionSchema",
+    "FunctionTool",
+    "ServiceTool",
+    "Tool",
+    "ToolRegistry",
+    "ToolService",
+    "as_tool",
+    "function_schema",
+    "tool",
+]
