@@ -1,0 +1,135 @@
+"""Typed outcomes of dispatching tool calls, and the metrics for reward shaping."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from toolservices.parsing.base import ParseResult
+
+__all__ = ["CallResult", "EpisodeMetrics", "ItemResult", "StepMetrics", "value_text"]
+
+
+def value_text(value: Any) -> str:
+    """A tool's return value as text a model can read.
+
+    Strings are shown as they are; everything else as indented JSON (the
+    format TorchRL's ``<tool_results>`` block uses), with ``str()`` for values
+    JSON cannot encode.
+    """
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, indent=2, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@dataclass(kw_only=True)
+class CallResult:
+    """Exactly one of these exists for every parsed call and every parse error."""
+
+    tool: str
+    call_id: str
+    tag: str | None = None
+    #: Position of the call in its response (0-based); parse errors follow the calls.
+    index: int = 0
+    ok: bool
+    value: Any = None
+    #: What the model reads when the call failed.
+    error: str | None = None
+    #: ``unknown_tool``, ``invalid_arguments``, ``tool_failed``, ``timeout``,
+    #: ``parse_error``, ``skipped`` or ``infrastructure``.
+    error_kind: str | None = None
+    duration: float = 0.0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.error_kind == "timeout"
+
+    @property
+    def content(self) -> str:
+        """The text a model sees for this result."""
+        if self.ok:
+            return value_text(self.value)
+        return self.error or "unknown error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class StepMetrics:
+    """Per-item, per-step counts; additive, so episodes sum them."""
+
+    calls: int = 0
+    failed_calls: int = 0
+    parse_errors: int = 0
+    timeouts: int = 0
+    tool_time: float = 0.0
+
+    @classmethod
+    def from_results(cls, results: list[CallResult]) -> StepMetrics:
+        metrics = cls()
+        for result in results:
+            if result.error_kind == "parse_error":
+                metrics.parse_errors += 1
+                continue
+            metrics.calls += 1
+            metrics.tool_time += result.duration
+            if not result.ok:
+                metrics.failed_calls += 1
+            if result.timed_out:
+                metrics.timeouts += 1
+        return metrics
+
+    def __add__(self, other: StepMetrics) -> StepMetrics:
+        return StepMetrics(
+            calls=self.calls + other.calls,
+            failed_calls=self.failed_calls + other.failed_calls,
+            parse_errors=self.parse_errors + other.parse_errors,
+            timeouts=self.timeouts + other.timeouts,
+            tool_time=self.tool_time + other.tool_time,
+        )
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing failed and nothing was malformed."""
+        return not (self.failed_calls or self.parse_errors)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class EpisodeMetrics(StepMetrics):
+    """Totals over an episode, plus the number of turns that made calls."""
+
+    turns: int = 0
+    turns_with_calls: int = 0
+
+    def add_step(self, step: StepMetrics) -> None:
+        self.turns += 1
+        if step.calls or step.parse_errors:
+            self.turns_with_calls += 1
+        self.calls += step.calls
+        self.failed_calls += step.failed_calls
+        self.parse_errors += step.parse_errors
+        self.timeouts += step.timeouts
+        self.tool_time += step.tool_time
+
+
+@dataclass(kw_only=True)
+class ItemResult:
+    """What happened to one batch item in one step."""
+
+    results: list[CallResult] = field(default_factory=list)
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+    parse: ParseResult | None = None
+    #: True when ``stop_on_error`` skipped the calls after a failure.
+    stopped_early: bool = False
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.results)
