@@ -1,1 +1,100 @@
-"""toolservices."""
+"""toolservices: turn LLM output into executed tool calls, for batches of RL environments.
+
+The core (tools, parsers, dispatch, the framework-free environment) needs no
+torch. Integrations load on first use: ``toolservices.python`` (sandboxed
+interpreters), ``toolservices.services`` (local and Ray registries),
+``toolservices.mcp`` and ``toolservices.torchrl``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from toolservices.dispatch import (
+    CallResult,
+    Dispatcher,
+    EpisodeMetrics,
+    ItemResult,
+    StepMetrics,
+    render_tool_results,
+    to_openai_messages,
+)
+from toolservices.env import EnvStep, ToolEnv
+from toolservices.errors import (
+    InfrastructureError,
+    ServiceUnavailableError,
+    ToolArgumentError,
+    ToolDefinitionError,
+    ToolError,
+    ToolExecutionError,
+    ToolNotFoundError,
+    ToolServicesError,
+    ToolTimeoutError,
+    UserError,
+)
+from toolservices.parsing import ParseError, ParseResult, ToolCall, ToolParser
+from toolservices.tools import FunctionTool, Tool, ToolRegistry, ToolService, tool
+
+__version__ = "0.1.0.dev0"
+
+# Names served from subpackages that are imported only when first used.
+_LAZY = {
+    "get_parser": "toolservices.parsing",
+    "XMLBlockParser": "toolservices.parsing",
+    "JSONCallParser": "toolservices.parsing",
+    "get_services": "toolservices.services",
+    "PythonExecutorService": "toolservices.python",
+    "PersistentPythonProcess": "toolservices.python",
+    "isolation_report": "toolservices.python",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolservices' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "CallResult",
+    "Dispatcher",
+    "EnvStep",
+    "EpisodeMetrics",
+    "FunctionTool",
+    "InfrastructureError",
+    "ItemResult",
+    "JSONCallParser",
+    "ParseError",
+    "ParseResult",
+    "PersistentPythonProcess",
+    "PythonExecutorService",
+    "ServiceUnavailableError",
+    "StepMetrics",
+    "Tool",
+    "ToolArgumentError",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolEnv",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolNotFoundError",
+    "ToolParser",
+    "ToolRegistry",
+    "ToolService",
+    "ToolServicesError",
+    "ToolTimeoutError",
+    "UserError",
+    "XMLBlockParser",
+    "JSONCallParser",
+    "__version__",
+    "get_parser",
+    "get_services",
+    "isolation_report",
+    "render_tool_results",
+    "tool",
+    "to_openai_messages",
+]

@@ -61,8 +61,10 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
         elif section == "numpy" and _NUMPY_RULE.match(nxt):
             section, current = "other", None
             i += 1
-        elif section == "google" and (m := _GOOGLE_ARG.match(line)) and (
-            len(line) - len(line.lstrip()) <= 4
+        elif (
+            section == "google"
+            and (m := _GOOGLE_ARG.match(line))
+            and (len(line) - len(line.lstrip()) <= 4)
         ):
             current = m.group(1).lstrip("*")
             params[current] = m.group(2).strip()

@@ -144,7 +144,9 @@ class ServiceTool(Tool):
         self.description = doc if isinstance(doc, str) else (inspect.getdoc(service) or "")
         self.schema_in = dict(getattr(service, "schema_in", None) or {})
         self.schema_out = dict(getattr(service, "schema_out", None) or {})
-        self.is_async = inspect.iscoroutinefunction(getattr(service, "__call__", None))
+        self.is_async = inspect.iscoroutinefunction(service) or inspect.iscoroutinefunction(
+            type(service).__call__
+        )
         self.accepts_state = _accepts_keyword(service, STATE_PARAMETER)
 
     def __call__(self, **kwargs: Any) -> Any:

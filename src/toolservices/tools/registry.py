@@ -46,9 +46,7 @@ class ToolRegistry:
             return self._tools[name]
         except KeyError:
             available = ", ".join(sorted(self._tools)) or "none"
-            raise ToolNotFoundError(
-                f"Unknown tool: {name}. Available tools: {available}"
-            ) from None
+            raise ToolNotFoundError(f"Unknown tool: {name}. Available tools: {available}") from None
 
     def __getitem__(self, name: str) -> Tool:
         return self.get(name)

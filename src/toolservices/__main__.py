@@ -1,0 +1,5 @@
+import sys
+
+from toolservices.cli import main
+
+sys.exit(main())

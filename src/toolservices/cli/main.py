@@ -1,0 +1,61 @@
+"""Entry point of the ``toolservices`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toolservices",
+        description="Execute LLM tool calls for batches of RL environments.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo", help="run a batch of scripted tool-using episodes in eight model formats"
+    )
+    demo.add_argument(
+        "--repeats", type=int, default=1, help="episodes per format and scenario (default 1: 32)"
+    )
+    check = commands.add_parser(
+        "sandbox-check", help="report which isolation layers the Python sandbox can use here"
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    serve = commands.add_parser("serve", help="serve tools over a protocol")
+    serve.add_argument("--mcp", action="store_true", required=True, help="serve as an MCP server")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "demo":
+        from toolservices.cli.demo import run_demo
+
+        if args.repeats < 1:
+            print("--repeats must be at least 1", file=sys.stderr)
+            return 2
+        return run_demo(repeats=args.repeats, out=sys.stdout)
+    if args.command == "sandbox-check":
+        from toolservices.python import isolation_report
+        from toolservices.python._sandbox import format_isolation_report
+
+        report = isolation_report()
+        print(json.dumps(report, indent=2) if args.json else format_isolation_report(report))
+        return 0
+    if args.command == "serve":
+        from toolservices.mcp import serve_main
+
+        return serve_main(transport=args.transport, host=args.host, port=args.port)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
