@@ -1,0 +1,185 @@
+"""Dispatcher: order within an item, concurrency across items, one result per call."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+
+from toolservices import (
+    Dispatcher,
+    ParseError,
+    ParseResult,
+    ToolCall,
+    ToolRegistry,
+    UserError,
+    render_tool_results,
+    to_openai_messages,
+    tool,
+)
+
+events: list[tuple[int, str]] = []
+lock = threading.Lock()
+
+
+@tool
+def record(item: int, label: str) -> str:
+    """Record a call in order."""
+    with lock:
+        events.append((item, label))
+    time.sleep(0.01)
+    return label
+
+
+@tool
+def sleepy(seconds: float) -> dict:
+    """Block for a while (a plain blocking function)."""
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+@tool
+async def asleep(seconds: float) -> float:
+    """Sleep asynchronously."""
+    await anyio.sleep(seconds)
+    return seconds
+
+
+@tool
+def fail(message: str = "Test error") -> None:
+    """Always raises."""
+    raise ValueError(message)
+
+
+@tool
+def stateful(x: int, _state: dict | None = None) -> dict | None:
+    return _state
+
+
+@tool
+def stateless(x: int) -> int:
+    return x
+
+
+REGISTRY = ToolRegistry([record, sleepy, asleep, fail, stateful, stateless])
+
+
+def test_calls_of_one_item_keep_their_order() -> None:
+    events.clear()
+    items = [[ToolCall("record", {"item": i, "label": f"c{k}"}) for k in range(4)] for i in range(6)]
+    outcomes = Dispatcher(REGISTRY).run(items)
+    for i in range(6):
+        assert [label for item, label in events if item == i] == ["c0", "c1", "c2", "c3"]
+        assert [r.value for r in outcomes[i].results] == ["c0", "c1", "c2", "c3"]
+        assert [r.index for r in outcomes[i].results] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("tool_name", ["sleepy", "asleep"])
+def test_items_run_concurrently(tool_name: str) -> None:
+    items = [[ToolCall(tool_name, {"seconds": 0.3})] for _ in range(8)]
+    started = time.perf_counter()
+    outcomes = Dispatcher(REGISTRY).run(items)
+    wall = time.perf_counter() - started
+    assert all(o.results[0].ok for o in outcomes)
+    # Sequential would take 2.4 s; allow a wide margin for a loaded machine.
+    assert wall < 0.3 * 8 / 3
+
+
+def test_max_concurrency_bounds_parallel_calls() -> None:
+    items = [[ToolCall("sleepy", {"seconds": 0.2})] for _ in range(4)]
+    started = time.perf_counter()
+    Dispatcher(REGISTRY, max_concurrency=1).run(items)
+    assert time.perf_counter() - started >= 0.75
+
+
+def test_timeout_is_isolated_to_its_call() -> None:
+    items = [
+        [ToolCall("sleepy", {"seconds": 2.0}), ToolCall("stateless", {"x": 1})],
+        [ToolCall("asleep", {"seconds": 2.0})],
+        [ToolCall("stateless", {"x": 2})],
+    ]
+    started = time.perf_counter()
+    outcomes = Dispatcher(REGISTRY, timeout=0.2).run(items)
+    assert time.perf_counter() - started < 1.5
+    first, second, third = outcomes
+    assert first.results[0].timed_out and "timed out after 0.2 s" in first.results[0].error
+    assert first.results[1].ok and first.results[1].value == 1
+    assert second.results[0].timed_out
+    assert third.results[0].ok
+    assert first.metrics.timeouts == 1 and first.metrics.failed_calls == 1
+
+
+def test_every_call_and_parse_error_gets_one_result() -> None:
+    parse = ParseResult(
+        text="",
+        calls=[
+            ToolCall("fail", {}),
+            ToolCall("missing", {}),
+            ToolCall("stateless", {"x": "nope"}),
+            ToolCall("stateless", {"x": 3}, tag="T"),
+        ],
+        errors=[ParseError("Invalid JSON in <tool_call> block", kind="invalid_json")],
+    )
+    (outcome,) = Dispatcher(REGISTRY).run([parse])
+    kinds = [r.error_kind for r in outcome.results]
+    assert kinds == ["tool_failed", "unknown_tool", "invalid_arguments", None, "parse_error"]
+    assert outcome.results[0].error == "Test error"
+    assert "Unknown tool: missing" in outcome.results[1].error
+    assert outcome.metrics.calls == 4
+    assert outcome.metrics.failed_calls == 3
+    assert outcome.metrics.parse_errors == 1
+    assert len({r.call_id for r in outcome.results}) == 5
+
+
+def test_stop_on_error_skips_the_rest_but_reports_it() -> None:
+    calls = [ToolCall("stateless", {"x": 1}), ToolCall("fail", {}), ToolCall("stateless", {"x": 2})]
+    (outcome,) = Dispatcher(REGISTRY, stop_on_error=True).run([calls])
+    assert [r.error_kind for r in outcome.results] == [None, "tool_failed", "skipped"]
+    assert outcome.stopped_early
+    (outcome,) = Dispatcher(REGISTRY).run([calls])
+    assert [r.ok for r in outcome.results] == [True, False, True]
+
+
+def test_state_goes_only_to_tools_that_accept_it() -> None:
+    calls = [ToolCall("stateless", {"x": 1}), ToolCall("stateful", {"x": 1})]
+    (outcome,) = Dispatcher(REGISTRY).run([calls], states=[{"batch_index": 5, "turn": 2}])
+    assert outcome.results[0].ok
+    assert outcome.results[1].value == {"batch_index": 5, "turn": 2, "call_index": 1}
+    (outcome,) = Dispatcher(REGISTRY, pass_state=False).run([calls], states=[{"turn": 1}])
+    assert outcome.results[1].value is None
+
+
+def test_rendering_matches_the_contract() -> None:
+    calls = [
+        ToolCall("stateful", {"x": 1}),
+        ToolCall("stateless", {"x": 2}, tag="A"),
+        ToolCall("fail", {}),
+    ]
+    (outcome,) = Dispatcher(REGISTRY).run([calls], states=[{"k": "v"}])
+    assert render_tool_results(outcome.results) == (
+        "<tool_results>\n"
+        "Tool stateful (call 1) succeeded:\n"
+        '  Result: {\n  "k": "v",\n  "call_index": 0\n}\n'
+        "Tool stateless (call 2) [tag: A] succeeded:\n"
+        "  Result: 2\n"
+        "Tool fail (call 3) failed:\n"
+        "  Error: Test error\n"
+        "</tool_results>"
+    )
+    messages = to_openai_messages(outcome.results)
+    assert [m["role"] for m in messages] == ["tool"] * 3
+    assert messages[2]["content"] == "Error: Test error"
+    assert messages[1]["tool_call_id"] == outcome.results[1].call_id
+
+
+async def test_async_entry_point_and_config_errors() -> None:
+    outcomes = await Dispatcher(REGISTRY).arun([[ToolCall("asleep", {"seconds": 0})]])
+    assert outcomes[0].results[0].value == 0
+    with pytest.raises(UserError, match="max_concurrency"):
+        Dispatcher(REGISTRY, max_concurrency=0)
+    with pytest.raises(UserError, match="timeout"):
+        Dispatcher(REGISTRY, timeout=0)
+    with pytest.raises(UserError, match="states"):
+        await Dispatcher(REGISTRY).arun([[]], states=[{}, {}])
