@@ -1,0 +1,26 @@
+"""MCP bridge: MCP servers' tools as toolservices tools, and our tools as an MCP server.
+
+Client side: :class:`MCPToolset` connects to servers over stdio
+(:class:`StdioServer`) or streamable HTTP (:class:`HttpServer`) and exposes
+their tools as :class:`~toolservices.tools.Tool` objects named
+``"server.tool"``. Server side: :func:`serve` exposes a
+:class:`~toolservices.tools.ToolRegistry` (for example the sandboxed Python
+executor) as an MCP server.
+"""
+
+from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
+from toolservices.mcp._connection import MCPConnectionError, ServerState
+from toolservices.mcp._result import ContentPart, MCPResult
+from toolservices.mcp._toolset import MCPTool, MCPToolset
+
+__all__ = [
+    "ContentPart",
+    "HttpServer",
+    "MCPConnectionError",
+    "MCPResult",
+    "MCPTool",
+    "MCPToolset",
+    "ServerConfig",
+    "ServerState",
+    "StdioServer",
+]

@@ -1,0 +1,95 @@
+"""What an MCP tool call returns, kept whole: every content part plus structured data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp.types as mt
+
+__all__ = ["ContentPart", "MCPResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContentPart:
+    """One content block of a result.
+
+    ``type`` is the MCP block type: ``"text"``, ``"image"``, ``"audio"``,
+    ``"resource"`` (embedded) or ``"resource_link"``. Binary payloads stay
+    base64-encoded, as on the wire, in ``data``.
+    """
+
+    type: str
+    text: str | None = None
+    data: str | None = None
+    mime_type: str | None = None
+    uri: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MCPResult:
+    """The result of one ``tools/call``.
+
+    ``is_error`` is the server's own ``isError`` flag: the tool ran and
+    reported a failure, whose message is in :attr:`text`.
+    """
+
+    server: str
+    tool: str
+    parts: tuple[ContentPart, ...] = ()
+    structured: dict[str, Any] | None = None
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        """The text parts joined by newlines (structured data as JSON if no text)."""
+        texts = [p.text for p in self.parts if p.type == "text" and p.text is not None]
+        if texts:
+            return "\n".join(texts)
+        if self.structured is not None:
+            return json.dumps(self.structured, ensure_ascii=False)
+        return ""
+
+    @property
+    def images(self) -> list[ContentPart]:
+        """The image parts, in order."""
+        return [p for p in self.parts if p.type == "image"]
+
+    def __str__(self) -> str:
+        return self.text
+
+    @classmethod
+    def from_mcp(cls, server: str, tool: str, result: mt.CallToolResult) -> MCPResult:
+        """Convert the SDK's result model."""
+        return cls(
+            server=server,
+            tool=tool,
+            parts=tuple(_part(block) for block in result.content),
+            structured=result.structured_content,
+            is_error=bool(result.is_error),
+        )
+
+
+def _part(block: Any) -> ContentPart:
+    raw = block.model_dump(by_alias=True, mode="json", exclude_none=True)
+    kind = str(raw.get("type", "unknown"))
+    if isinstance(block, mt.TextContent):
+        return ContentPart(type=kind, text=block.text, raw=raw)
+    if isinstance(block, (mt.ImageContent, mt.AudioContent)):
+        return ContentPart(type=kind, data=block.data, mime_type=block.mime_type, raw=raw)
+    if isinstance(block, mt.EmbeddedResource):
+        res = block.resource
+        return ContentPart(
+            type=kind,
+            text=getattr(res, "text", None),
+            data=getattr(res, "blob", None),
+            mime_type=res.mime_type,
+            uri=str(res.uri),
+            raw=raw,
+        )
+    if isinstance(block, mt.ResourceLink):
+        return ContentPart(type=kind, uri=str(block.uri), mime_type=block.mime_type, raw=raw)
+    return ContentPart(type=kind, raw=raw)

@@ -1,0 +1,107 @@
+"""A small MCP server written with the SDK, for the bridge's tests.
+
+Run over stdio (default) or streamable HTTP: ``demo_server.py --http``
+binds 127.0.0.1 on a free port and prints ``PORT <n>`` on stdout once it
+listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+import anyio
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel
+
+server = MCPServer("demo")
+
+# A 1x1 transparent PNG.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+)
+
+
+class Sum(BaseModel):
+    total: int
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def add_structured(a: int, b: int) -> Sum:
+    """Add two integers and return structured content."""
+    return Sum(total=a + b)
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep, then say so."""
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fail with the given message."""
+    raise ToolError(message)
+
+
+@server.tool()
+def big(n: int) -> str:
+    """Return n characters of text."""
+    return "x" * n
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+def getenv(name: str) -> str:
+    """An environment variable of the server process ('<unset>' if absent)."""
+    return os.environ.get(name, "<unset>")
+
+
+@server.tool()
+def image() -> Image:
+    """A tiny PNG image."""
+    return Image(data=PNG, format="png")
+
+
+async def _serve_http(port: int) -> None:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    options = parser.parse_args()
+    if options.http:
+        anyio.run(_serve_http, options.port)
+    else:
+        server.run("stdio")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
