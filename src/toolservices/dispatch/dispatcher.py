@@ -83,12 +83,15 @@ class Dispatcher:
         """Run every item's calls; one :class:`ItemResult` per item, in order."""
         if states is not None and len(states) != len(items):
             raise UserError(f"got {len(states)} states for {len(items)} items")
+        # Calls of one item are sequential, so a batch no larger than the bound
+        # cannot exceed it; the limiter then only sizes the worker threads.
         limiter = anyio.CapacityLimiter(self.max_concurrency)
+        bounded = len(items) > self.max_concurrency
         outcomes: list[ItemResult] = [ItemResult() for _ in items]
 
         async def one(i: int) -> None:
             state = states[i] if states is not None else None
-            outcomes[i] = await self._run_item(items[i], state, limiter)
+            outcomes[i] = await self._run_item(items[i], state, limiter, bounded)
 
         if len(items) == 1:
             await one(0)
@@ -104,8 +107,13 @@ class Dispatcher:
         *,
         state: Mapping[str, Any] | None = None,
         limiter: anyio.CapacityLimiter | None = None,
+        bound_async: bool = True,
     ) -> CallResult:
-        """Run a single call; never raises for anything the tool or model did."""
+        """Run a single call; never raises for anything the tool or model did.
+
+        ``limiter`` caps concurrent calls (and sizes the threads of sync
+        tools); ``bound_async=False`` lets async tools skip it.
+        """
         started = time.perf_counter()
         call_id = call.id or make_call_id(0, call.tool, call.args)
 
@@ -126,7 +134,7 @@ class Dispatcher:
             limit = tool.timeout if tool.timeout is not None else self.timeout
             with anyio.move_on_after(limit if limit is not None else math.inf) as scope:
                 if tool.is_async:
-                    if limiter is None:
+                    if limiter is None or not bound_async:
                         value = await tool.acall(**args)
                     else:
                         async with limiter:
@@ -156,6 +164,7 @@ class Dispatcher:
         item: DispatchItem,
         state: Mapping[str, Any] | None,
         limiter: anyio.CapacityLimiter,
+        bounded: bool,
     ) -> ItemResult:
         parse = item if isinstance(item, ParseResult) else None
         calls = list(parse.calls if parse is not None else item)
@@ -178,7 +187,7 @@ class Dispatcher:
             call_state = None
             if state is not None:
                 call_state = {**state, "call_index": index}
-            outcome = await self.acall(call, state=call_state, limiter=limiter)
+            outcome = await self.acall(call, state=call_state, limiter=limiter, bound_async=bounded)
             outcome.index = index
             results.append(outcome)
             stopped = self.stop_on_error and not outcome.ok
