@@ -1,0 +1,63 @@
+"""Shared services (interpreter pools, indexes, gateways) by name, in-process or on Ray.
+
+``get_services()`` returns a registry for one backend and namespace::
+
+    services = get_services()                    # in this process
+    services = get_services("ray", namespace="rl")  # named actors on a Ray cluster
+    services.get_or_register("python", PythonExecutorService, pool_size=8, num_replicas=2)
+    client = services.client("python")
+    client.call("execute", "x = 1", session_id="env-0")   # same code on both backends
+
+Ray is imported only when the Ray backend is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from toolservices.errors import UserError
+from toolservices.services._local import LocalServiceClient, LocalServiceRegistry
+from toolservices.services.base import DEFAULT_NAMESPACE, ServiceClient, ServiceRegistry
+
+if TYPE_CHECKING:
+    from toolservices.services._ray import RayServiceClient, RayServiceRegistry
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_NAMESPACE",
+    "LocalServiceClient",
+    "LocalServiceRegistry",
+    "RayServiceClient",
+    "RayServiceRegistry",
+    "ServiceClient",
+    "ServiceRegistry",
+    "get_services",
+]
+
+#: Valid ``backend`` names for :func:`get_services`.
+BACKENDS = ("local", "ray")
+
+
+def get_services(backend: str = "local", **init_kwargs: Any) -> ServiceRegistry:
+    """The service registry of ``backend`` ("local" or "ray").
+
+    ``init_kwargs`` go to the registry: ``namespace=`` for both, and
+    ``ray_init_config=`` (passed to ``ray.init`` if Ray is not running) for Ray.
+    """
+    if backend == "local":
+        return LocalServiceRegistry(**init_kwargs)
+    if backend == "ray":
+        from toolservices.services._ray import RayServiceRegistry
+
+        return RayServiceRegistry(**init_kwargs)
+    raise UserError(
+        f"Unsupported backend: {backend!r}. Available backends: {', '.join(map(repr, BACKENDS))}"
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RayServiceRegistry", "RayServiceClient"):
+        from toolservices.services import _ray
+
+        return getattr(_ray, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,414 @@
+"""The Ray backend: every service is a named, detached actor in a Ray namespace.
+
+Ray's named-actor table is the only state. ``get`` / ``in`` are one lookup in
+it, ``list`` is one listing, and registration relies on Ray refusing a second
+actor with a taken name, so two workers racing end with one service and one
+"already exists" error. A service with ``k`` replicas is ``k`` actors:
+replica 0 under the plain name, replica ``i`` under ``name#replica<i>of<k>``.
+Replica 0 is created *last*, so whoever can see the name can see all of its
+replicas, and a failed registration never shows up in ``list()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from toolservices.errors import (
+    InfrastructureError,
+    ServiceTimeoutError,
+    ServiceUnavailableError,
+    UserError,
+)
+from toolservices.services.base import (
+    DEFAULT_NAMESPACE,
+    NUM_REPLICAS,
+    REPLICA_SEPARATOR,
+    ServiceClient,
+    ServiceRegistry,
+    exists_error,
+    not_found_error,
+    replica_names,
+)
+
+__all__ = ["RayServiceClient", "RayServiceRegistry", "ray_actor_option_names"]
+
+#: Set by the registry itself on every actor it creates.
+_RESERVED_OPTIONS = frozenset({"name", "namespace", "get_if_exists"})
+
+#: How long ``reset`` lets each service run its ``close()`` before killing it.
+CLOSE_TIMEOUT = 10.0
+
+#: How long ``get_or_register`` waits for another worker's registration to finish.
+REGISTRATION_WAIT = 60.0
+
+_REPLICA_RE = re.compile(re.escape(REPLICA_SEPARATOR) + r"(\d+)of(\d+)$")
+
+
+def _import_ray() -> Any:
+    try:
+        return importlib.import_module("ray")
+    except ImportError as exc:
+        raise UserError(
+            "The 'ray' services backend needs Ray: pip install 'toolservices[ray]'"
+        ) from exc
+
+
+@functools.lru_cache(maxsize=1)
+def ray_actor_option_names() -> frozenset[str]:
+    """The option names that Ray's ``ActorClass.options()`` accepts, read from Ray itself."""
+    _import_ray()
+    for module in ("ray._common.ray_option_utils", "ray._private.ray_option_utils"):
+        try:
+            table = importlib.import_module(module).actor_options
+        except (ImportError, AttributeError):
+            continue
+        return frozenset(table)
+    raise InfrastructureError("Cannot find Ray's table of actor options in this Ray version")
+
+
+def _already_exists(exc: BaseException) -> bool:
+    ray = _import_ray()
+    kind = getattr(ray.exceptions, "ActorAlreadyExistsError", None)
+    if kind is not None:
+        return isinstance(exc, kind)
+    return isinstance(exc, ValueError) and "already taken" in str(exc)  # Ray < 2.4x
+
+
+def _constructor_parameters(factory: Any) -> set[str]:
+    cls = getattr(factory, "__ray_metadata__", None)
+    target = getattr(cls, "modified_class", factory)
+    try:
+        return set(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+class RayServiceRegistry(ServiceRegistry):
+    """Services as named, detached Ray actors; ``get`` returns the actor handle.
+
+    ``ray_init_config`` goes to ``ray.init`` only when Ray is not running yet
+    (inside a Ray worker it already is). ``shutdown()`` terminates this
+    namespace's services, never the Ray cluster.
+    """
+
+    backend = "ray"
+
+    def __init__(
+        self,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        ray_init_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(namespace=namespace)
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(**dict(ray_init_config or {}))
+        self._ray = ray
+
+    # -- options ---------------------------------------------------------------------
+
+    def _split_options(
+        self, factory: Any, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        names = ray_actor_option_names() | {NUM_REPLICAS}
+        options = {k: v for k, v in kwargs.items() if k in names}
+        ctor = {k: v for k, v in kwargs.items() if k not in names}
+        clash = sorted(set(options) & _constructor_parameters(factory))
+        if clash:
+            raise UserError(
+                f"{', '.join(map(repr, clash))}: both Ray actor option(s) and parameter(s) of "
+                f"{getattr(factory, '__name__', factory)!r}; say which with "
+                "register_with_options(name, factory, actor_options={...}, **constructor_kwargs)"
+            )
+        return ctor, self._check_options(options)
+
+    def _check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        valid = ray_actor_option_names() - _RESERVED_OPTIONS
+        reserved = sorted(set(options) & _RESERVED_OPTIONS)
+        if reserved:
+            raise UserError(
+                f"Actor option(s) {', '.join(reserved)} are set by the registry "
+                "(service name and namespace)"
+            )
+        unknown = sorted(set(options) - valid - {NUM_REPLICAS})
+        if unknown:
+            raise UserError(
+                f"Unknown Ray actor option(s) {', '.join(unknown)}. "
+                f"Valid options: {NUM_REPLICAS}, {', '.join(sorted(valid))}"
+            )
+        return options
+
+    def _actor_class(self, name: str, factory: Any) -> Any:
+        if isinstance(factory, self._ray.actor.ActorClass):
+            return factory
+        if inspect.isclass(factory):
+            return self._ray.remote(factory)
+        raise UserError(
+            f"Cannot register {factory!r} as Ray service '{name}': the Ray backend creates "
+            "actors from classes (or @ray.remote classes)"
+        )
+
+    # -- registration ----------------------------------------------------------------------
+
+    def _register(
+        self,
+        name: str,
+        factory: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        num_replicas: int,
+    ) -> Any:
+        actor_class = self._actor_class(name, factory)
+        opts = {"lifetime": "detached", **options}
+        if num_replicas > 1:
+            opts.setdefault("scheduling_strategy", "SPREAD")
+        names = replica_names(name, num_replicas)[1:]
+        created: list[Any] = []
+        try:
+            for actor_name in [*names, name]:  # the plain name last: it commits the service
+                handle = actor_class.options(
+                    name=actor_name, namespace=self.namespace, **opts
+                ).remote(*args, **kwargs)
+                created.append(handle)
+        except BaseException as exc:
+            for handle in created:
+                self._ray.kill(handle, no_restart=True)
+            if _already_exists(exc):
+                raise exists_error(name, self.namespace) from exc
+            raise
+        return created[-1]
+
+    def _wait_registered(self, name: str) -> Any:
+        try:
+            return self.get(name)
+        except KeyError:
+            pending = self._replica_actor_names(name)
+            if not pending:
+                raise
+        # Another worker created the replicas and is about to create the plain name;
+        # its replica becoming ready bounds how long that takes.
+        handle = self._ray.get_actor(pending[0], namespace=self.namespace)
+        self._ray.get(handle.__ray_ready__.remote(), timeout=REGISTRATION_WAIT)
+        return self.get(name)
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def _named_actors(self) -> list[str]:
+        return [
+            entry["name"]
+            for entry in self._ray.util.list_named_actors(all_namespaces=True)
+            if entry["namespace"] == self.namespace
+        ]
+
+    def _replica_actor_names(self, name: str) -> list[str]:
+        """Names of replicas 1.. of ``name`` that are registered, in replica order."""
+        found = []
+        for actor_name in self._named_actors():
+            rest = actor_name[len(name) :] if actor_name.startswith(name) else ""
+            match = _REPLICA_RE.fullmatch(rest)
+            if match:
+                found.append((int(match.group(1)), actor_name))
+        return [actor_name for _, actor_name in sorted(found)]
+
+    def get(self, name: str) -> Any:
+        if isinstance(name, str) and "#" not in name:
+            try:
+                return self._ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                pass  # not registered: reported below with the list of services
+        raise not_found_error(name, self.namespace, self.list())
+
+    def replicas(self, name: str) -> list[Any]:
+        head = self.get(name)
+        rest = [
+            self._ray.get_actor(actor_name, namespace=self.namespace)
+            for actor_name in self._replica_actor_names(name)
+        ]
+        return [head, *rest]
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or "#" in name:
+            return False
+        try:
+            self._ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return False
+        return True
+
+    def list(self) -> list[str]:
+        return sorted(n for n in self._named_actors() if "#" not in n)
+
+    def client(self, name: str, *, timeout: float | None = None) -> RayServiceClient:
+        head = self.get(name)
+        names = [name, *self._replica_actor_names(name)]
+        return RayServiceClient(name, self.namespace, names, head, timeout=timeout)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        ray = self._ray
+        handles: dict[str, Any] = {}
+        for actor_name in self._named_actors():
+            try:
+                handles[actor_name] = ray.get_actor(actor_name, namespace=self.namespace)
+            except ValueError:
+                continue  # died since it was listed
+        closing: dict[Any, str] = {}
+        for actor_name, handle in handles.items():
+            for method in ("close", "cleanup"):
+                if hasattr(handle, method):
+                    closing[getattr(handle, method).remote()] = actor_name
+                    break
+        failures: list[tuple[str, BaseException]] = []
+        if closing:
+            done, late = ray.wait(list(closing), num_returns=len(closing), timeout=CLOSE_TIMEOUT)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    continue  # already gone: nothing left to close
+                except Exception as exc:  # collected, raised after every actor is killed
+                    failures.append((closing[ref], exc))
+            for ref in late:
+                failures.append(
+                    (closing[ref], TimeoutError(f"close() took over {CLOSE_TIMEOUT} s"))
+                )
+        for handle in handles.values():
+            ray.kill(handle, no_restart=True)
+        if failures:
+            detail = "; ".join(f"{name}: {exc!r}" for name, exc in failures)
+            raise InfrastructureError(
+                f"{len(failures)} service(s) of namespace '{self.namespace}' failed to close "
+                f"(their actors were killed anyway): {detail}"
+            ) from failures[0][1]
+
+
+class RayServiceClient(ServiceClient):
+    """Calls actor methods: ``ray.get`` with the client's timeout in sync code,
+    ``await`` on the ObjectRef in asyncio code.
+
+    If the class defines an ``a``-prefixed twin of a method (``execute`` /
+    ``aexecute``), both ``call`` and ``acall`` use the twin: in an async actor
+    a synchronous method would block the actor's event loop for everyone.
+    """
+
+    def __init__(
+        self, name: str, namespace: str, names: list[str], head: Any, *, timeout: float | None
+    ) -> None:
+        super().__init__(name, namespace, names, timeout=timeout)
+        self._ray = _import_ray()
+        self._handles: list[Any] = [head] + [None] * (len(names) - 1)
+        self._methods: dict[str, str] = {}
+
+    def _handle(self, index: int) -> Any:
+        handle = self._handles[index]
+        if handle is None:
+            actor_name = self._router.replicas[index]
+            try:
+                handle = self._ray.get_actor(actor_name, namespace=self.namespace)
+            except ValueError:
+                raise self._gone(index, "it is no longer registered") from None
+            self._handles[index] = handle
+        return handle
+
+    def _submit(
+        self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        handle = self._handle(index)
+        actual = self._methods.get(method)
+        if actual is None:
+            twin = "a" + method
+            if hasattr(handle, twin):
+                actual = twin
+            elif hasattr(handle, method):
+                actual = method
+            else:
+                raise AttributeError(f"Service '{self.name}' has no method '{method}'")
+            self._methods[method] = actual
+        return getattr(handle, actual).remote(*args, **kwargs)
+
+    def _call(self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        ray = self._ray
+        ref = self._submit(index, method, args, kwargs)
+        try:
+            return ray.get(ref, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref)
+            raise self._timeout(method) from None
+        except ray.exceptions.RayActorError as exc:
+            raise self._unavailable(index, exc) from exc
+
+    async def _acall(
+        self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        ray = self._ray
+        ref = self._submit(index, method, args, kwargs)
+        try:
+            asyncio.get_running_loop()
+            on_asyncio = True
+        except RuntimeError:  # trio: wait for the result in a worker thread
+            on_asyncio = False
+        try:
+            with anyio.move_on_after(self.timeout):
+                if on_asyncio:
+                    return await ref
+                return await anyio.to_thread.run_sync(
+                    functools.partial(ray.get, ref), abandon_on_cancel=True
+                )
+        except ray.exceptions.RayActorError as exc:
+            raise self._unavailable(index, exc) from exc
+        ray.cancel(ref)
+        raise self._timeout(method)
+
+    def _timeout(self, method: str) -> ServiceTimeoutError:
+        return ServiceTimeoutError(
+            f"Service '{self.name}' in namespace '{self.namespace}' did not answer "
+            f"'{method}' within {self.timeout} s; the call was cancelled",
+            retryable=True,
+        )
+
+    def _where(self, index: int) -> str:
+        where = f"Service '{self.name}'"
+        if self.num_replicas > 1:
+            where += f" (replica {index} of {self.num_replicas})"
+        return f"{where} in namespace '{self.namespace}'"
+
+    def _unavailable(self, index: int, exc: BaseException) -> ServiceUnavailableError:
+        restarting = getattr(self._ray.exceptions, "ActorUnavailableError", None)
+        if restarting is not None and isinstance(exc, restarting):
+            return ServiceUnavailableError(
+                f"{self._where(index)} is unavailable: its Ray actor is restarting or "
+                "unreachable; retry (state held by the actor is lost if it restarted)",
+                retryable=True,
+            )
+        return self._gone(index, f"its Ray actor died ({type(exc).__name__})")
+
+    def _gone(self, index: int, why: str) -> ServiceUnavailableError:
+        self._handles[index] = None
+        if self.num_replicas == 1:
+            return ServiceUnavailableError(
+                f"{self._where(index)} is unavailable: {why} and will not come back; "
+                "register it again",
+                retryable=False,
+            )
+        self._router.mark_dead(index)
+        live = bool(self._router.live())
+        return ServiceUnavailableError(
+            f"{self._where(index)} is unavailable: {why}. "
+            + (
+                "Later calls go to the remaining replicas; sessions it held are lost."
+                if live
+                else "No replica is left; register the service again."
+            ),
+            retryable=live,
+        )
