@@ -16,6 +16,9 @@ from __future__ import annotations
 
 __all__ = [
     "InfrastructureError",
+    "ServiceExistsError",
+    "ServiceNotFoundError",
+    "ServiceTimeoutError",
     "ServiceUnavailableError",
     "ToolArgumentError",
     "ToolDefinitionError",
@@ -108,3 +111,21 @@ class InfrastructureError(ToolServicesError, RuntimeError):
 
 class ServiceUnavailableError(InfrastructureError):
     """A registered service is gone (its process or actor died)."""
+
+
+class ServiceTimeoutError(InfrastructureError):
+    """A call to a registered service did not answer within the client's timeout.
+
+    The call was cancelled on our side; the service itself may still be alive.
+    """
+
+
+class ServiceExistsError(UserError):
+    """A service registry already holds a service under this name."""
+
+
+class ServiceNotFoundError(ToolServicesError, KeyError):
+    """A service registry holds no service under this name (a ``KeyError``)."""
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0]) if self.args else ""
