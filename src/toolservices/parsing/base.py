@@ -144,8 +144,10 @@ class ToolParser:
         self.schemas = ToolSchemas.from_tools(tools)
 
     def __call__(self, response: str | dict[str, Any]) -> ParseResult:
-        text = response_text(response)
-        result = self._parse(text)
+        return self._finish(self._parse(response_text(response)))
+
+    def _finish(self, result: ParseResult) -> ParseResult:
+        """Give every call an id and fill the standard ``meta`` keys."""
         for index, call in enumerate(result.calls):
             if not call.id:
                 call.id = make_call_id(index, call.tool, call.args)

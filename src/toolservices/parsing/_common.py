@@ -1,0 +1,181 @@
+"""Building blocks shared by the parser families.
+
+* :class:`Collector` gathers calls, errors and the spans of call syntax to cut
+  out of the visible text, so every family reports results the same way.
+* :class:`SyntaxParser` is the base of the families: it knows the family's
+  syntax (shown to the model in every error message) and builds errors.
+* :func:`iter_blocks` finds ``OPEN ... CLOSE`` blocks with plain ``str.find``
+  (fast, and an unterminated last block is reported, not lost).
+* :func:`xml_params` reads "XML-ish" parameters (``<parameter=K>V</parameter>``
+  and friends), tolerating the missing closing tags real models produce.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from toolservices.parsing._json import ArgumentsError
+from toolservices.parsing.base import ParseError, ParseResult, ToolCall, ToolParser
+
+__all__ = [
+    "Block",
+    "Collector",
+    "SyntaxParser",
+    "iter_blocks",
+    "strip_newlines",
+    "xml_params",
+]
+
+
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    if not spans:
+        return text.strip()
+    pieces: list[str] = []
+    last = 0
+    for start, end in sorted(spans):
+        if start > last:
+            pieces.append(text[last:start])
+        last = max(last, end)
+    pieces.append(text[last:])
+    return "".join(pieces).strip()
+
+
+class Collector:
+    """Calls, errors and cut spans found in one response."""
+
+    __slots__ = ("_spans", "calls", "errors", "parser", "text")
+
+    def __init__(self, parser: SyntaxParser, text: str) -> None:
+        self.parser = parser
+        self.text = text
+        self.calls: list[ToolCall] = []
+        self.errors: list[ParseError] = []
+        self._spans: list[tuple[int, int]] = []
+
+    def cut(self, start: int, end: int) -> None:
+        """Remove ``text[start:end]`` from the visible text."""
+        if end > start:
+            self._spans.append((start, end))
+
+    def call(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        *,
+        tag: str | None = None,
+        id: str = "",
+        raw: str | None = None,
+    ) -> None:
+        self.calls.append(ToolCall(tool, args, tag, id, raw))
+
+    def error(self, what: str, raw: str = "", *, kind: str = "", tool: str | None = None) -> None:
+        """Record a parse error; the family's expected syntax is appended."""
+        self.errors.append(self.parser.make_error(what, raw, kind=kind, tool=tool))
+
+    def arguments_error(self, error: ArgumentsError, raw: str, *, tool: str | None = None) -> None:
+        self.error(error.message, raw, kind="truncated" if error.truncated else "", tool=tool)
+
+    def result(self, **meta: Any) -> ParseResult:
+        return ParseResult(_cut(self.text, self._spans), self.calls, self.errors, dict(meta))
+
+
+class SyntaxParser(ToolParser):
+    """A family with a known syntax, used to write errors a model can learn from."""
+
+    #: One example of a well-formed call, shown in every error message.
+    syntax: ClassVar[str] = ""
+
+    def make_error(
+        self, what: str, raw: str = "", *, kind: str = "", tool: str | None = None
+    ) -> ParseError:
+        if not kind:
+            kind = "truncated" if "truncated" in what else "invalid_syntax"
+            if "JSON" in what and kind != "truncated":
+                kind = "invalid_json"
+        what = what[:1].upper() + what[1:]
+        message = f"Could not parse the tool call: {what}. Expected syntax: {self.syntax}"
+        if len(raw) > 2000:
+            raw = raw[:2000]
+        return ParseError(message, raw, tool, kind)
+
+    def _parse(self, text: str) -> ParseResult:
+        found = Collector(self, text)
+        self._scan(text, found)
+        return found.result()
+
+    def _scan(self, text: str, found: Collector) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One ``OPEN body CLOSE`` occurrence; ``closed`` is false when cut short."""
+
+    start: int
+    body_start: int
+    body_end: int
+    end: int
+    closed: bool
+
+    def body(self, text: str) -> str:
+        return text[self.body_start : self.body_end]
+
+
+def iter_blocks(text: str, open_tag: str, close_tag: str, *, start: int = 0) -> Iterator[Block]:
+    """Every ``open_tag ... close_tag`` block in order; the last may be unterminated."""
+    pos = text.find(open_tag, start)
+    while pos != -1:
+        body_start = pos + len(open_tag)
+        close = text.find(close_tag, body_start)
+        if close == -1:
+            yield Block(pos, body_start, len(text), len(text), False)
+            return
+        end = close + len(close_tag)
+        yield Block(pos, body_start, close, end, True)
+        pos = text.find(open_tag, end)
+
+
+def strip_newlines(value: str) -> str:
+    """Drop one newline (``\\n`` or ``\\r\\n``) at each end, as templates add them."""
+    if value.startswith("\r\n"):
+        value = value[2:]
+    elif value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\r\n"):
+        value = value[:-2]
+    elif value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def xml_params(
+    body: str, open_re: re.Pattern[str], close_tag: str, *, stops: tuple[str, ...] = ()
+) -> list[tuple[re.Match[str], str]]:
+    """``(opening match, raw value)`` pairs of XML-ish parameters, in order.
+
+    ``open_re`` matches one parameter opening; group 1 is the key. A value
+    ends at ``close_tag``, or (when the model forgot it) at the next opening
+    or at one of ``stops`` (e.g. ``</function>``). Values lose one newline at
+    each end; otherwise they are kept verbatim.
+    """
+    matches = list(open_re.finditer(body))
+    pairs: list[tuple[re.Match[str], str]] = []
+    for index, match in enumerate(matches):
+        limit = matches[index + 1].start() if index + 1 < len(matches) else len(body)
+        segment = body[match.end() : limit]
+        close = segment.find(close_tag)
+        if close != -1:
+            segment = segment[:close]
+        else:
+            for stop in stops:
+                cut = segment.find(stop)
+                if cut != -1:
+                    segment = segment[:cut]
+        pairs.append((match, strip_newlines(segment)))
+    return pairs

@@ -1,0 +1,159 @@
+"""The one JSON-decoding policy every parser family shares.
+
+Models write a call's arguments in three ways:
+
+* a JSON object (the norm): used as is;
+* a JSON *string* that holds a JSON object (``"arguments": "{\\"a\\": 1}"``,
+  what OpenAI-style chat APIs produce and what some fine-tunes imitate):
+  decoded **once**, never recursively;
+* something else (a plain string, a number, a list): rejected with a message
+  that says arguments must be an object of parameter names to values.
+
+``null`` and empty or blank text mean "no arguments" (``{}``). Decoding
+failures are :class:`ArgumentsError`; parsers turn them into
+:class:`~toolservices.parsing.ParseError` with the family's syntax appended.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "ArgumentsError",
+    "call_from_object",
+    "decode_arguments",
+    "describe",
+    "dumps",
+    "json_problem",
+    "loads",
+    "raw_decode",
+]
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+
+class ArgumentsError(ValueError):
+    """Arguments or a call object that cannot be used; the text is for the model.
+
+    ``truncated`` is true when the JSON stopped before it was complete
+    (the generation most likely hit its length limit).
+    """
+
+    def __init__(self, message: str, *, truncated: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.truncated = truncated
+
+
+def dumps(value: Any) -> str:
+    """Compact-but-readable JSON as models write it (unicode kept as is)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def describe(value: Any) -> str:
+    """``a string 'abc'`` / ``a list`` ...: what the model wrote, briefly."""
+    kinds = {str: "a string", list: "a list", bool: "a boolean", int: "a number", float: "a number"}
+    kind = kinds.get(type(value), type(value).__name__)
+    shown = dumps(value) if not isinstance(value, str) else repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return f"{kind} {shown}"
+
+
+def json_problem(error: json.JSONDecodeError, text: str) -> ArgumentsError:
+    """A model-readable description of a JSON syntax error in ``text``."""
+    truncated = error.pos >= len(text.rstrip())
+    if truncated:
+        return ArgumentsError("the JSON ends before it is complete (truncated)", truncated=True)
+    start = max(0, error.pos - 15)
+    near = text[start : error.pos + 15].replace("\n", "\\n")
+    return ArgumentsError(f"invalid JSON: {error.msg} at char {error.pos} (near {near!r})")
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` raising :class:`ArgumentsError` with a readable message."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise json_problem(error, text) from None
+    except RecursionError:
+        raise ArgumentsError("invalid JSON: nested too deeply") from None
+
+
+def raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
+    """Decode one JSON value starting at ``pos`` (after blanks); return it and its end."""
+    while pos < len(text) and text[pos] in _WHITESPACE:
+        pos += 1
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError as error:
+        raise json_problem(error, text) from None
+    except RecursionError:
+        raise ArgumentsError("invalid JSON: nested too deeply") from None
+
+
+def decode_arguments(value: Any) -> dict[str, Any]:
+    """Apply the policy above to one call's arguments."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        stripped = value.strip()
+        if not stripped:
+            return {}
+        try:
+            decoded = json.loads(stripped)
+        except json.JSONDecodeError as error:
+            problem = json_problem(error, stripped)
+            if stripped[0] not in "{[":
+                problem = ArgumentsError(
+                    "arguments must be a JSON object of parameter names to values, "
+                    f"got {describe(value)}"
+                )
+            raise problem from None
+        except RecursionError:
+            raise ArgumentsError("invalid JSON: nested too deeply") from None
+        if isinstance(decoded, dict):
+            return decoded
+        if decoded is None:
+            return {}
+        value = decoded
+    raise ArgumentsError(
+        f"arguments must be a JSON object of parameter names to values, got {describe(value)}"
+    )
+
+
+def call_from_object(
+    obj: Any,
+    *,
+    args_keys: Sequence[str] = ("arguments", "parameters"),
+) -> tuple[str, dict[str, Any], str]:
+    """``(name, args, id)`` from a call object such as ``{"name", "arguments"}``.
+
+    Also reads the OpenAI shape ``{"type": "function", "function": {...}, "id"}``.
+    The id is ``""`` when the object carries none.
+    """
+    if not isinstance(obj, Mapping):
+        raise ArgumentsError(f"each tool call must be a JSON object, got {describe(obj)}")
+    call_id = obj.get("id")
+    inner = obj.get("function")
+    if isinstance(inner, Mapping) and "name" in inner:
+        obj = inner
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        keys = ", ".join(map(repr, obj)) or "none"
+        raise ArgumentsError(f'the call object needs a string "name" (keys found: {keys})')
+    raw_args: Any = None
+    for key in args_keys:
+        if key in obj:
+            raw_args = obj[key]
+            break
+    try:
+        args = decode_arguments(raw_args)
+    except ArgumentsError as error:
+        raise ArgumentsError(f"tool {name!r}: {error.message}", truncated=error.truncated) from None
+    return name.strip(), args, call_id if isinstance(call_id, str) else ""

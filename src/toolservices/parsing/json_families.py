@@ -1,0 +1,443 @@
+"""Families whose calls are JSON objects ``{"name", "arguments"}``.
+
+Two shapes cover most of them, so each family is a few class attributes:
+
+* :class:`TaggedJSONParser`: ``OPEN json CLOSE`` blocks (Hermes/Qwen
+  ``<tool_call>``, Jamba/Hunyuan/MiniMax-M1 ``<tool_calls>``, LongCat,
+  ERNIE, InternLM). A block holds one object, several objects (newline or
+  ``;`` separated) or an array of them. A block whose closing tag never came
+  is still accepted when its JSON is complete (the generation stopped right
+  after it); otherwise it is reported as truncated.
+* :class:`MarkerJSONParser`: ``MARKER json`` with no closing tag (Granite,
+  granite-20b-fc, Phi-4-mini ``functools``, GigaChat 3.1).
+
+``llama3_json`` (bare objects in prose), ``mistral`` (``[TOOL_CALLS]`` in its
+two generations) and ``xlam`` (four wrappings) have their own scanners.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from toolservices.errors import UserError
+from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._json import (
+    ArgumentsError,
+    call_from_object,
+    describe,
+    dumps,
+    raw_decode,
+)
+from toolservices.parsing.base import ToolCall
+
+__all__ = [
+    "ErnieParser",
+    "GigaChat3Parser",
+    "Granite20bFCParser",
+    "GraniteParser",
+    "HermesParser",
+    "HunyuanParser",
+    "InternLMParser",
+    "JambaParser",
+    "Llama3JSONParser",
+    "LongcatParser",
+    "MiniMaxM1Parser",
+    "MistralParser",
+    "Phi4MiniParser",
+    "TaggedJSONParser",
+    "XLAMParser",
+    "read_calls",
+]
+
+_SEPARATORS = " \t\r\n,;"
+
+Call = tuple[str, dict[str, Any], str]
+
+
+def read_calls(body: str, *, args_keys: Sequence[str] = ("arguments", "parameters")) -> list[Call]:
+    """Every call in ``body``: objects and/or arrays of objects, separated by blanks/``,``/``;``."""
+    calls: list[Call] = []
+    pos, size = 0, len(body)
+    while True:
+        while pos < size and body[pos] in _SEPARATORS:
+            pos += 1
+        if pos >= size:
+            break
+        value, pos = raw_decode(body, pos)
+        for item in value if isinstance(value, list) else [value]:
+            calls.append(call_from_object(item, args_keys=args_keys))
+    if not calls:
+        raise ArgumentsError("the block is empty: it must hold a JSON call object")
+    return calls
+
+
+def scan_tagged(text: str, found: Collector, open_tag: str, close_tag: str) -> None:
+    """Collect the calls of every ``open_tag json close_tag`` block."""
+    for block in iter_blocks(text, open_tag, close_tag):
+        raw = text[block.start : block.end]
+        try:
+            calls = read_calls(block.body(text))
+        except ArgumentsError as error:
+            if not block.closed:
+                error = ArgumentsError(
+                    f"the {open_tag} block is never closed with {close_tag} "
+                    f"and its content is incomplete (truncated?): {error.message}",
+                    truncated=True,
+                )
+            found.arguments_error(error, raw)
+            continue
+        for name, args, call_id in calls:
+            found.call(name, args, id=call_id, raw=raw)
+        found.cut(block.start, block.end)
+
+
+def _object(call: ToolCall, args_key: str, *, name_first: bool = True) -> dict[str, Any]:
+    if name_first:
+        return {"name": call.tool, args_key: call.args}
+    return {args_key: call.args, "name": call.tool}
+
+
+class TaggedJSONParser(SyntaxParser):
+    """``OPEN {json call} CLOSE`` blocks (see the module docstring)."""
+
+    open_tag: ClassVar[str] = "<tool_call>"
+    close_tag: ClassVar[str] = "</tool_call>"
+    args_key: ClassVar[str] = "arguments"
+    #: How :meth:`render` writes the calls: one block per call, or one block
+    #: holding a JSON array, or one block with one object per line.
+    render_style: ClassVar[Literal["blocks", "array", "lines"]] = "blocks"
+
+    def _scan(self, text: str, found: Collector) -> None:
+        scan_tagged(text, found, self.open_tag, self.close_tag)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        objects = [_object(call, self.args_key) for call in calls]
+        if self.render_style == "array":
+            out = f"{self.open_tag}{dumps(objects)}{self.close_tag}"
+        elif self.render_style == "lines":
+            lines = "\n".join(dumps(obj) for obj in objects)
+            out = f"{self.open_tag}\n{lines}\n{self.close_tag}"
+        else:
+            out = "\n".join(f"{self.open_tag}\n{dumps(obj)}\n{self.close_tag}" for obj in objects)
+        return f"{text}\n{out}" if text else out
+
+
+class HermesParser(TaggedJSONParser):
+    """Hermes 2 Pro/3, Qwen2.5, Qwen3, QwQ: ``<tool_call>{json}</tool_call>``."""
+
+    name = "hermes"
+    syntax = '<tool_call>\n{"name": "TOOL_NAME", "arguments": {"arg": "value"}}\n</tool_call>'
+
+
+class ErnieParser(HermesParser):
+    """ERNIE-4.5: Hermes-style blocks."""
+
+    name = "ernie45"
+
+
+class LongcatParser(TaggedJSONParser):
+    """Meituan LongCat-Flash: Hermes-style JSON in ``<longcat_tool_call>``."""
+
+    name = "longcat"
+    open_tag = "<longcat_tool_call>"
+    close_tag = "</longcat_tool_call>"
+    syntax = '<longcat_tool_call>\n{"name": "TOOL_NAME", "arguments": {}}\n</longcat_tool_call>'
+
+
+class JambaParser(TaggedJSONParser):
+    """AI21 Jamba 1.5+: ``<tool_calls>[{name, arguments}, ...]</tool_calls>``."""
+
+    name = "jamba"
+    open_tag = "<tool_calls>"
+    close_tag = "</tool_calls>"
+    render_style: ClassVar[Literal["blocks", "array", "lines"]] = "array"
+    syntax = '<tool_calls>[{"name": "TOOL_NAME", "arguments": {"arg": "value"}}]</tool_calls>'
+
+
+class HunyuanParser(JambaParser):
+    """Tencent Hunyuan-A13B: same syntax as Jamba."""
+
+    name = "hunyuan_a13b"
+
+
+class MiniMaxM1Parser(JambaParser):
+    """MiniMax-M1: ``<tool_calls>`` with one single-line JSON object per line."""
+
+    name = "minimax"
+    render_style: ClassVar[Literal["blocks", "array", "lines"]] = "lines"
+    syntax = '<tool_calls>\n{"name": "TOOL_NAME", "arguments": {"arg": "value"}}\n</tool_calls>'
+
+
+class InternLMParser(TaggedJSONParser):
+    """InternLM2/2.5: ``<|action_start|><|plugin|>{name, parameters}<|action_end|>``."""
+
+    name = "internlm"
+    open_tag = "<|action_start|><|plugin|>"
+    close_tag = "<|action_end|>"
+    args_key = "parameters"
+    syntax = '<|action_start|><|plugin|>\n{"name": "TOOL_NAME", "parameters": {}}<|action_end|>'
+
+
+class MarkerJSONParser(SyntaxParser):
+    """``MARKER json`` with no closing tag: the JSON value ends the call."""
+
+    markers: ClassVar[tuple[str, ...]] = ()
+    args_key: ClassVar[str] = "arguments"
+    #: Render one marker per call, or one marker and a JSON array.
+    render_array: ClassVar[bool] = True
+
+    def _scan(self, text: str, found: Collector) -> None:
+        pattern = re.compile("|".join(map(re.escape, self.markers)))
+        pos = 0
+        while (match := pattern.search(text, pos)) is not None:
+            try:
+                value, end = raw_decode(text, match.end())
+                items = value if isinstance(value, list) else [value]
+                calls = [call_from_object(item) for item in items]
+            except ArgumentsError as error:
+                found.arguments_error(error, text[match.start() :])
+                pos = match.end()
+                continue
+            for name, args, call_id in calls:
+                found.call(name, args, id=call_id, raw=text[match.start() : end])
+            found.cut(match.start(), end)
+            pos = end
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        marker = self.markers[0]
+        objects = [_object(call, self.args_key) for call in calls]
+        if self.render_array:
+            out = f"{marker}{dumps(objects)}"
+        else:
+            out = "\n".join(f"{marker}{dumps(obj)}" for obj in objects)
+        return f"{text}\n{out}" if text else out
+
+
+class GraniteParser(MarkerJSONParser):
+    """Granite 3.0 (``<|tool_call|>``) and 3.1+ (``<tool_call>``) + a JSON array."""
+
+    name = "granite"
+    markers = ("<|tool_call|>", "<tool_call>")
+    syntax = '<|tool_call|>[{"name": "TOOL_NAME", "arguments": {"arg": "value"}}]'
+
+
+class Granite20bFCParser(MarkerJSONParser):
+    """granite-20b-functioncalling: ``<function_call> {json}`` per call."""
+
+    name = "granite-20b-fc"
+    markers = ("<function_call>",)
+    render_array = False
+    syntax = '<function_call> {"name": "TOOL_NAME", "arguments": {"arg": "value"}}'
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        out = "\n".join(f"<function_call> {dumps(_object(c, 'arguments'))}" for c in calls)
+        return f"{text}\n{out}" if text else out
+
+
+class Phi4MiniParser(MarkerJSONParser):
+    """Phi-4-mini-instruct: the literal ``functools`` + a JSON array."""
+
+    name = "phi4_mini_json"
+    markers = ("functools",)
+    syntax = 'functools[{"name": "TOOL_NAME", "arguments": {"arg": "value"}}]'
+
+
+class GigaChat3Parser(MarkerJSONParser):
+    """GigaChat 3.1 (``<|function_call|>{...}``) and 3 (``function call<|role_sep|>``)."""
+
+    name = "gigachat3"
+    markers = ("<|function_call|>", "function call<|role_sep|>")
+    render_array = False
+    syntax = '<|function_call|>{"name": "TOOL_NAME", "arguments": {"arg": "value"}}'
+
+
+# --- llama3_json ------------------------------------------------------------------
+
+_LOOKS_LIKE_CALL = re.compile(r'\{\s*"(?:name|type)"\s*:')
+_PYTHON_TAG = "<|python_tag|>"
+
+
+class Llama3JSONParser(SyntaxParser):
+    """Llama 3.x / 4 JSON mode: bare ``{"name", "parameters"}`` objects in prose.
+
+    Any JSON object with a string ``name`` and ``parameters`` (or
+    ``arguments``) is a call; calls may be separated by ``;`` or newlines;
+    ``<|python_tag|>`` is dropped. Other JSON objects stay in the text.
+    """
+
+    name = "llama3_json"
+    syntax = '{"name": "TOOL_NAME", "parameters": {"arg": "value"}}'
+
+    def _scan(self, text: str, found: Collector) -> None:
+        tag = text.find(_PYTHON_TAG)
+        while tag != -1:
+            found.cut(tag, tag + len(_PYTHON_TAG))
+            tag = text.find(_PYTHON_TAG, tag + 1)
+        pos = text.find("{")
+        previous_end = -1
+        while pos != -1:
+            try:
+                value, end = raw_decode(text, pos)
+            except ArgumentsError as error:
+                if _LOOKS_LIKE_CALL.match(text, pos):
+                    found.arguments_error(error, text[pos : pos + 2000])
+                pos = text.find("{", pos + 1)
+                continue
+            if (
+                isinstance(value, dict)
+                and "name" in value
+                and ("parameters" in value or "arguments" in value)
+            ):
+                try:
+                    name, args, call_id = call_from_object(value)
+                except ArgumentsError as error:
+                    found.arguments_error(error, text[pos:end])
+                else:
+                    found.call(name, args, id=call_id, raw=text[pos:end])
+                    if previous_end != -1 and not text[previous_end:pos].strip(_SEPARATORS):
+                        found.cut(previous_end, pos)
+                    found.cut(pos, end)
+                    previous_end = end
+            pos = text.find("{", end)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        out = "; ".join(dumps(_object(call, "parameters")) for call in calls)
+        return f"{text}\n{out}" if text else out
+
+
+# --- mistral ----------------------------------------------------------------------
+
+_MISTRAL_MARK = "[TOOL_CALLS]"
+_MISTRAL_NAMED = re.compile(
+    r"\s*([A-Za-z0-9_\-.]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9_\-]+)\s*)?(?:\[ARGS\])?"
+)
+
+
+def _read_mistral(text: str, marker: int, pos: int, limit: int, found: Collector) -> int | None:
+    """Calls after one ``[TOOL_CALLS]`` (either generation); the end of the syntax."""
+    raw = text[marker:limit]
+    stripped = text[pos:limit].lstrip()
+    try:
+        if stripped[:1] in ("[", "{"):
+            value, end = raw_decode(text, pos)
+            items = value if isinstance(value, list) else [value]
+            calls = [call_from_object(item) for item in items]
+        else:
+            named = _MISTRAL_NAMED.match(text, pos, limit)
+            if named is None or not named.group(1):
+                found.error("after [TOOL_CALLS] write the tool name, then its JSON arguments", raw)
+                return None
+            value, end = raw_decode(text, named.end())
+            if not isinstance(value, dict):
+                raise ArgumentsError(
+                    f"arguments of {named.group(1)!r} must be a JSON object, got {describe(value)}"
+                )
+            calls = [(named.group(1), value, named.group(2) or "")]
+    except ArgumentsError as error:
+        found.arguments_error(error, raw)
+        return None
+    for name, args, call_id in calls:
+        found.call(name, args, id=call_id, raw=text[marker:end])
+    return end
+
+
+class MistralParser(SyntaxParser):
+    """``[TOOL_CALLS]`` in both Mistral generations.
+
+    pre-v11 (Mistral-7B-Instruct-v0.3): ``[TOOL_CALLS] [{"name", "arguments"}, ...]``.
+    v11+ (Mistral Small 3.x, Magistral, Devstral): ``[TOOL_CALLS]NAME{json}`` per call,
+    optionally ``NAME[ARGS]{json}`` or ``NAME[CALL_ID]ID[ARGS]{json}`` (the id is kept).
+    Both forms are parsed; ``variant`` chooses what :meth:`render` writes.
+    """
+
+    name = "mistral"
+    syntax = '[TOOL_CALLS]TOOL_NAME{"arg": "value"}'
+
+    def __init__(self, *, variant: Literal["v11", "pre_v11"] = "v11", tools: Any = None) -> None:
+        super().__init__(tools=tools)
+        if variant not in ("v11", "pre_v11"):
+            raise UserError(f"unknown mistral variant {variant!r}; valid: 'v11', 'pre_v11'")
+        self.variant = variant
+
+    def _scan(self, text: str, found: Collector) -> None:
+        marker = text.find(_MISTRAL_MARK)
+        while marker != -1:
+            pos = marker + len(_MISTRAL_MARK)
+            following = text.find(_MISTRAL_MARK, pos)
+            limit = len(text) if following == -1 else following
+            end = _read_mistral(text, marker, pos, limit, found)
+            if end is not None:
+                found.cut(marker, end)
+            marker = following
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        if self.variant == "pre_v11":
+            out = f"{_MISTRAL_MARK} {dumps([_object(c, 'arguments') for c in calls])}"
+        else:
+            out = "".join(f"{_MISTRAL_MARK}{c.tool}{dumps(c.args)}" for c in calls)
+        return f"{text}{out}" if not text else f"{text}\n{out}"
+
+    def __repr__(self) -> str:
+        return f"MistralParser(variant={self.variant!r})"
+
+
+# --- xlam -------------------------------------------------------------------------
+
+_JSON_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
+_ARRAY_OF_OBJECTS = re.compile(r"\[\s*\{")
+
+
+class XLAMParser(SyntaxParser):
+    """Salesforce xLAM-2: a JSON array of calls, bare, in a ```json fence,
+    after ``[TOOL_CALLS]`` or inside ``<tool_call>...</tool_call>``."""
+
+    name = "xlam"
+    syntax = '[{"name": "TOOL_NAME", "arguments": {"arg": "value"}}]'
+
+    def _scan(self, text: str, found: Collector) -> None:
+        if "<tool_call>" in text:
+            scan_tagged(text, found, "<tool_call>", "</tool_call>")
+            return
+        fences = list(_JSON_FENCE.finditer(text))
+        if fences:
+            for fence in fences:
+                try:
+                    calls = read_calls(fence.group(1))
+                except ArgumentsError as error:
+                    found.arguments_error(error, fence.group(0))
+                    continue
+                for name, args, call_id in calls:
+                    found.call(name, args, id=call_id, raw=fence.group(0))
+                found.cut(fence.start(), fence.end())
+            return
+        start = text.find(_MISTRAL_MARK)
+        if start != -1:
+            end = _read_mistral(text, start, start + len(_MISTRAL_MARK), len(text), found)
+            if end is not None:
+                found.cut(start, end)
+            return
+        self._bare(text, found)
+
+    def _bare(self, text: str, found: Collector) -> None:
+        for match in _ARRAY_OF_OBJECTS.finditer(text):
+            try:
+                value, end = raw_decode(text, match.start())
+            except ArgumentsError as error:
+                if error.truncated:
+                    found.arguments_error(error, text[match.start() :])
+                continue
+            try:
+                calls = [call_from_object(item) for item in value]
+            except ArgumentsError as error:
+                found.arguments_error(error, text[match.start() : end])
+                return
+            for name, args, call_id in calls:
+                found.call(name, args, id=call_id, raw=text[match.start() : end])
+            found.cut(match.start(), end)
+            return
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        out = dumps([_object(c, "arguments") for c in calls])
+        return f"{text}\n{out}" if text else out

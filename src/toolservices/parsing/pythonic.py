@@ -1,0 +1,261 @@
+"""Families that write calls as Python expressions: ``[f(a=1), g(b="x")]``.
+
+The call text is parsed with :func:`ast.parse` and only *literal* nodes are
+read (strings, numbers, booleans, ``None``, lists, tuples, dicts, sets; JSON's
+``true`` / ``false`` / ``null`` too, which OLMo 3 and others write). Nothing
+is ever evaluated: a name, an operator or a nested call is a parse error.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._json import ArgumentsError
+from toolservices.parsing.base import ToolCall
+
+__all__ = ["Llama4PythonicParser", "Olmo3Parser", "PythonicParser", "python_literal"]
+
+_NAMED_CONSTANTS: dict[str, Any] = {
+    "True": True,
+    "False": False,
+    "None": None,
+    "true": True,
+    "false": False,
+    "null": None,
+}
+_LIST_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+_PYTHON_START = "<|python_start|>"
+_PYTHON_END = "<|python_end|>"
+
+
+def _literal(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant) and not isinstance(node.value, bytes | complex):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _NAMED_CONSTANTS:
+        return _NAMED_CONSTANTS[node.id]
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return [_literal(item) for item in node.elts]
+    if isinstance(node, ast.Dict):
+        if any(key is None for key in node.keys):
+            raise ArgumentsError("'**' unpacking is not allowed inside a dict value")
+        return {
+            _key(key): _literal(value) for key, value in zip(node.keys, node.values, strict=True)
+        }
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub | ast.UAdd)
+        and isinstance(node.operand, ast.Constant)
+        and isinstance(node.operand.value, int | float)
+        and not isinstance(node.operand.value, bool)
+    ):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    shown = ast.unparse(node)
+    raise ArgumentsError(
+        f"{shown[:40]!r} is not a literal value (use strings in quotes, numbers, True/False, "
+        "None, lists or dicts)"
+    )
+
+
+def _key(node: ast.AST | None) -> Any:
+    value = _literal(node) if node is not None else None
+    if isinstance(value, list | dict):
+        raise ArgumentsError("dict keys must be strings or numbers")
+    return value
+
+
+def python_literal(value: Any) -> str:
+    """``value`` written as a Python literal (the inverse of the reading above)."""
+    if isinstance(value, dict):
+        items = ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr}"
+    return None
+
+
+def _call(node: ast.AST) -> tuple[str, dict[str, Any]]:
+    if not isinstance(node, ast.Call):
+        raise ArgumentsError(f"{ast.unparse(node)[:40]!r} is not a function call")
+    name = _dotted(node.func)
+    if name is None:
+        raise ArgumentsError(f"{ast.unparse(node.func)[:40]!r} is not a tool name")
+    if node.args:
+        raise ArgumentsError(f"{name}(): pass arguments by keyword only, e.g. {name}(arg=value)")
+    args: dict[str, Any] = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            raise ArgumentsError(f"{name}(): '**' unpacking is not allowed")
+        try:
+            args[keyword.arg] = _literal(keyword.value)
+        except ArgumentsError as error:
+            raise ArgumentsError(f"{name}(), argument {keyword.arg!r}: {error.message}") from None
+    return name, args
+
+
+def _parse_python(source: str, mode: str) -> ast.AST:
+    try:
+        return ast.parse(source, mode=mode)
+    except SyntaxError as error:
+        raise ArgumentsError(f"invalid Python syntax ({error.msg})") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise ArgumentsError("invalid Python syntax (nested too deeply)") from None
+
+
+def _list_end(text: str, start: int) -> int | None:
+    """Index after the ``]`` closing the list at ``start`` (strings skipped), or None."""
+    depth = 0
+    pos, size = start, len(text)
+    while pos < size:
+        char = text[pos]
+        if char in "'\"":
+            quote = text[pos : pos + 3] if text[pos : pos + 3] in ("'''", '"""') else char
+            pos += len(quote)
+            while pos < size and not text.startswith(quote, pos):
+                pos += 2 if text[pos] == "\\" else 1
+            if pos >= size:
+                return None
+            pos += len(quote)
+            continue
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+        pos += 1
+    return None
+
+
+def _own_line(text: str, start: int, end: int) -> bool:
+    """True when ``text[start:end]`` is alone on its line(s), as calls are."""
+    before = text.rfind("\n", 0, start)
+    after = text.find("\n", end)
+    head = text[before + 1 : start].replace(_PYTHON_START, "")
+    tail = text[end : len(text) if after == -1 else after].replace(_PYTHON_END, "")
+    return not head.strip() and not tail.strip()
+
+
+class PythonicParser(SyntaxParser):
+    """Llama 3.2 / ToolACE style: one Python list of keyword-argument calls.
+
+    A bracketed list that does not parse is reported when it stands on its
+    own line (where calls go); in the middle of prose it is left as text.
+    """
+
+    name = "pythonic"
+    syntax = "[tool_name(arg='value', n=1), other_tool()]"
+
+    def _scan(self, text: str, found: Collector) -> None:
+        pos = 0
+        while (match := _LIST_START.search(text, pos)) is not None:
+            start = match.start()
+            end = _list_end(text, start)
+            if end is None:
+                if _own_line(text, start, start):
+                    found.error(
+                        "the list of calls is never closed with ']' (truncated?)",
+                        text[start:],
+                        kind="truncated",
+                    )
+                return
+            try:
+                tree = _parse_python(text[start:end], "eval")
+                assert isinstance(tree, ast.Expression)
+                elements = tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]
+                calls = [_call(node) for node in elements]
+            except ArgumentsError as error:
+                if _own_line(text, start, end):
+                    found.arguments_error(error, text[start:end])
+                pos = start + 1
+                continue
+            for name, args in calls:
+                found.call(name, args, raw=text[start:end])
+            found.cut(start, end)
+            pos = end
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        inner = ", ".join(
+            f"{c.tool}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.args.items()) + ")"
+            for c in calls
+        )
+        out = f"[{inner}]"
+        return f"{text}\n{out}" if text else out
+
+
+class Llama4PythonicParser(PythonicParser):
+    """Llama 4: the pythonic list, optionally in ``<|python_start|>...<|python_end|>``."""
+
+    name = "llama4_pythonic"
+    syntax = "<|python_start|>[tool_name(arg='value'), other_tool()]<|python_end|>"
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for token in (_PYTHON_START, _PYTHON_END):
+            pos = text.find(token)
+            while pos != -1:
+                found.cut(pos, pos + len(token))
+                pos = text.find(token, pos + 1)
+        super()._scan(text, found)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        out = _PYTHON_START + PythonicParser.render(self, calls) + _PYTHON_END
+        return f"{text}\n{out}" if text else out
+
+
+class Olmo3Parser(SyntaxParser):
+    """OLMo 3: ``<function_calls>f(a='x')\\ng(b=1)</function_calls>``, one call per line."""
+
+    name = "olmo3"
+    syntax = "<function_calls>\ntool_name(arg='value')\nother_tool(n=1)\n</function_calls>"
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, "<function_calls>", "</function_calls>"):
+            raw = text[block.start : block.end]
+            try:
+                tree = _parse_python(block.body(text).strip(), "exec")
+                assert isinstance(tree, ast.Module)
+                calls = [
+                    _call(stmt.value if isinstance(stmt, ast.Expr) else stmt) for stmt in tree.body
+                ]
+                if not calls:
+                    raise ArgumentsError("the block holds no call")
+            except ArgumentsError as error:
+                if not block.closed:
+                    error = ArgumentsError(
+                        "the <function_calls> block is never closed with </function_calls> "
+                        f"(truncated?): {error.message}",
+                        truncated=True,
+                    )
+                found.arguments_error(error, raw)
+                continue
+            if not block.closed:
+                found.error(
+                    "the <function_calls> block is never closed with </function_calls> "
+                    "(truncated?)",
+                    raw,
+                    kind="truncated",
+                )
+                continue
+            for name, args in calls:
+                found.call(name, args, raw=raw)
+            found.cut(block.start, block.end)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        lines = "\n".join(
+            f"{c.tool}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.args.items()) + ")"
+            for c in calls
+        )
+        out = f"<function_calls>\n{lines}\n</function_calls>"
+        return f"{text}\n{out}" if text else out

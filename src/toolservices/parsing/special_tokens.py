@@ -1,0 +1,266 @@
+"""Families built from special tokens around JSON arguments.
+
+DeepSeek's tokens use the fullwidth bar ``｜`` (U+FF5C) and ``▁`` (U+2581);
+Kimi's and Harmony's use ASCII ``<|...|>``. They are matched exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from toolservices.parsing._common import Block, Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._json import ArgumentsError, decode_arguments, dumps
+from toolservices.parsing.base import ToolCall
+
+__all__ = ["DeepSeekV31Parser", "DeepSeekV3Parser", "HarmonyParser", "KimiK2Parser"]
+
+_DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+_DS_CALLS_END = "<｜tool▁calls▁end｜>"
+_DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+_DS_CALL_END = "<｜tool▁call▁end｜>"
+_DS_SEP = "<｜tool▁sep｜>"
+_FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+
+
+def _join(text: str, out: str) -> str:
+    return f"{text}\n{out}" if text else out
+
+
+def _section_calls(
+    text: str, block: Block, call_begin: str, call_end: str
+) -> tuple[list[tuple[str, str]], bool]:
+    """The ``(call body, raw)`` pairs of one section, and whether all were closed."""
+    pieces: list[tuple[str, str]] = []
+    complete = True
+    start = block.body_start
+    body_text = text[: block.body_end]
+    for inner in iter_blocks(body_text, call_begin, call_end, start=start):
+        pieces.append((inner.body(text), text[inner.start : inner.end]))
+        complete = complete and inner.closed
+    return pieces, complete
+
+
+class DeepSeekV3Parser(SyntaxParser):
+    """DeepSeek-V3 / R1: ``function<｜tool▁sep｜>NAME`` + a ```json fence per call.
+
+    Also reads the V3.1 layout (``NAME<｜tool▁sep｜>{json}``), so one parser
+    serves checkpoints of either generation; :meth:`render` writes V3.
+    """
+
+    name = "deepseek_v3"
+    syntax = (
+        f"{_DS_CALLS_BEGIN}{_DS_CALL_BEGIN}function{_DS_SEP}TOOL_NAME\n```json\n"
+        f'{{"arg": "value"}}\n```{_DS_CALL_END}{_DS_CALLS_END}'
+    )
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, _DS_CALLS_BEGIN, _DS_CALLS_END):
+            raw = text[block.start : block.end]
+            pieces, complete = _section_calls(text, block, _DS_CALL_BEGIN, _DS_CALL_END)
+            if not pieces or not complete:
+                found.error(
+                    "the tool calls are cut off (truncated?)"
+                    if not complete or not block.closed
+                    else f"no {_DS_CALL_BEGIN}...{_DS_CALL_END} call inside the block",
+                    raw,
+                )
+                continue
+            try:
+                calls = [self._call(body) for body, _ in pieces]
+            except ArgumentsError as error:
+                found.arguments_error(error, raw)
+                continue
+            for (name, args), (_, piece) in zip(calls, pieces, strict=True):
+                found.call(name, args, raw=piece)
+            found.cut(block.start, block.end)
+
+    @staticmethod
+    def _call(body: str) -> tuple[str, dict[str, Any]]:
+        head, sep, rest = body.partition(_DS_SEP)
+        if not sep:
+            raise ArgumentsError(f"each call needs {_DS_SEP} between the name and the arguments")
+        head = head.strip()
+        if head == "function" and not rest.lstrip().startswith("{"):
+            # V3: function<sep>NAME\n```json\n{...}\n```
+            name, _, payload = rest.partition("\n")
+            fence = _FENCE.match(payload.strip())
+            payload = fence.group(1) if fence else payload
+        else:
+            # V3.1: NAME<sep>{...}
+            name, payload = head, rest
+        name = name.strip()
+        if not name:
+            raise ArgumentsError("the tool name is missing")
+        try:
+            return name, decode_arguments(payload)
+        except ArgumentsError as error:
+            raise ArgumentsError(
+                f"tool {name!r}: {error.message}", truncated=error.truncated
+            ) from None
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        parts = "".join(
+            f"{_DS_CALL_BEGIN}function{_DS_SEP}{c.tool}\n```json\n{dumps(c.args)}\n```{_DS_CALL_END}"
+            for c in calls
+        )
+        return _join(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
+
+
+class DeepSeekV31Parser(DeepSeekV3Parser):
+    """DeepSeek-V3.1: ``NAME<｜tool▁sep｜>{json}`` (no type, no fence); reads V3 too."""
+
+    name = "deepseek_v31"
+    syntax = (
+        f'{_DS_CALLS_BEGIN}{_DS_CALL_BEGIN}TOOL_NAME{_DS_SEP}{{"arg": "value"}}'
+        f"{_DS_CALL_END}{_DS_CALLS_END}"
+    )
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        parts = "".join(
+            f"{_DS_CALL_BEGIN}{c.tool}{_DS_SEP}{dumps(c.args)}{_DS_CALL_END}" for c in calls
+        )
+        return _join(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
+
+
+_KIMI_SECTION = re.compile(r"<\|tool_calls?_section_begin\|>")
+_KIMI_SECTION_END = re.compile(r"<\|tool_calls?_section_end\|>")
+_KIMI_CALL = re.compile(
+    r"<\|tool_call_begin\|>\s*([^<]+?)\s*<\|tool_call_argument_begin\|>(.*?)(<\|tool_call_end\|>|$)",
+    re.DOTALL,
+)
+_KIMI_ID = re.compile(r"^(?:functions\.)?(.+?)(?::\d+)?$")
+
+
+class KimiK2Parser(SyntaxParser):
+    """Kimi K2: ``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}``.
+
+    The call id (``functions.NAME:IDX``) is the model's own and is kept.
+    """
+
+    name = "kimi_k2"
+    syntax = (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.TOOL_NAME:0"
+        '<|tool_call_argument_begin|>{"arg": "value"}<|tool_call_end|><|tool_calls_section_end|>'
+    )
+
+    def _scan(self, text: str, found: Collector) -> None:
+        pos = 0
+        while (begin := _KIMI_SECTION.search(text, pos)) is not None:
+            end_match = _KIMI_SECTION_END.search(text, begin.end())
+            body_end = len(text) if end_match is None else end_match.start()
+            end = len(text) if end_match is None else end_match.end()
+            raw = text[begin.start() : end]
+            calls = list(_KIMI_CALL.finditer(text, begin.end(), body_end))
+            try:
+                if not calls:
+                    raise ArgumentsError(
+                        "no <|tool_call_begin|>...<|tool_call_end|> call inside the section"
+                        + (" (truncated?)" if end_match is None else ""),
+                        truncated=end_match is None,
+                    )
+                parsed = [self._call(match) for match in calls]
+            except ArgumentsError as error:
+                found.arguments_error(error, raw)
+                pos = end
+                continue
+            for (name, args, call_id), match in zip(parsed, calls, strict=True):
+                found.call(name, args, id=call_id, raw=match.group(0))
+            found.cut(begin.start(), end)
+            pos = end
+
+    @staticmethod
+    def _call(match: re.Match[str]) -> tuple[str, dict[str, Any], str]:
+        call_id = match.group(1).strip()
+        if not match.group(3):
+            raise ArgumentsError(f"call {call_id!r} is never closed (truncated?)", truncated=True)
+        id_match = _KIMI_ID.match(call_id)
+        name = id_match.group(1) if id_match else call_id
+        try:
+            return name, decode_arguments(match.group(2)), call_id
+        except ArgumentsError as error:
+            raise ArgumentsError(
+                f"tool {name!r}: {error.message}", truncated=error.truncated
+            ) from None
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        parts = []
+        for index, call in enumerate(calls):
+            call_id = call.id if call.id.startswith(f"functions.{call.tool}:") else ""
+            call_id = call_id or f"functions.{call.tool}:{index}"
+            parts.append(
+                f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>{dumps(call.args)}"
+                "<|tool_call_end|>"
+            )
+        return _join(
+            text, f"<|tool_calls_section_begin|>{''.join(parts)}<|tool_calls_section_end|>"
+        )
+
+
+_HARMONY_MESSAGE = re.compile(
+    r"(?:<\|start\|>\s*[^<]*)?(?P<header>(?:<\|channel\|>[^<]*)?(?:<\|constrain\|>[^<]*)?)"
+    r"<\|message\|>(?P<body>.*?)(?P<end><\|end\|>|<\|call\|>|<\|return\|>|(?=<\|start\|>)|$)",
+    re.DOTALL,
+)
+_HARMONY_TO = re.compile(r"to=(?:functions\.)?([^\s<]+)")
+
+
+class HarmonyParser(SyntaxParser):
+    """gpt-oss (Harmony), read from the decoded text (special tokens kept).
+
+    A ``commentary`` message addressed ``to=functions.NAME`` is a call with a
+    JSON body. The visible text is the ``final`` channel; ``analysis``
+    (reasoning) goes to ``meta["reasoning"]``. Text without Harmony tokens is
+    plain text.
+    """
+
+    name = "openai"
+    syntax = (
+        "<|start|>assistant<|channel|>commentary to=functions.TOOL_NAME <|constrain|>json"
+        '<|message|>{"arg": "value"}<|call|>'
+    )
+
+    def _parse(self, text: str) -> Any:
+        found = Collector(self, text)
+        if "<|message|>" not in text:
+            return found.result()
+        final: list[str] = []
+        reasoning: list[str] = []
+        for match in _HARMONY_MESSAGE.finditer(text):
+            start = text.rfind("<|start|>", 0, match.start("header") + 1)
+            prefix = text[start : match.start("header")] if start != -1 else ""
+            header = prefix + match.group("header")
+            body = match.group("body")
+            target = _HARMONY_TO.search(header)
+            if target is not None:
+                name = target.group(1)
+                if match.group("end") != "<|call|>" and not match.group("end"):
+                    found.error(
+                        f"the call of {name!r} is cut off (truncated?)", match.group(0), tool=name
+                    )
+                    continue
+                try:
+                    args = decode_arguments(body)
+                except ArgumentsError as error:
+                    found.arguments_error(error, match.group(0), tool=name)
+                    continue
+                found.call(name, args, raw=match.group(0))
+            elif "analysis" in header:
+                reasoning.append(body.strip())
+            else:
+                final.append(body.strip())
+        result = found.result()
+        result.text = "\n".join(part for part in final if part)
+        if reasoning:
+            result.meta["reasoning"] = "\n".join(reasoning)
+        return result
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        parts = [f"<|channel|>final<|message|>{text}<|end|>"] if text else []
+        parts += [
+            f"<|start|>assistant<|channel|>commentary to=functions.{c.tool} <|constrain|>json"
+            f"<|message|>{dumps(c.args)}<|call|>"
+            for c in calls
+        ]
+        return "".join(parts)

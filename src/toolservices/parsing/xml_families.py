@@ -1,0 +1,414 @@
+"""Families that write each argument as an XML-ish element with a raw text value.
+
+Values are raw text (``<parameter=n>5</parameter>``); they are converted with
+the tool's JSON Schema when the parser was given ``tools=`` (``"5"`` becomes
+``5`` for an integer parameter) and kept as strings otherwise. DeepSeek-V3.2
+marks each value ``string="true|false"`` itself: non-strings are JSON.
+
+* function style: ``<function=NAME><parameter=K>V</parameter></function>``
+  (``qwen3_coder`` / ``qwen3_xml``, ``seed_oss``);
+* invoke style: ``<invoke name="N"><parameter name="K">V</parameter></invoke>``
+  (``minimax_m2``, ``deepseek_v32``, ``step3``);
+* ``glm45``: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>``;
+* ``functiongemma``: ``call:NAME{k:<escape>v<escape>,...}``.
+
+Missing ``</parameter>`` / ``</function>`` tags inside a closed block are
+tolerated (Qwen3-Coder drops them); a block cut off before its function or
+invoke is complete is reported as truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks, xml_params
+from toolservices.parsing._json import ArgumentsError, dumps
+from toolservices.parsing.base import ToolCall
+
+__all__ = [
+    "DeepSeekV32Parser",
+    "FunctionGemmaParser",
+    "Glm45Parser",
+    "MiniMaxM2Parser",
+    "Qwen3CoderParser",
+    "SeedOssParser",
+    "Step3Parser",
+]
+
+
+def _text_value(value: Any) -> str:
+    return value if isinstance(value, str) else dumps(value)
+
+
+def _join(text: str, out: str) -> str:
+    return f"{text}\n{out}" if text else out
+
+
+class _Sections:
+    """Split ``body`` at each opening match; each section ends at ``close`` if present."""
+
+    @staticmethod
+    def split(body: str, opening: re.Pattern[str], close: str) -> list[tuple[str, str, bool]]:
+        matches = list(opening.finditer(body))
+        sections: list[tuple[str, str, bool]] = []
+        for index, match in enumerate(matches):
+            limit = matches[index + 1].start() if index + 1 < len(matches) else len(body)
+            inner = body[match.end() : limit]
+            end = inner.find(close)
+            sections.append(
+                (match.group(1).strip(), inner if end == -1 else inner[:end], end != -1)
+            )
+        return sections
+
+
+class _ParamParser(SyntaxParser):
+    """Shared scan: outer blocks -> function/invoke sections -> parameters."""
+
+    open_tag: ClassVar[str]
+    close_tag: ClassVar[str]
+    section_re: ClassVar[re.Pattern[str]]
+    section_close: ClassVar[str]
+    param_re: ClassVar[re.Pattern[str]]
+    param_close: ClassVar[str]
+    #: What the model should write inside the outer block, for error messages.
+    inner_hint: ClassVar[str]
+
+    def _value(self, tool: str, match: re.Match[str], raw: str) -> Any:
+        return self.schemas.coerce(tool, match.group(1).strip(), raw)
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, self.open_tag, self.close_tag):
+            raw = text[block.start : block.end]
+            sections = _Sections.split(block.body(text), self.section_re, self.section_close)
+            if not sections:
+                what = f"inside {self.open_tag} write {self.inner_hint}"
+                if not block.closed:
+                    what = f"the {self.open_tag} block is cut off (truncated?); {what}"
+                found.error(what, raw, kind="" if block.closed else "truncated")
+                continue
+            if not block.closed and not sections[-1][2]:
+                found.error(
+                    f"the call is cut off before {self.section_close} (truncated?)",
+                    raw,
+                    kind="truncated",
+                    tool=sections[-1][0] or None,
+                )
+                continue
+            if any(not name for name, _, _ in sections):
+                found.error(f"a tool name is missing: write {self.inner_hint}", raw)
+                continue
+            for name, inner, _ in sections:
+                args = {
+                    match.group(1).strip(): self._value(name, match, value)
+                    for match, value in xml_params(
+                        inner, self.param_re, self.param_close, stops=(self.section_close,)
+                    )
+                }
+                found.call(name, args, raw=raw)
+            found.cut(block.start, block.end)
+
+
+class Qwen3CoderParser(_ParamParser):
+    """Qwen3-Coder and later Qwen: ``<tool_call><function=NAME><parameter=K>V</parameter>...``."""
+
+    name = "qwen3_coder"
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+    section_re = re.compile(r"<function=([^>\n]*)>")
+    section_close = "</function>"
+    param_re = re.compile(r"<parameter=([^>\n]*)>")
+    param_close = "</parameter>"
+    inner_hint = "<function=TOOL_NAME> with one <parameter=NAME>value</parameter> per argument"
+    syntax = (
+        "<tool_call>\n<function=TOOL_NAME>\n<parameter=ARG_NAME>\nvalue\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        blocks = []
+        for call in calls:
+            params = "".join(
+                f"<parameter={k}>\n{_text_value(v)}\n</parameter>\n" for k, v in call.args.items()
+            )
+            blocks.append(
+                f"{self.open_tag}\n<function={call.tool}>\n{params}</function>\n{self.close_tag}"
+            )
+        return _join(text, "\n".join(blocks))
+
+
+class SeedOssParser(Qwen3CoderParser):
+    """ByteDance Seed-OSS: the Qwen3-Coder layout inside ``<seed:tool_call>``."""
+
+    name = "seed_oss"
+    open_tag = "<seed:tool_call>"
+    close_tag = "</seed:tool_call>"
+    syntax = (
+        "<seed:tool_call>\n<function=TOOL_NAME>\n<parameter=ARG_NAME>value</parameter>\n"
+        "</function>\n</seed:tool_call>"
+    )
+
+
+class MiniMaxM2Parser(_ParamParser):
+    """MiniMax-M2: ``<minimax:tool_call><invoke name="N"><parameter name="K">V</parameter>``."""
+
+    name = "minimax_m2"
+    open_tag = "<minimax:tool_call>"
+    close_tag = "</minimax:tool_call>"
+    section_re = re.compile(r'<invoke\s+name="?([^">\n]*)"?\s*>')
+    section_close = "</invoke>"
+    param_re = re.compile(r'<parameter\s+name="?([^">\n]*)"?\s*>')
+    param_close = "</parameter>"
+    inner_hint = '<invoke name="TOOL_NAME"> with <parameter name="ARG">value</parameter>'
+    syntax = (
+        '<minimax:tool_call>\n<invoke name="TOOL_NAME">\n<parameter name="ARG_NAME">value'
+        "</parameter>\n</invoke>\n</minimax:tool_call>"
+    )
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        invokes = []
+        for call in calls:
+            params = "".join(
+                f'<parameter name="{k}">{_text_value(v)}</parameter>\n'
+                for k, v in call.args.items()
+            )
+            invokes.append(f'<invoke name="{call.tool}">\n{params}</invoke>\n')
+        return _join(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
+
+
+_DSML = "｜DSML｜"
+
+
+class DeepSeekV32Parser(_ParamParser):
+    """DeepSeek-V3.2 DSML; ``string="false"`` values are JSON, ``"true"`` ones text."""
+
+    name = "deepseek_v32"
+    open_tag = f"<{_DSML}function_calls>"
+    close_tag = f"</{_DSML}function_calls>"
+    section_re = re.compile(rf'<{_DSML}invoke\s+name="([^"]*)"\s*>')
+    section_close = f"</{_DSML}invoke>"
+    param_re = re.compile(rf'<{_DSML}parameter\s+name="([^"]*)"(?:\s+string="(true|false)")?\s*>')
+    param_close = f"</{_DSML}parameter>"
+    inner_hint = f'<{_DSML}invoke name="TOOL_NAME"> with parameters'
+    syntax = (
+        f'<{_DSML}function_calls>\n<{_DSML}invoke name="TOOL_NAME">\n'
+        f'<{_DSML}parameter name="ARG" string="true">text</{_DSML}parameter>\n'
+        f'<{_DSML}parameter name="N" string="false">5</{_DSML}parameter>\n'
+        f"</{_DSML}invoke>\n</{_DSML}function_calls>"
+    )
+
+    def _value(self, tool: str, match: re.Match[str], raw: str) -> Any:
+        if match.group(2) == "false":
+            try:
+                return json.loads(raw)
+            except (json.JSONDecodeError, RecursionError):
+                pass  # not JSON after all: fall back to the schema, as for other families
+        elif match.group(2) == "true":
+            return raw
+        return super()._value(tool, match, raw)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        invokes = []
+        for call in calls:
+            params = "".join(
+                f'<{_DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
+                f"{_text_value(v)}</{_DSML}parameter>\n"
+                for k, v in call.args.items()
+            )
+            invokes.append(f'<{_DSML}invoke name="{call.tool}">\n{params}</{_DSML}invoke>\n')
+        return _join(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
+
+
+class Step3Parser(_ParamParser):
+    """StepFun Step3: ``<steptml:invoke>`` elements inside the ``<｜tool_calls_begin｜>`` block."""
+
+    name = "step3"
+    open_tag = "<｜tool_calls_begin｜>"
+    close_tag = "<｜tool_calls_end｜>"
+    section_re = re.compile(r'<steptml:invoke\s+name="([^"]*)"\s*>')
+    section_close = "</steptml:invoke>"
+    param_re = re.compile(r'<steptml:parameter\s+name="([^"]*)"\s*>')
+    param_close = "</steptml:parameter>"
+    inner_hint = '<steptml:invoke name="TOOL_NAME"> with <steptml:parameter name="ARG">'
+    syntax = (
+        "<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜>"
+        '<steptml:invoke name="TOOL_NAME"><steptml:parameter name="ARG">value'
+        "</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>"
+    )
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        parts = []
+        for call in calls:
+            params = "".join(
+                f'<steptml:parameter name="{k}">{_text_value(v)}</steptml:parameter>'
+                for k, v in call.args.items()
+            )
+            parts.append(
+                "<｜tool_call_begin｜>function<｜tool_sep｜>"
+                f'<steptml:invoke name="{call.tool}">{params}</steptml:invoke><｜tool_call_end｜>'
+            )
+        return _join(text, f"{self.open_tag}{''.join(parts)}{self.close_tag}")
+
+
+_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.DOTALL)
+
+
+class Glm45Parser(SyntaxParser):
+    """GLM-4.5/4.6/4.7: ``<tool_call>NAME`` + ``<arg_key>K</arg_key><arg_value>V</arg_value>``."""
+
+    name = "glm45"
+    syntax = (
+        "<tool_call>TOOL_NAME\n<arg_key>ARG_NAME</arg_key>\n<arg_value>value</arg_value>\n"
+        "</tool_call>"
+    )
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, "<tool_call>", "</tool_call>"):
+            raw = text[block.start : block.end]
+            body = block.body(text)
+            first = body.find("<arg_key>")
+            name = (body if first == -1 else body[:first]).strip()
+            if not block.closed:
+                found.error(
+                    "the <tool_call> block is never closed with </tool_call> (truncated?)",
+                    raw,
+                    kind="truncated",
+                    tool=name.split("\n")[0] or None,
+                )
+                continue
+            if not name or "\n" in name or name.startswith(("{", "<")):
+                found.error("write the tool name right after <tool_call>, then the arguments", raw)
+                continue
+            args = {
+                key.strip(): self.schemas.coerce(name, key.strip(), value)
+                for key, value in _GLM_PAIR.findall(body)
+            }
+            found.call(name, args, raw=raw)
+            found.cut(block.start, block.end)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        blocks = []
+        for call in calls:
+            pairs = "".join(
+                f"<arg_key>{k}</arg_key>\n<arg_value>{_text_value(v)}</arg_value>\n"
+                for k, v in call.args.items()
+            )
+            blocks.append(f"<tool_call>{call.tool}\n{pairs}</tool_call>")
+        return _join(text, "\n".join(blocks))
+
+
+# --- functiongemma ------------------------------------------------------------------
+
+_ESC = "<escape>"
+_FG_START = "<start_function_call>"
+_FG_END = "<end_function_call>"
+
+
+class _GemmaReader:
+    """Recursive reader of FunctionGemma's ``{k:<escape>v<escape>,k2:5}`` values."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def _skip(self, chars: str = " \t\r\n") -> None:
+        while self.pos < len(self.text) and self.text[self.pos] in chars:
+            self.pos += 1
+
+    def value(self) -> Any:
+        self._skip()
+        text = self.text
+        if text.startswith(_ESC, self.pos):
+            end = text.find(_ESC, self.pos + len(_ESC))
+            if end == -1:
+                raise ArgumentsError("a value opened with <escape> is never closed (truncated?)")
+            value = text[self.pos + len(_ESC) : end]
+            self.pos = end + len(_ESC)
+            return value
+        if text.startswith("{", self.pos):
+            return self.obj()
+        if text.startswith("[", self.pos):
+            self.pos += 1
+            items: list[Any] = []
+            while True:
+                self._skip(" \t\r\n,")
+                if self.pos >= len(text):
+                    raise ArgumentsError("a list is never closed with ']' (truncated?)")
+                if text[self.pos] == "]":
+                    self.pos += 1
+                    return items
+                items.append(self.value())
+        match = re.compile(r"[^,}\]]*").match(text, self.pos)
+        assert match is not None
+        self.pos = match.end()
+        token = match.group(0).strip()
+        try:
+            return json.loads(token)
+        except json.JSONDecodeError:
+            return token
+
+    def obj(self) -> dict[str, Any]:
+        self.pos += 1  # the "{"
+        result: dict[str, Any] = {}
+        while True:
+            self._skip(" \t\r\n,")
+            if self.pos >= len(self.text):
+                raise ArgumentsError("the arguments are never closed with '}' (truncated?)")
+            if self.text[self.pos] == "}":
+                self.pos += 1
+                return result
+            colon = self.text.find(":", self.pos)
+            if colon == -1:
+                raise ArgumentsError("each argument must be written key:value")
+            key = self.text[self.pos : colon].strip()
+            self.pos = colon + 1
+            result[key] = self.value()
+
+
+class FunctionGemmaParser(SyntaxParser):
+    """FunctionGemma: ``<start_function_call>call:NAME{k:<escape>v<escape>}<end_function_call>``."""
+
+    name = "functiongemma"
+    syntax = f"{_FG_START}call:TOOL_NAME{{arg:{_ESC}text{_ESC},n:5}}{_FG_END}"
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, _FG_START, _FG_END):
+            raw = text[block.start : block.end]
+            body = block.body(text).strip()
+            brace = body.find("{")
+            if not body.startswith("call:") or brace == -1:
+                kind = "truncated" if not block.closed else ""
+                found.error("write call:TOOL_NAME{arg:<escape>value<escape>}", raw, kind=kind)
+                continue
+            name = body[5:brace].strip()
+            reader = _GemmaReader(body[brace:])
+            try:
+                args = reader.obj()
+            except ArgumentsError as error:
+                found.arguments_error(error, raw, tool=name)
+                continue
+            if not block.closed:
+                found.error(f"the call is never closed with {_FG_END} (truncated?)", raw, tool=name)
+                continue
+            found.call(name, args, raw=raw)
+            found.cut(block.start, block.end)
+
+    @staticmethod
+    def _write(value: Any) -> str:
+        if isinstance(value, str):
+            return f"{_ESC}{value}{_ESC}"
+        if isinstance(value, dict):
+            return (
+                "{"
+                + ",".join(f"{k}:{FunctionGemmaParser._write(v)}" for k, v in value.items())
+                + "}"
+            )
+        if isinstance(value, list):
+            return "[" + ",".join(FunctionGemmaParser._write(v) for v in value) + "]"
+        return dumps(value)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        out = "".join(f"{_FG_START}call:{c.tool}{self._write(c.args)}{_FG_END}" for c in calls)
+        return _join(text, out)
