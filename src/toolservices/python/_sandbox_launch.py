@@ -1,0 +1,177 @@
+"""Launcher: set up the process, drop privileges, then exec bwrap or the fork server.
+
+Run as ``python -I -S _sandbox_launch.py SPEC_JSON`` by the command line that
+``plan_server_launch`` returns; stdlib only, single-threaded, gone after one
+``execve``. Doing this work here rather than in a ``preexec_fn`` keeps the
+supervisor's fork path trivial (it may have many threads) and lets root open
+paths that the dedicated uid cannot reach before dropping to it.
+
+Steps, each driven by the spec:
+
+1. As root, paths the dedicated uid cannot traverse (typically an interpreter
+   under ``/root``, mode 0700) are made reachable in a private mount
+   namespace: a small tmpfs is mounted over the blocking ancestor and only the
+   needed paths are bind-mounted back, read-only. The rest of that ancestor is
+   hidden from the sandbox as a bonus.
+2. ``setgroups([])`` and ``setresgid``/``setresuid`` to the dedicated uid.
+3. Subreaper (so double-forked children stay below the server), rlimits,
+   no_new_privs.
+4. seccomp: loaded here when bwrap is not used, otherwise written to a memfd
+   whose number replaces ``@SECCOMP_FD@`` in bwrap's ``--seccomp`` argument.
+5. ``execve`` of the final command with the allowlisted environment.
+
+On any failure it prints one line prefixed ``toolservices-sandbox:`` to stderr
+and exits with status 126.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import resource
+import sys
+from typing import Any
+
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+SECCOMP_FD_PLACEHOLDER = "@SECCOMP_FD@"
+_RLIMITS = {
+    "AS": resource.RLIMIT_AS,
+    "CPU": resource.RLIMIT_CPU,
+    "FSIZE": resource.RLIMIT_FSIZE,
+    "NOFILE": resource.RLIMIT_NOFILE,
+    "CORE": resource.RLIMIT_CORE,
+    "NPROC": resource.RLIMIT_NPROC,
+}
+
+
+class LaunchError(Exception):
+    pass
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _libc() -> Any:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mount.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+    ]
+    return libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise LaunchError(f"{what}: {os.strerror(err)}")
+
+
+def _make_reachable(libc: Any, groups: list[dict[str, Any]]) -> None:
+    """Mount a tmpfs over each blocking ancestor and bind the needed paths back."""
+    _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) to reach the interpreter")
+    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
+    for group in groups:
+        ancestor = group["ancestor"]
+        # Open the needed paths in this namespace before they are covered.
+        fds = [(os.open(item["path"], os.O_PATH | os.O_CLOEXEC), item) for item in group["paths"]]
+        _check(
+            libc.mount(
+                b"tmpfs", ancestor.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755,size=1m"
+            ),
+            f"tmpfs over {ancestor}",
+        )
+        for fd, item in fds:
+            path = item["path"]
+            if item["is_dir"]:
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+            source = f"/proc/self/fd/{fd}".encode()
+            _check(
+                libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}"
+            )
+            if item["ro"]:
+                flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+                _check(
+                    libc.mount(None, path.encode(), None, flags, None), f"remount {path} read-only"
+                )
+            os.close(fd)
+
+
+def _drop(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise LaunchError(f"uid drop to {uid}:{gid} did not hold")
+
+
+def _load_seccomp(libc: Any, program: bytes) -> None:
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(
+        libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
+        "prctl(PR_SET_SECCOMP)",
+    )
+
+
+def _seccomp_memfd(program: bytes) -> int:
+    fd = os.memfd_create("toolservices-seccomp", 0)  # inheritable by bwrap
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def launch(spec: dict[str, Any]) -> None:
+    libc = _libc()
+    if spec.get("reach"):
+        _make_reachable(libc, spec["reach"])
+    if spec.get("uid") is not None:
+        _drop(spec["uid"], spec["gid"])
+    if spec.get("subreaper"):
+        _check(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    for name, value in spec.get("rlimits", {}).items():
+        resource.setrlimit(_RLIMITS[name], (value, value))
+    if spec.get("no_new_privs"):
+        _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    argv = list(spec["argv"])
+    seccomp = spec.get("seccomp")
+    if seccomp is not None:
+        program = bytes.fromhex(seccomp["program"])
+        if seccomp["mode"] == "bwrap":
+            fd = _seccomp_memfd(program)
+            argv = [str(fd) if arg == SECCOMP_FD_PLACEHOLDER else arg for arg in argv]
+        else:
+            _load_seccomp(libc, program)
+    os.execve(argv[0], argv, spec["env"])
+
+
+def main() -> None:
+    try:
+        launch(json.loads(sys.argv[1]))
+    except (LaunchError, OSError, ValueError, KeyError, IndexError) as exc:
+        sys.stderr.write(f"toolservices-sandbox: launch failed: {exc}\n")
+        sys.stderr.flush()
+        os._exit(126)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""Build a :class:`LaunchPlan`: try L3, then L2, then L1, each checked by a real probe launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from toolservices.python import _sandbox_probe as probe_mod
+from toolservices.python._sandbox import (
+    _FIXED_ENV,
+    _INSIDE_BASE,
+    _LAUNCHER,
+    _SESSION_PY,
+    LEVELS,
+    LaunchPlan,
+    SandboxConfig,
+    SandboxUnavailableError,
+    _claim_uid_slot,
+    _find_bwrap,
+    _server_env,
+    session_state,
+)
+from toolservices.python._sandbox_report import build_report
+from toolservices.python._sandbox_session import STATE_ENV, landlock_abi
+from toolservices.python._seccomp import SeccompUnavailable, build_filter
+
+__all__ = ["build_plan"]
+
+_SYSTEM_RO = (
+    "/usr",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+)
+_NETWORK_RO = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/host.conf",
+    "/etc/services",
+    "/etc/protocols",
+)
+_TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+# Probe results by (level, config, python, uid-or-caller): the machine does not change.
+_probe_lock = threading.Lock()
+_probe_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+@dataclass
+class _Attempt:
+    level: str
+    bwrap: str | None
+    seccomp_hex: str | None
+    landlock: dict[str, Any] | None
+
+
+def _ro_paths(config: SandboxConfig, paths: probe_mod.PythonPaths) -> list[str]:
+    wanted = list(_SYSTEM_RO) + (list(_NETWORK_RO) if config.network else [])
+    wanted += list(paths.read_paths) + list(config.extra_ro_paths)
+    result: list[str] = []
+    for path in wanted:
+        if os.path.exists(path) and path not in result:
+            result.append(path)
+    return result
+
+
+def _bwrap_args(
+    bwrap: str,
+    config: SandboxConfig,
+    ro_paths: list[str],
+    host_base: str,
+    env: dict[str, str],
+    command: list[str],
+    seccomp: bool,
+) -> list[str]:
+    args = [bwrap, "--unshare-all", "--unshare-user"]
+    if config.network:
+        args.append("--share-net")
+    args += [
+        "--die-with-parent",
+        "--new-session",
+        "--disable-userns",
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    for top in _TOP_LINKS:
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for path in ro_paths:
+        real = os.path.realpath(path)
+        args += ["--ro-bind", real, real]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmp in ("/tmp", "/dev/shm"):
+        args += ["--size", str(config.tmp_size), "--perms", "1777", "--tmpfs", tmp]
+    args += ["--bind", host_base, _INSIDE_BASE, "--chdir", _INSIDE_BASE]
+    if seccomp:
+        args += ["--seccomp", "@SECCOMP_FD@"]
+    return [*args, "--", *command]
+
+
+def _attempts(
+    config: SandboxConfig, fallbacks: list[dict[str, str]], skipped: dict[str, str]
+) -> list[_Attempt]:
+    seccomp_hex: str | None = None
+    if not config.seccomp:
+        skipped["seccomp"] = "disabled by SandboxConfig(seccomp=False)"
+    else:
+        try:
+            seccomp_hex = build_filter(network=config.network).hex()
+        except SeccompUnavailable as exc:
+            skipped["seccomp"] = str(exc)
+    abi = landlock_abi()
+    if not config.landlock:
+        skipped["landlock"] = "disabled by SandboxConfig(landlock=False)"
+    elif abi < 1:
+        skipped["landlock"] = "the kernel has no Landlock (or it is disabled at boot)"
+    landlock = {"abi": abi} if config.landlock and abi >= 1 else None
+    bwrap, why = _find_bwrap(config)
+    found: list[_Attempt] = []
+    if bwrap is not None:
+        found.append(_Attempt("L3", bwrap, seccomp_hex, landlock))
+    else:
+        skipped["namespaces"] = why
+    if seccomp_hex is not None or landlock is not None:
+        found.append(_Attempt("L2", None, seccomp_hex, landlock))
+    found.append(_Attempt("L1", None, None, None))
+    del fallbacks
+    return found
+
+
+def _landlock_state(
+    attempt: _Attempt,
+    config: SandboxConfig,
+    ro_paths: list[str],
+) -> dict[str, Any] | None:
+    if attempt.landlock is None:
+        return None
+    return {
+        "abi": attempt.landlock["abi"],
+        "read": [*ro_paths, "/proc"],
+        "write": ["/tmp", "/dev/shm"] if attempt.bwrap else [],
+        "devices": list(_DEVICES),
+        "deny_tcp": not config.network,
+        "scope": True,
+    }
+
+
+def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> LaunchPlan:
+    is_root = os.geteuid() == 0
+    paths = probe_mod.python_paths(python)
+    uid: int | None = None
+    slot_fd: int | None = None
+    if is_root:
+        uid, slot_fd = _claim_uid_slot(config)
+    host_base = tempfile.mkdtemp(prefix="toolservices-sbx-", dir=config.base_dir)
+    try:
+        os.chmod(host_base, 0o700)
+        if uid is not None:
+            os.chown(host_base, uid, uid)
+        plan = _choose(
+            config,
+            python=python,
+            argv=argv,
+            paths=paths,
+            uid=uid,
+            host_base=host_base,
+            slot_fd=slot_fd,
+        )
+    except BaseException:
+        probe_mod_cleanup(host_base, slot_fd)
+        raise
+    return plan
+
+
+def probe_mod_cleanup(host_base: str, slot_fd: int | None) -> None:
+    from toolservices.python._sandbox_session import remove_tree
+
+    try:
+        remove_tree(host_base)
+    finally:
+        if slot_fd is not None:
+            os.close(slot_fd)
+
+
+def _choose(
+    config: SandboxConfig,
+    *,
+    python: str,
+    argv: list[str],
+    paths: probe_mod.PythonPaths,
+    uid: int | None,
+    host_base: str,
+    slot_fd: int | None,
+) -> LaunchPlan:
+    fallbacks: list[dict[str, str]] = []
+    skipped: dict[str, str] = {}
+    ro_paths = _ro_paths(config, paths)
+    nproc: int | None = config.nproc
+    caller_tasks = 0
+    if nproc is not None and uid is None:
+        # Non-root: RLIMIT_NPROC counts all of the caller's tasks, so leave them headroom.
+        caller_tasks = probe_mod.tasks_of_uid(os.getuid())
+        nproc += caller_tasks
+    for attempt in _attempts(config, fallbacks, skipped):
+        inside_base = _INSIDE_BASE if attempt.bwrap else host_base
+        state = session_state(
+            config,
+            level=attempt.level,
+            landlock_paths=_landlock_state(attempt, config, ro_paths),
+            nproc=nproc,
+        )
+        env = _server_env(config, inside_base, paths)
+        env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
+        spec_argv, reach = _spec_command(
+            attempt, config, ro_paths, host_base, env, [python, *argv], uid
+        )
+        spec = _spec(attempt, config, uid, reach, spec_argv, env)
+        probe_argv, _ = _spec_command(
+            attempt,
+            config,
+            ro_paths,
+            host_base,
+            env,
+            [python, "-I", "-S", _SESSION_PY, "--probe"],
+            uid,
+        )
+        key = (attempt.level, config, python, uid is not None, os.getuid())
+        with _probe_lock:
+            result = _probe_cache.get(key)
+        if result is None:
+            probe_spec = dict(spec, argv=probe_argv)
+            result = probe_mod.run_probe(_launcher_argv(probe_spec), _launcher_env())
+            with _probe_lock:
+                _probe_cache[key] = result
+        problem = result.get("error") or (
+            None
+            if result.get("session", {}).get("entered")
+            else f"session setup failed: {result.get('session', {}).get('error')}"
+        )
+        if problem:
+            fallbacks.append({"level": attempt.level, "error": str(problem)})
+            continue
+        report = build_report(
+            config,
+            attempt_level=attempt.level,
+            probe=result,
+            uid=uid,
+            nproc=nproc,
+            caller_tasks=caller_tasks,
+            fallbacks=fallbacks,
+            skipped=skipped,
+            ro_paths=ro_paths,
+            inside_base=inside_base,
+            python=python,
+            bwrap=attempt.bwrap,
+        )
+        _enforce(config, report)
+        return LaunchPlan(
+            argv=_launcher_argv(spec),
+            env=_launcher_env(),
+            preexec_fn=None,
+            pass_fds=(),
+            report=report,
+            workdir_base=inside_base,
+            host_workdir_base=host_base,
+            uid=uid,
+            _slot_fd=slot_fd,
+        )
+    reasons = "; ".join(f"{f['level']}: {f['error']}" for f in fallbacks)
+    raise SandboxUnavailableError(f"no isolation level could be started here ({reasons})")
+
+
+def _enforce(config: SandboxConfig, report: dict[str, Any]) -> None:
+    level = report["level"]
+    if level == "L0" and not config.allow_unsafe:
+        raise SandboxUnavailableError(
+            "only level L0 (no isolation) is possible here: "
+            + report.get("why_level", "")
+            + "; pass SandboxConfig(allow_unsafe=True) to run anyway"
+        )
+    if config.min_level is not None and LEVELS.index(level) < LEVELS.index(config.min_level):
+        reasons = "; ".join(f"{f['level']}: {f['error']}" for f in report["fallbacks"])
+        raise SandboxUnavailableError(
+            f"isolation level {level} is below SandboxConfig(min_level={config.min_level!r})"
+            + (f" ({reasons})" if reasons else "")
+        )
+
+
+def _spec_command(
+    attempt: _Attempt,
+    config: SandboxConfig,
+    ro_paths: list[str],
+    host_base: str,
+    env: dict[str, str],
+    command: list[str],
+    uid: int | None,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    needed = [(p, True) for p in ro_paths] + [(host_base, False)]
+    if attempt.bwrap is not None:
+        bwrap_pkg = os.path.dirname(os.path.dirname(os.path.realpath(attempt.bwrap)))
+        needed.append((bwrap_pkg, True))
+        argv = _bwrap_args(
+            attempt.bwrap,
+            config,
+            ro_paths,
+            host_base,
+            env,
+            command,
+            seccomp=attempt.seccomp_hex is not None,
+        )
+    else:
+        argv = command
+    reach = probe_mod.reach_groups(needed, uid) if uid is not None else []
+    return argv, reach
+
+
+def _spec(
+    attempt: _Attempt,
+    config: SandboxConfig,
+    uid: int | None,
+    reach: list[dict[str, Any]],
+    argv: list[str],
+    env: dict[str, str],
+) -> dict[str, Any]:
+    rlimits: dict[str, int] = {"CORE": 0}
+    if config.file_size is not None:
+        rlimits["FSIZE"] = config.file_size
+    seccomp = None
+    if attempt.seccomp_hex is not None:
+        seccomp = {"program": attempt.seccomp_hex, "mode": "bwrap" if attempt.bwrap else "self"}
+    return {
+        "uid": uid,
+        "gid": uid,
+        "reach": reach,
+        "subreaper": attempt.bwrap is None,
+        "rlimits": rlimits,
+        "no_new_privs": True,
+        "seccomp": seccomp,
+        "argv": argv,
+        "env": {"PATH": _FIXED_ENV["PATH"]} if attempt.bwrap else env,
+    }
+
+
+def _launcher_argv(spec: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(spec, separators=(",", ":"))]
+
+
+def _launcher_env() -> dict[str, str]:
+    return {"PATH": _FIXED_ENV["PATH"], "LANG": "C.UTF-8"}

@@ -1,0 +1,178 @@
+"""Facts about this machine that the sandbox plan needs (parent side).
+
+Where the server's interpreter and its modules live, which of those paths a
+dedicated uid cannot traverse, how many tasks a uid already runs, and the
+probe launch that checks a plan for real.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "PythonPaths",
+    "blocking_ancestor",
+    "pids_of_uid",
+    "python_paths",
+    "run_probe",
+    "tasks_of_uid",
+]
+
+PROBE_TIMEOUT = 20.0  # a cold interpreter under bwrap on a loaded 2-core machine
+
+
+@dataclass(frozen=True)
+class PythonPaths:
+    """Directories a server interpreter reads: prefixes, sys.path, and where toolservices is."""
+
+    executable: str
+    read_paths: tuple[str, ...]
+    pythonpath: str  # extra PYTHONPATH so the server finds toolservices ("" when not needed)
+
+
+def _dedupe(paths: list[str]) -> tuple[str, ...]:
+    """Drop duplicates and paths inside another listed path (bind each tree once)."""
+    result: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in paths if p and os.path.isabs(p)}):
+        if not os.path.exists(path):
+            continue
+        if any(path == kept or path.startswith(kept.rstrip("/") + "/") for kept in result):
+            continue
+        result.append(path)
+    return tuple(result)
+
+
+@functools.lru_cache(maxsize=8)
+def python_paths(python: str) -> PythonPaths:
+    """Ask ``python`` (once) for its prefixes and sys.path, and locate toolservices."""
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        info = {
+            "exe": sys.executable,
+            "prefix": sys.prefix,
+            "base": sys.base_prefix,
+            "exec": sys.exec_prefix,
+            "base_exec": sys.base_exec_prefix,
+            "path": sys.path,
+        }
+    else:
+        code = (
+            "import sys, json; print(json.dumps({'exe': sys.executable, 'prefix': sys.prefix,"
+            " 'base': sys.base_prefix, 'exec': sys.exec_prefix, "
+            "'base_exec': sys.base_exec_prefix, 'path': sys.path}))"
+        )
+        out = subprocess.run(
+            [python, "-I", "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            check=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        info = json.loads(out.stdout)
+    sys_path = [p for p in info["path"] if p and os.path.isabs(p)]
+    found = any(os.path.realpath(p) == os.path.realpath(pkg_parent) for p in sys_path)
+    paths = [
+        info["prefix"],
+        info["base"],
+        info["exec"],
+        info["base_exec"],
+        *sys_path,
+        os.path.dirname(os.path.realpath(python)),
+        os.path.dirname(info["exe"]),
+        pkg_parent,
+    ]
+    return PythonPaths(
+        executable=python, read_paths=_dedupe(paths), pythonpath="" if found else pkg_parent
+    )
+
+
+def blocking_ancestor(path: str, uid: int, gid: int) -> str | None:
+    """The first directory on ``path`` that ``uid`` (with no supplementary groups) cannot search."""
+    current = "/"
+    for part in [p for p in os.path.realpath(path).split("/") if p]:
+        st = os.stat(current)
+        if st.st_uid == uid:
+            allowed = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid == gid:
+            allowed = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            allowed = bool(st.st_mode & stat.S_IXOTH)
+        if not allowed:
+            return current
+        current = os.path.join(current, part)
+    return None
+
+
+def reach_groups(paths: list[tuple[str, bool]], uid: int) -> list[dict[str, Any]]:
+    """Launcher instructions making each (path, read_only) reachable by ``uid`` (see launcher)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for path, read_only in paths:
+        real = os.path.realpath(path)
+        ancestor = blocking_ancestor(real, uid, uid)
+        if ancestor is None:
+            continue
+        groups.setdefault(ancestor, []).append(
+            {"path": real, "ro": read_only, "is_dir": os.path.isdir(real)}
+        )
+    return [{"ancestor": a, "paths": p} for a, p in sorted(groups.items())]
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Processes whose owner is ``uid`` (from /proc)."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) == uid]
+
+
+def tasks_of_uid(uid: int) -> int:
+    """Threads plus processes of ``uid``: what RLIMIT_NPROC counts."""
+    total = 0
+    for pid in pids_of_uid(uid):
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return total
+
+
+def run_probe(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run a planned command whose server is replaced by ``_sandbox_session.py --probe``.
+
+    Returns the probe's JSON, or ``{"error": ...}`` with the launcher's or
+    bwrap's own message.
+    """
+    try:
+        proc = subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+            check=False,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"probe launch did not finish within {PROBE_TIMEOUT:.0f} s"}
+    except OSError as exc:
+        return {"error": f"cannot start the launcher: {exc}"}
+    stderr = proc.stderr.decode(errors="replace").strip()
+    if proc.returncode != 0:
+        return {"error": (stderr.splitlines() or [f"exit status {proc.returncode}"])[-1]}
+    try:
+        result: dict[str, Any] = json.loads(proc.stdout)
+    except ValueError:
+        return {"error": f"probe printed no report (stderr: {stderr[-300:]!r})"}
+    return result

@@ -1,0 +1,227 @@
+"""Turn a probe launch into the honest isolation report (one entry per layer)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["LEVEL_MEANING", "NOT_PROTECTED", "build_report"]
+
+LEVEL_MEANING = {
+    "L3": "namespaces: private pid/net/mount/ipc, minimal read-only filesystem",
+    "L2": "Landlock/seccomp: filesystem allowlist and socket filtering, no namespaces",
+    "L1": "rlimits, clean environment and (as root) a dedicated uid only",
+    "L0": "no isolation beyond timeouts and output caps",
+}
+NOT_PROTECTED = {
+    "L3": [
+        "kernel bugs (the kernel is shared; use gVisor or a microVM for that)",
+        "memory of the private /tmp and /dev/shm beyond their --size cap (no memory cgroup)",
+        "sessions of one executor share its /tmp and /dev/shm (use the workdir for private files)",
+        "CPU share between sessions (no cgroup; RLIMIT_CPU and the wall timeout only)",
+    ],
+    "L2": [
+        "processes, mounts, /proc and host routes stay visible",
+        "UDP and raw sockets are blocked only when seccomp is active",
+        "kernel bugs",
+    ],
+    "L1": [
+        "no network isolation: loopback and the outside world are reachable",
+        "no filesystem isolation beyond file permissions: host /tmp is writable",
+        "other sessions of the same executor are reachable (same uid)",
+        "kernel bugs",
+    ],
+    "L0": ["everything: user code runs with the caller's privileges"],
+}
+
+
+def _layer(active: bool, detail: str = "", why: str = "") -> dict[str, Any]:
+    entry: dict[str, Any] = {"active": active}
+    if active:
+        entry["detail"] = detail
+    else:
+        entry["why"] = why or detail
+    return entry
+
+
+def _host_ns() -> dict[str, str]:
+    result = {}
+    for kind in ("pid", "net", "mnt", "ipc", "uts", "user"):
+        try:
+            result[kind] = os.readlink(f"/proc/self/ns/{kind}")
+        except OSError:
+            result[kind] = "?"
+    return result
+
+
+def build_report(
+    config: Any,
+    *,
+    attempt_level: str,
+    probe: dict[str, Any],
+    uid: int | None,
+    nproc: int | None,
+    caller_tasks: int,
+    fallbacks: list[dict[str, str]],
+    skipped: dict[str, str],
+    ro_paths: list[str],
+    inside_base: str,
+    python: str,
+    bwrap: str | None,
+) -> dict[str, Any]:
+    session = probe.get("session", {})
+    caller_uid = os.getuid()
+    is_root = os.geteuid() == 0
+    fallback_why = "; ".join(f"{f['level']} failed: {f['error']}" for f in fallbacks)
+    layers: dict[str, dict[str, Any]] = {}
+    allowed = [n for n in config.env_allowlist if n in os.environ]
+    layers["env_allowlist"] = _layer(
+        True,
+        f"environment cleared; passed through: {', '.join(allowed) or 'nothing'}; "
+        "fixed: PATH, LANG, MALLOC_ARENA_MAX=2, *_NUM_THREADS=1"
+        + (f"; extra: {', '.join(sorted(config.extra_env))}" if config.extra_env else ""),
+    )
+    layers["workdir"] = _layer(
+        True,
+        f"one private 0700 directory per session under {inside_base} (HOME and TMPDIR); "
+        "deleted when the session ends",
+    )
+    limits = {
+        "AS": config.memory_limit,
+        "CPU": config.cpu_seconds,
+        "FSIZE": config.file_size,
+        "NOFILE": config.open_files,
+        "CORE": 0,
+        "NPROC": nproc,
+    }
+    layers["rlimits"] = _layer(
+        True, ", ".join(f"{k}={v}" for k, v in limits.items() if v is not None) + " (hard = soft)"
+    )
+    layers["process_group"] = _layer(
+        True,
+        "each session is its own session/process group; "
+        "its whole tree is killed on reset and close",
+    )
+    layers["no_new_privs"] = _layer(
+        bool(session.get("no_new_privs")),
+        "PR_SET_NO_NEW_PRIVS=1",
+        "prctl(PR_SET_NO_NEW_PRIVS) did not hold",
+    )
+    if uid is not None:
+        dropped = probe.get("uid") == uid and session.get("uid") == uid
+        layers["uid_drop"] = _layer(
+            dropped,
+            f"user code runs as dedicated uid {uid}",
+            f"probe ran as uid {probe.get('uid')}, expected {uid}",
+        )
+    else:
+        layers["uid_drop"] = _layer(
+            False, why=f"not root: runs as the caller's uid {caller_uid} (nothing to drop)"
+        )
+    if nproc is None:
+        layers["nproc_limit"] = _layer(False, why="disabled (SandboxConfig(nproc=None))")
+    elif uid is not None:
+        layers["nproc_limit"] = _layer(
+            True,
+            f"RLIMIT_NPROC={nproc} on dedicated uid {uid} (shared by this executor's sessions)",
+        )
+    else:
+        layers["nproc_limit"] = _layer(
+            True,
+            f"RLIMIT_NPROC={nproc} = {config.nproc} + the caller's {caller_tasks} tasks "
+            "(non-root: shared with every process of uid {caller_uid})".replace(
+                "{caller_uid}", str(caller_uid)
+            ),
+        )
+    host = _host_ns()
+    inner = probe.get("ns", {})
+    private = [k for k in ("pid", "net", "mnt", "ipc", "uts") if inner.get(k) != host.get(k)]
+    in_ns = attempt_level == "L3" and {"pid", "mnt"} <= set(private)
+    ns_why = skipped.get("namespaces") or fallback_why or "bubblewrap not used"
+    layers["namespaces"] = _layer(
+        in_ns,
+        f"bubblewrap {bwrap}: private {', '.join(private)}"
+        + ("" if "net" in private else " (network shared)"),
+        f"bwrap not usable: {ns_why}",
+    )
+    landlock_on = attempt_level in ("L2", "L3") and skipped.get("landlock") is None
+    seccomp_on = session.get("seccomp_mode") == 2
+    if config.network:
+        layers["network"] = _layer(False, why="allowed by SandboxConfig(network=True)")
+    elif in_ns and "net" in private:
+        layers["network"] = _layer(True, "none: empty network namespace (own loopback only)")
+    elif landlock_on or seccomp_on:
+        parts = (
+            ["TCP bind/connect denied by Landlock"]
+            if landlock_on and probe.get("landlock_abi", 0) >= 4
+            else []
+        )
+        parts += ["inet/inet6/packet/netlink sockets denied by seccomp"] if seccomp_on else []
+        layers["network"] = _layer(bool(parts), "; ".join(parts), "Landlock ABI < 4 and no seccomp")
+    else:
+        layers["network"] = _layer(
+            False, why=f"needs bwrap (L3), or Landlock ABI >= 4 / seccomp (L2): {ns_why}"
+        )
+    ro_list = ", ".join(ro_paths[:6]) + (" ..." if len(ro_paths) > 6 else "")
+    if in_ns:
+        layers["readonly_fs"] = _layer(
+            True,
+            f"minimal read-only root: {ro_list}; writable: "
+            "session workdir, private /tmp and /dev/shm",
+        )
+    elif landlock_on:
+        layers["readonly_fs"] = _layer(
+            True, f"Landlock allowlist: read {ro_list}, /proc; write only the session workdir"
+        )
+    else:
+        layers["readonly_fs"] = _layer(
+            False, why="needs bwrap (L3) or Landlock (L2); " + (skipped.get("landlock") or ns_why)
+        )
+    layers["private_tmp"] = _layer(
+        in_ns,
+        f"private tmpfs /tmp and /dev/shm, {config.tmp_size // (1 << 20)} MiB each",
+        "needs bwrap (L3); TMPDIR points at the session workdir instead",
+    )
+    layers["seccomp"] = _layer(
+        seccomp_on,
+        "deny list: namespaces, mount, ptrace, bpf, "
+        "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI"
+        + ("" if config.network else ", non-unix sockets"),
+        skipped.get("seccomp") or "the filter was not in force in the probe",
+    )
+    layers["landlock"] = _layer(
+        landlock_on,
+        f"ABI {probe.get('landlock_abi')}: writes only in "
+        "the workdir"
+        + (", /tmp, /dev/shm" if in_ns else "")
+        + "; signals and abstract sockets scoped to the sandbox",
+        skipped.get("landlock") or f"not applied at {attempt_level}",
+    )
+    layers["orphan_cleanup"] = _layer(
+        True,
+        "PID namespace: everything dies with the server"
+        if in_ns
+        else "server is a child subreaper"
+        + ("; leftover processes of the uid are killed on close" if uid is not None else ""),
+    )
+    if in_ns:
+        level = "L3"
+    elif landlock_on or seccomp_on:
+        level = "L2"
+    elif is_root and uid is None:
+        level = "L0"
+    else:
+        level = "L1"
+    return {
+        "level": level,
+        "level_meaning": LEVEL_MEANING[level],
+        "caller_uid": caller_uid,
+        "uid": probe.get("uid"),
+        "python": python,
+        "bwrap": bwrap,
+        "layers": layers,
+        "fallbacks": list(fallbacks),
+        "not_protected": NOT_PROTECTED[level],
+        "enter_session_seconds": session.get("enter_seconds"),
+        "min_level": config.min_level,
+    }

@@ -1,0 +1,423 @@
+"""What a freshly forked session process applies to itself before user code.
+
+This module runs inside the fork server, so it imports only the standard
+library (no ``toolservices`` package import, no pydantic): the fork server can
+load it by path. ``plan_server_launch`` serialises everything a session needs
+(rlimits, Landlock paths, whether seccomp is still to be applied) into the
+server's environment under ``TOOLSERVICES_SANDBOX_STATE``; :func:`enter_session`
+reads it once per server and removes it from the session's environment.
+
+Every layer the state asks for is applied or the call raises
+:class:`SessionSetupError`: a session never runs with fewer layers than the
+report promised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import resource
+import stat
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "STATE_ENV",
+    "SessionSetupError",
+    "enter_session",
+    "landlock_abi",
+    "last_enter_seconds",
+    "probe",
+    "remove_tree",
+]
+
+STATE_ENV = "TOOLSERVICES_SANDBOX_STATE"
+
+# prctl options and seccomp constants (linux/prctl.h, linux/seccomp.h).
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+# Landlock (linux/landlock.h); syscall numbers are the same on every 64-bit arch.
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_EXECUTE = 1 << 0
+_FS_WRITE_FILE = 1 << 1
+_FS_READ_FILE = 1 << 2
+_FS_READ_DIR = 1 << 3
+_FS_ABI1_ALL = (1 << 13) - 1  # EXECUTE .. MAKE_SYM
+_FS_REFER = 1 << 13  # ABI 2
+_FS_TRUNCATE = 1 << 14  # ABI 3
+_FS_IOCTL_DEV = 1 << 15  # ABI 5
+_NET_BIND_TCP = 1 << 0  # ABI 4
+_NET_CONNECT_TCP = 1 << 1
+_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+_SCOPE_SIGNAL = 1 << 1
+# Rights that make sense on a non-directory inode.
+_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+
+_RLIMITS = {
+    "AS": resource.RLIMIT_AS,
+    "CPU": resource.RLIMIT_CPU,
+    "FSIZE": resource.RLIMIT_FSIZE,
+    "NOFILE": resource.RLIMIT_NOFILE,
+    "CORE": resource.RLIMIT_CORE,
+    "NPROC": resource.RLIMIT_NPROC,
+}
+
+_libc: Any = None
+_state_cache: dict[str, Any] | None = None
+last_enter_seconds: float = 0.0
+"""Duration of the last :func:`enter_session` call in this process (for benchmarks)."""
+
+
+class SessionSetupError(RuntimeError):
+    """A sandbox layer that the launch report promised could not be applied."""
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _get_libc() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    return _libc
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise SessionSetupError(f"{what} failed: {os.strerror(err)} (errno {err})")
+    return result
+
+
+def set_no_new_privs() -> None:
+    """``PR_SET_NO_NEW_PRIVS``: no setuid binary or file capability can raise privileges."""
+    libc = _get_libc()
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def apply_rlimits(limits: Mapping[str, int | None]) -> None:
+    """Set each limit with hard = soft so user code cannot raise it again."""
+    for name, value in limits.items():
+        if value is None:
+            continue
+        try:
+            resource.setrlimit(_RLIMITS[name], (value, value))
+        except (OSError, ValueError) as exc:
+            raise SessionSetupError(f"setrlimit({name}={value}) failed: {exc}") from exc
+
+
+def apply_seccomp(program: bytes) -> None:
+    """Load a compiled BPF program (needs no_new_privs or CAP_SYS_ADMIN)."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    libc = _get_libc()
+    _check(
+        libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
+        "prctl(PR_SET_SECCOMP)",
+    )
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, or 0 when Landlock is absent or disabled."""
+    libc = _get_libc()
+    result = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
+    return int(result) if result > 0 else 0
+
+
+def _fs_rights(abi: int) -> int:
+    rights = _FS_ABI1_ALL
+    if abi >= 2:
+        rights |= _FS_REFER
+    if abi >= 3:
+        rights |= _FS_TRUNCATE
+    if abi >= 5:
+        rights |= _FS_IOCTL_DEV
+    return rights
+
+
+def apply_landlock(
+    *,
+    read: Sequence[str],
+    write: Sequence[str],
+    devices: Sequence[str],
+    deny_tcp: bool,
+    scope: bool,
+    abi: int | None = None,
+) -> int:
+    """Restrict this process (and its future children) with Landlock; return the ABI used.
+
+    ``read`` paths get read and execute rights, ``write`` paths every right,
+    ``devices`` read/write/ioctl on the device files themselves; everything
+    else on the filesystem is denied. With ``deny_tcp`` (ABI >= 4) TCP bind
+    and connect are denied; with ``scope`` (ABI >= 6) signals and abstract
+    unix sockets cannot reach processes outside this domain.
+    """
+    abi = landlock_abi() if abi is None else abi
+    if abi < 1:
+        raise SessionSetupError("Landlock is not available in this kernel")
+    handled = _fs_rights(abi)
+    attr = _RulesetAttr(handled, 0, 0)
+    size = 8
+    if abi >= 4:
+        size = 16
+        if deny_tcp:
+            attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP
+    if abi >= 6:
+        size = 24
+        if scope:
+            attr.scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
+    libc = _get_libc()
+    ruleset = _check(
+        libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0),
+        "landlock_create_ruleset",
+    )
+    try:
+        read_rights = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+        device_rights = (_FS_READ_FILE | _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV) & handled
+        for paths, rights in ((read, read_rights), (write, handled), (devices, device_rights)):
+            for path in paths:
+                _add_path_rule(libc, ruleset, path, rights)
+        _check(libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def _add_path_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # an optional path (e.g. /lib32) that this system lacks
+    except OSError as exc:
+        raise SessionSetupError(f"Landlock cannot open {path!r}: {exc}") from exc
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _FILE_RIGHTS
+        rule = _PathBeneathAttr(rights, fd)
+        _check(
+            libc.syscall(
+                _SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+            ),
+            f"landlock_add_rule({path!r})",
+        )
+    finally:
+        os.close(fd)
+
+
+def _load_state() -> dict[str, Any] | None:
+    global _state_cache
+    if _state_cache is None:
+        raw = os.environ.get(STATE_ENV)
+        if raw is None:
+            return None
+        _state_cache = json.loads(raw)
+    return _state_cache
+
+
+def enter_session(config: Any = None, *, workdir: str) -> None:
+    """Confine the calling process (a freshly forked session) before it runs user code.
+
+    In order: own session (``setsid``), no_new_privs, rlimits with hard =
+    soft, the working directory and ``HOME``/``TMPDIR``, Landlock (writes only
+    in the workdir and the private ``/tmp``, ``/dev/shm``; TCP and signal
+    scoping), and seccomp when the launcher could not apply it. The layer
+    list comes from the server's launch state; ``config`` is only needed when
+    the server was not started through ``plan_server_launch``.
+    """
+    global last_enter_seconds
+    started = time.perf_counter()
+    state = _load_state()
+    if state is None:
+        if config is None:
+            raise SessionSetupError(
+                f"no {STATE_ENV} in the environment: start the server with plan_server_launch() "
+                "or pass a SandboxConfig"
+            )
+        from toolservices.python._sandbox import session_state
+
+        state = session_state(config)
+    os.environ.pop(STATE_ENV, None)
+    if os.getsid(0) != os.getpid():
+        try:
+            os.setsid()
+        except PermissionError:  # already a process-group leader: keep its group
+            pass
+    set_no_new_privs()
+    apply_rlimits(state["rlimits"])
+    try:
+        os.chdir(workdir)
+    except OSError as exc:
+        raise SessionSetupError(f"cannot enter the session workdir {workdir!r}: {exc}") from exc
+    os.environ["HOME"] = workdir
+    os.environ["TMPDIR"] = workdir
+    os.environ["PWD"] = workdir
+    landlock = state.get("landlock")
+    if landlock is not None:
+        apply_landlock(
+            read=landlock["read"],
+            write=[workdir, *landlock["write"]],
+            devices=landlock["devices"],
+            deny_tcp=landlock["deny_tcp"],
+            scope=landlock["scope"],
+            abi=landlock["abi"],
+        )
+    program = state.get("seccomp_program")
+    if program is not None:
+        apply_seccomp(bytes.fromhex(program))
+    last_enter_seconds = time.perf_counter() - started
+
+
+def remove_tree(path: str) -> None:
+    """Delete a directory tree iteratively, never following symlinks.
+
+    Safe against deep trees (no recursion), symlinks planted by user code and
+    mode-000 directories (each directory is made writable by its owner before
+    it is emptied). Missing paths are fine.
+    """
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(path)  # a file or a symlink: remove the link, never its target
+        return
+    # Stack of (directory fd, name of this dir inside its parent or None for the top).
+    stack: list[tuple[int, str | None]] = [(top, None)]
+    while stack:
+        dfd, _name = stack[-1]
+        descended = False
+        with os.scandir(dfd) as entries:
+            names = [entry.name for entry in entries]
+        for entry_name in names:
+            try:
+                st = os.lstat(entry_name, dir_fd=dfd)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    os.rmdir(entry_name, dir_fd=dfd)
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EACCES):
+                        raise
+                try:
+                    os.chmod(entry_name, 0o700, dir_fd=dfd, follow_symlinks=False)
+                except (NotImplementedError, OSError):
+                    pass  # best effort: the open below reports a real problem
+                child = os.open(
+                    entry_name,
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    dir_fd=dfd,
+                )
+                stack.append((child, entry_name))
+                descended = True
+                break
+            os.unlink(entry_name, dir_fd=dfd)
+        if descended:
+            continue
+        stack.pop()
+        os.close(dfd)
+        if stack and _name is not None:
+            os.rmdir(_name, dir_fd=stack[-1][0])
+    os.rmdir(path)
+
+
+def probe() -> dict[str, Any]:
+    """Observe, from inside a launched server, which layers are really in force."""
+    status: dict[str, str] = {}
+    with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            status[key] = value.strip()
+    ns: dict[str, str] = {}
+    for kind in ("pid", "net", "mnt", "ipc", "uts", "user"):
+        try:
+            ns[kind] = os.readlink(f"/proc/self/ns/{kind}")
+        except OSError as exc:
+            ns[kind] = f"error: {exc.strerror}"
+    result: dict[str, Any] = {
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "pid": os.getpid(),
+        "no_new_privs": status.get("NoNewPrivs") == "1",
+        "seccomp_mode": int(status.get("Seccomp", "0") or 0),
+        "cap_eff": status.get("CapEff", ""),
+        "ns": ns,
+        "landlock_abi": landlock_abi(),
+        "python": sys.executable,
+        "root_listing": sorted(os.listdir("/")),
+        "rlimit_nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
+    }
+    if STATE_ENV in os.environ:
+        result["session"] = _probe_session()
+    return result
+
+
+def _probe_session() -> dict[str, Any]:
+    """Fork one session exactly as the server will and report what it got."""
+    base = os.environ.get("TOOLSERVICES_WORKDIR_BASE") or "/tmp"
+    workdir = os.path.join(base, f"probe-{os.getpid()}")
+    os.mkdir(workdir, 0o700)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe session
+        os.close(read_fd)
+        try:
+            enter_session(workdir=workdir)
+            with open("/proc/self/status", encoding="ascii") as fh:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+            report = {
+                "entered": True,
+                "no_new_privs": status.get("NoNewPrivs") == "1",
+                "seccomp_mode": int(status.get("Seccomp", "0")),
+                "enter_seconds": last_enter_seconds,
+                "uid": os.getuid(),
+            }
+        except BaseException as exc:  # noqa: BLE001 - reported to the planner, then exit
+            report = {"entered": False, "error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_fd, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 65536):
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    remove_tree(workdir)
+    try:
+        result: dict[str, Any] = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        result = {"entered": False, "error": "the probe session died before reporting"}
+    return result
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
+    sys.stdout.write(json.dumps(probe()))
