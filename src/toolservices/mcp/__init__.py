@@ -10,7 +10,9 @@ executor) as an MCP server.
 
 from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
 from toolservices.mcp._connection import MCPConnectionError, ServerState
+from toolservices.mcp._python_tools import python_tools, serve_main
 from toolservices.mcp._result import ContentPart, MCPResult
+from toolservices.mcp._server import aserve, build_server, serve
 from toolservices.mcp._toolset import MCPTool, MCPToolset
 
 __all__ = [
@@ -23,4 +25,9 @@ __all__ = [
     "ServerConfig",
     "ServerState",
     "StdioServer",
+    "aserve",
+    "build_server",
+    "python_tools",
+    "serve",
+    "serve_main",
 ]

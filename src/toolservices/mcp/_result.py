@@ -59,7 +59,18 @@ class MCPResult:
         return [p for p in self.parts if p.type == "image"]
 
     def __str__(self) -> str:
-        return self.text
+        """What a model reads: the text, with placeholders for non-text parts."""
+        pieces = []
+        for part in self.parts:
+            if part.type == "text" and part.text is not None:
+                pieces.append(part.text)
+            elif part.uri is not None:
+                pieces.append(f"[{part.type}: {part.uri}]")
+            else:
+                pieces.append(f"[{part.type}: {part.mime_type or 'unknown type'}]")
+        if not pieces and self.structured is not None:
+            return json.dumps(self.structured, ensure_ascii=False)
+        return "\n".join(pieces)
 
     @classmethod
     def from_mcp(cls, server: str, tool: str, result: mt.CallToolResult) -> MCPResult:

@@ -32,9 +32,11 @@ class _Lifecycle(enum.Enum):
 class MCPTool(Tool):
     """One tool of an MCP server, named ``"server.tool"``.
 
-    Calling it returns an :class:`MCPResult`; a result the server flags with
-    ``isError`` raises :class:`~toolservices.errors.ToolExecutionError` so the
-    dispatcher reports it as a failed call.
+    Calling it returns the text a model reads (``str(MCPResult)``), so it
+    renders like any local tool's string; :meth:`acall_result` returns the
+    whole :class:`MCPResult`. A result the server flags with ``isError``
+    raises :class:`~toolservices.errors.ToolExecutionError`, so the
+    dispatcher reports a failed call.
     """
 
     is_async = True
@@ -49,10 +51,14 @@ class MCPTool(Tool):
         self.schema_out = dict(spec.output_schema or {})
         self.timeout = timeout
 
-    def __call__(self, **kwargs: Any) -> MCPResult:
-        return _unwrap(self.toolset.call(self.name, kwargs))
+    def __call__(self, **kwargs: Any) -> str:
+        return str(_unwrap(self.toolset.call(self.name, kwargs)))
 
-    async def acall(self, **kwargs: Any) -> MCPResult:
+    async def acall(self, **kwargs: Any) -> str:
+        return str(await self.acall_result(**kwargs))
+
+    async def acall_result(self, **kwargs: Any) -> MCPResult:
+        """The whole result (all parts, structured content); errors raise as in acall."""
         return _unwrap(await self.toolset.acall(self.name, kwargs))
 
 

@@ -1,0 +1,202 @@
+"""The other direction: a ToolRegistry served as an MCP server (stdio or streamable HTTP).
+
+Tools keep their names, descriptions and JSON Schemas. A tool's failure
+(bad arguments, an exception, a timeout) becomes an ``isError`` result the
+client's model can read; an unknown tool name is the JSON-RPC ``-32602``
+error both MCP spec revisions ask for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+import anyio
+import mcp.types as mt
+from mcp import MCPError
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from toolservices.errors import InfrastructureError, ToolError, UserError
+from toolservices.tools import Tool, ToolRegistry
+
+__all__ = ["aserve", "build_server", "serve"]
+
+logger = logging.getLogger(__name__)
+
+Transport = Literal["stdio", "http"]
+
+
+def build_server(
+    tools: ToolRegistry | Iterable[Any],
+    *,
+    name: str = "toolservices",
+    tool_timeout: float | None = None,
+) -> Server[Any]:
+    """An MCP server (the SDK's low-level ``Server``) for ``tools``.
+
+    ``tools`` is a registry or anything :class:`ToolRegistry` accepts.
+    ``tool_timeout`` bounds each call on top of the tools' own limits.
+    """
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: mt.PaginatedRequestParams | None
+    ) -> mt.ListToolsResult:
+        return mt.ListToolsResult(tools=[_spec(t) for t in registry])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: mt.CallToolRequestParams
+    ) -> mt.CallToolResult:
+        if params.name not in registry:
+            available = ", ".join(registry.names()) or "none"
+            raise MCPError(
+                code=mt.INVALID_PARAMS,
+                message=f"Unknown tool: {params.name}. Available tools: {available}",
+            )
+        return await _run_tool(registry.get(params.name), params.arguments or {}, tool_timeout)
+
+    return Server(
+        name,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=lambda n: _schema(registry.get(n)) if n in registry else None,
+    )
+
+
+def _schema(tool: Tool) -> dict[str, Any]:
+    return tool.schema_in or {"type": "object", "properties": {}}
+
+
+def _spec(tool: Tool) -> mt.Tool:
+    return mt.Tool(name=tool.name, description=tool.description or None, input_schema=_schema(tool))
+
+
+async def _run_tool(
+    tool: Tool, arguments: Mapping[str, Any], tool_timeout: float | None
+) -> mt.CallToolResult:
+    try:
+        args = tool.validate(arguments)
+        if tool.accepts_state:
+            args["_state"] = {}
+        limit = min(x for x in (tool_timeout, tool.timeout, float("inf")) if x is not None)
+        with anyio.fail_after(limit if limit != float("inf") else None):
+            value = await tool.acall(**args)
+    except ToolError as exc:
+        return _error(exc.message)
+    except TimeoutError:
+        return _error(f"Tool '{tool.name}' timed out after {limit:g} s")
+    except InfrastructureError as exc:
+        return _error(exc.message)
+    except Exception as exc:  # the tool's own failure: the client's model reads it
+        logger.info("Tool %r raised %s", tool.name, type(exc).__name__)
+        return _error(f"{type(exc).__name__}: {exc}")
+    return _result(value)
+
+
+def _error(message: str) -> mt.CallToolResult:
+    return mt.CallToolResult(content=[mt.TextContent(type="text", text=message)], is_error=True)
+
+
+def _result(value: Any) -> mt.CallToolResult:
+    if isinstance(value, str):
+        return mt.CallToolResult(content=[mt.TextContent(type="text", text=value)])
+    structured = dict(value) if isinstance(value, Mapping) else None
+    text = json.dumps(structured if structured is not None else value, indent=2, default=str)
+    return mt.CallToolResult(
+        content=[mt.TextContent(type="text", text=text)], structured_content=structured
+    )
+
+
+# --- running it ---------------------------------------------------------------------------
+
+
+async def aserve(
+    tools: ToolRegistry | Iterable[Any],
+    *,
+    transport: Transport = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    path: str = "/mcp",
+    name: str = "toolservices",
+    tool_timeout: float | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``tools`` until the client leaves (stdio) or SIGINT/SIGTERM arrives.
+
+    ``port=0`` picks a free port; ``on_ready`` receives ``"stdio"`` or the
+    server's URL once it accepts connections.
+    """
+    server = build_server(tools, name=name, tool_timeout=tool_timeout)
+    if transport == "stdio":
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+            async with stdio_server() as (read, write):
+                if on_ready is not None:
+                    on_ready("stdio")
+                await server.run(read, write, server.create_initialization_options())
+            tg.cancel_scope.cancel()
+        return
+    if transport != "http":
+        raise UserError(f"Unknown MCP transport {transport!r}; valid: 'stdio', 'http'")
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        url = f"http://{host}:{sock.getsockname()[1]}{path}"
+        app = server.streamable_http_app(streamable_http_path=path, host=host)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        http = uvicorn.Server(config)
+        if on_ready is not None:
+            # uvicorn listens on the socket as soon as serve() starts.
+            sock.listen(128)
+            on_ready(url)
+        await http.serve(sockets=[sock])  # handles SIGINT/SIGTERM itself
+    finally:
+        sock.close()
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+def serve(
+    tools: ToolRegistry | Iterable[Any],
+    *,
+    transport: Transport = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    path: str = "/mcp",
+    name: str = "toolservices",
+    tool_timeout: float | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Blocking :func:`aserve` (runs its own event loop; call from the main thread)."""
+    anyio.run(
+        lambda: aserve(
+            tools,
+            transport=transport,
+            host=host,
+            port=port,
+            path=path,
+            name=name,
+            tool_timeout=tool_timeout,
+            on_ready=on_ready,
+        )
+    )
+
+
+def _announce(where: str) -> None:
+    """Tell a human (or a test) where the server listens; stdout is the wire on stdio."""
+    print(f"toolservices MCP server ready: {where}", file=sys.stderr, flush=True)
