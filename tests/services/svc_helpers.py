@@ -1,0 +1,113 @@
+"""Small services for the registry tests; shipped to Ray workers by value."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+
+def new_namespace() -> str:
+    """A fresh namespace, so that tests never see each other's services."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+class Counter:
+    """State that shows whether two calls reached the same object."""
+
+    def __init__(self, start: int = 0, *, marker: str | None = None) -> None:
+        self.value = start
+        self.ident = uuid.uuid4().hex
+        self.marker = marker
+
+    def incr(self, k: int = 1) -> int:
+        self.value += k
+        return self.value
+
+    def whoami(self, session_id: str | None = None) -> str:
+        return self.ident
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fail(self) -> None:
+        raise ValueError("Test error")
+
+    def block(self, seconds: float) -> str:
+        threading.Event().wait(seconds)  # stands for a long computation
+        return self.ident
+
+
+class Sessions:
+    """Keeps per-session state, like the Python executor does."""
+
+    def __init__(self) -> None:
+        self.ident = uuid.uuid4().hex
+        self.state: dict[str, list[Any]] = {}
+        self.twin_calls = 0
+
+    def remember(self, value: Any, *, session_id: str) -> dict[str, Any]:
+        self.state.setdefault(session_id, []).append(value)
+        return {"replica": self.ident, "seen": list(self.state[session_id])}
+
+    async def aremember(self, value: Any, *, session_id: str) -> dict[str, Any]:
+        self.twin_calls += 1
+        return self.remember(value, session_id=session_id)
+
+    def whoami(self, session_id: str | None = None) -> str:
+        return self.ident
+
+    async def ahold(self, seconds: float) -> str:
+        import asyncio
+
+        await asyncio.sleep(seconds)  # keeps the call in flight while others are routed
+        return self.ident
+
+    def hold(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return self.ident
+
+    def twins(self) -> int:
+        return self.twin_calls
+
+
+class Closing:
+    """Writes a line to ``path`` when closed, so a test sees close() ran (also on Ray)."""
+
+    def __init__(self, path: str, *, fail: bool = False) -> None:
+        self.path = path
+        self.fail = fail
+
+    def ping(self) -> str:
+        return "pong"
+
+    def close(self) -> None:
+        with open(self.path, "a") as fh:
+            fh.write("closed\n")
+        if self.fail:
+            raise RuntimeError("close failed on purpose")
+
+
+class WithMemoryParam:
+    """A constructor parameter that is also a Ray actor option name."""
+
+    def __init__(self, memory: int = 0) -> None:
+        self.memory = memory
+
+    def get_memory(self) -> int:
+        return self.memory
+
+    def resources(self) -> dict[str, float]:
+        import ray
+
+        return dict(ray.get_runtime_context().get_assigned_resources())
+
+
+class BrokenInit:
+    def __init__(self) -> None:
+        raise RuntimeError("constructor failed")
+
+    def ping(self) -> str:
+        return "unreachable"
