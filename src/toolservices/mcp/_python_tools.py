@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import signal
 import threading
 from types import FrameType
 from typing import Any
-
-import anyio.to_thread
 
 from toolservices.mcp._server import Transport, _announce, serve
 from toolservices.tools import FunctionTool, Tool
@@ -28,15 +25,12 @@ def python_tools(executor: Any) -> list[Tool]:
         Give the same session_id on later calls to keep variables and imports
         between them; without one, the code runs in a fresh interpreter.
         """
-        # The executor's sync API is loop-agnostic; a worker thread keeps this
-        # server's loop free while the code runs.
-        run = functools.partial(executor.execute, code, session_id=session_id)
-        result = await anyio.to_thread.run_sync(run)
+        result = await executor.aexecute(code, session_id=session_id)
         return {k: v for k, v in dict(result).items() if _is_json_scalar(v)}
 
     async def python_close_session(session_id: str) -> str:
         """Close a Python session and free its interpreter (its variables are lost)."""
-        await anyio.to_thread.run_sync(executor.close_session, session_id)
+        await executor.aclose_session(session_id)
         return f"Session {session_id} closed"
 
     return [FunctionTool(python_execute), FunctionTool(python_close_session)]

@@ -1,0 +1,101 @@
+"""Our tools served over MCP (stdio and streamable HTTP), used through our own client."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from toolservices.errors import ToolNotFoundError, ToolTimeoutError
+from toolservices.mcp import HttpServer, MCPToolset, StdioServer, aserve
+from toolservices.tools import tool
+
+SERVE_TOOLS = str(Path(__file__).parent / "servers" / "serve_tools.py")
+WAIT = 20.0
+
+
+def _check_round_trip(ts: MCPToolset) -> None:
+    assert set(ts.names()) == {"ours.multiply", "ours.slow_echo", "ours.explode", "ours.describe"}
+    multiply = next(t for t in ts.tools() if t.name == "ours.multiply")
+    assert multiply.description == "Multiply two integers."
+    assert multiply.schema_in["required"] == ["a", "b"]
+    assert ts.call("ours.multiply", {"a": 6, "b": 7}).text == "42"
+    described = ts.call("ours.describe", {"values": [1, 2.5]})
+    assert described.structured == {"count": 2, "sum": 3.5}
+    exploded = ts.call("ours.explode", {"message": "kaboom"})
+    assert exploded.is_error and exploded.text == "RuntimeError: kaboom"
+    invalid = ts.call("ours.multiply", {"a": "x", "b": 1})
+    assert invalid.is_error and "Invalid arguments for tool 'multiply'" in invalid.text
+    with pytest.raises(ToolNotFoundError, match="Unknown tool: ours.nope"):
+        ts.call("ours.nope", {})
+    with pytest.raises(ToolTimeoutError):
+        ts.call("ours.slow_echo", {"text": "hi", "seconds": 30}, timeout=0.3)
+    assert ts.call("ours.slow_echo", {"text": "hi"}).text == "hi"
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_serve_stdio_round_trip() -> None:
+    with MCPToolset({"ours": StdioServer(command=sys.executable, args=(SERVE_TOOLS,))}) as ts:
+        _check_round_trip(ts)
+
+
+@pytest.fixture
+def http_served() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    proc = subprocess.Popen(
+        [sys.executable, SERVE_TOOLS, "http"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            assert sel.select(WAIT), "the server did not report readiness"
+        line = proc.stderr.readline()
+        assert "ready: http://127.0.0.1:" in line, line
+        yield proc, line.split("ready: ")[1].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT)
+        proc.stderr.close()
+
+
+def test_serve_http_round_trip(http_served: tuple[subprocess.Popen[str], str]) -> None:
+    proc, url = http_served
+    with MCPToolset({"ours": HttpServer(url=url)}) as ts:
+        _check_round_trip(ts)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) in (0, -signal.SIGTERM)
+
+
+async def test_aserve_in_process_with_a_free_port() -> None:
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    ready: list[str] = []
+    got_url = anyio.Event()
+
+    def on_ready(url: str) -> None:
+        ready.append(url)
+        got_url.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: aserve([shout], transport="http", host="127.0.0.1", port=0, on_ready=on_ready)
+        )
+        with anyio.fail_after(WAIT):
+            await got_url.wait()
+        async with MCPToolset({"me": HttpServer(url=ready[0])}) as ts:
+            assert (await ts.acall("me.shout", {"text": "hi"})).text == "HI"
+        tg.cancel_scope.cancel()
