@@ -95,7 +95,6 @@ class SyntaxParser(ToolParser):
             kind = "truncated" if "truncated" in what else "invalid_syntax"
             if "JSON" in what and kind != "truncated":
                 kind = "invalid_json"
-        what = what[:1].upper() + what[1:]
         message = f"Could not parse the tool call: {what}. Expected syntax: {self.syntax}"
         if len(raw) > 2000:
             raw = raw[:2000]

@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "ArgumentsError",
+    "arguments_from_text",
     "call_from_object",
     "decode_arguments",
     "describe",
@@ -65,12 +66,14 @@ def describe(value: Any) -> str:
 
 def json_problem(error: json.JSONDecodeError, text: str) -> ArgumentsError:
     """A model-readable description of a JSON syntax error in ``text``."""
-    truncated = error.pos >= len(text.rstrip())
+    truncated = error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
     if truncated:
-        return ArgumentsError("the JSON ends before it is complete (truncated)", truncated=True)
+        return ArgumentsError(
+            "the JSON ends before all its brackets and quotes are closed", truncated=True
+        )
     start = max(0, error.pos - 15)
     near = text[start : error.pos + 15].replace("\n", "\\n")
-    return ArgumentsError(f"invalid JSON: {error.msg} at char {error.pos} (near {near!r})")
+    return ArgumentsError(f"invalid JSON: {error.msg} (char {error.pos}, near {near!r})")
 
 
 def loads(text: str) -> Any:
@@ -125,6 +128,17 @@ def decode_arguments(value: Any) -> dict[str, Any]:
     raise ArgumentsError(
         f"arguments must be a JSON object of parameter names to values, got {describe(value)}"
     )
+
+
+def arguments_from_text(text: str) -> dict[str, Any]:
+    """Arguments written as JSON text (a call body): parse it, then apply the policy.
+
+    So a body that is a JSON string holding JSON is decoded once more, like an
+    ``"arguments"`` value would be; blank text means ``{}``.
+    """
+    if not text.strip():
+        return {}
+    return decode_arguments(loads(text.strip()))
 
 
 def call_from_object(

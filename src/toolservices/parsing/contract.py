@@ -19,7 +19,13 @@ from typing import Any
 
 from toolservices.errors import UserError
 from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
-from toolservices.parsing._json import ArgumentsError, decode_arguments, describe, dumps
+from toolservices.parsing._json import (
+    ArgumentsError,
+    arguments_from_text,
+    decode_arguments,
+    describe,
+    dumps,
+)
 from toolservices.parsing.base import ParseError, ParseResult, ToolCall, response_text
 
 __all__ = [
@@ -58,7 +64,7 @@ class XMLBlockParser(SyntaxParser):
         for match in _XML_BLOCK.finditer(text):
             body = match.group(3)
             try:
-                args = decode_arguments(body)
+                args = arguments_from_text(body)
             except ArgumentsError:
                 args = {"raw": body}
             found.call(match.group(1), args, tag=match.group(2), raw=match.group(0))

@@ -86,6 +86,8 @@ def scan_tagged(text: str, found: Collector, open_tag: str, close_tag: str) -> N
                     f"and its content is incomplete (truncated?): {error.message}",
                     truncated=True,
                 )
+            elif error.truncated:  # closed block: a bracket is missing, not a cut-off
+                error = ArgumentsError(f"invalid JSON: {error.message}")
             found.arguments_error(error, raw)
             continue
         for name, args, call_id in calls:
@@ -329,7 +331,15 @@ def _read_mistral(text: str, marker: int, pos: int, limit: int, found: Collector
             if named is None or not named.group(1):
                 found.error("after [TOOL_CALLS] write the tool name, then its JSON arguments", raw)
                 return None
-            value, end = raw_decode(text, named.end())
+            try:
+                value, end = raw_decode(text, named.end())
+            except ArgumentsError as error:
+                if error.truncated:
+                    raise
+                raise ArgumentsError(
+                    f"after the tool name {named.group(1)!r} write its JSON arguments: "
+                    f"{error.message}"
+                ) from None
             if not isinstance(value, dict):
                 raise ArgumentsError(
                     f"arguments of {named.group(1)!r} must be a JSON object, got {describe(value)}"

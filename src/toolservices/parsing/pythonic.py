@@ -139,11 +139,16 @@ def _list_end(text: str, start: int) -> int | None:
     return None
 
 
-def _own_line(text: str, start: int, end: int) -> bool:
-    """True when ``text[start:end]`` is alone on its line(s), as calls are."""
+def _own_line(text: str, start: int, end: int | None) -> bool:
+    """True when ``text[start:end]`` is alone on its line(s), as calls are.
+
+    ``end=None`` checks only what comes before (for a list cut off at the end).
+    """
     before = text.rfind("\n", 0, start)
-    after = text.find("\n", end)
     head = text[before + 1 : start].replace(_PYTHON_START, "")
+    if end is None:
+        return not head.strip()
+    after = text.find("\n", end)
     tail = text[end : len(text) if after == -1 else after].replace(_PYTHON_END, "")
     return not head.strip() and not tail.strip()
 
@@ -164,7 +169,7 @@ class PythonicParser(SyntaxParser):
             start = match.start()
             end = _list_end(text, start)
             if end is None:
-                if _own_line(text, start, start):
+                if _own_line(text, start, None):
                     found.error(
                         "the list of calls is never closed with ']' (truncated?)",
                         text[start:],

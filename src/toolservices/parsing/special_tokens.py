@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolservices.parsing._common import Block, Collector, SyntaxParser, iter_blocks
-from toolservices.parsing._json import ArgumentsError, decode_arguments, dumps
+from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
 from toolservices.parsing.base import ToolCall
 
 __all__ = ["DeepSeekV31Parser", "DeepSeekV3Parser", "HarmonyParser", "KimiK2Parser"]
@@ -94,7 +94,7 @@ class DeepSeekV3Parser(SyntaxParser):
         if not name:
             raise ArgumentsError("the tool name is missing")
         try:
-            return name, decode_arguments(payload)
+            return name, arguments_from_text(payload)
         except ArgumentsError as error:
             raise ArgumentsError(
                 f"tool {name!r}: {error.message}", truncated=error.truncated
@@ -178,7 +178,7 @@ class KimiK2Parser(SyntaxParser):
         id_match = _KIMI_ID.match(call_id)
         name = id_match.group(1) if id_match else call_id
         try:
-            return name, decode_arguments(match.group(2)), call_id
+            return name, arguments_from_text(match.group(2)), call_id
         except ArgumentsError as error:
             raise ArgumentsError(
                 f"tool {name!r}: {error.message}", truncated=error.truncated
@@ -241,7 +241,7 @@ class HarmonyParser(SyntaxParser):
                     )
                     continue
                 try:
-                    args = decode_arguments(body)
+                    args = arguments_from_text(body)
                 except ArgumentsError as error:
                     found.arguments_error(error, match.group(0), tool=name)
                     continue
