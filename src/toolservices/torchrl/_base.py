@@ -1,0 +1,280 @@
+"""The transform all tool transforms share: read the turn, run, write back.
+
+A step reads the last assistant message of every batch item, lets the
+subclass run the tool calls of the whole batch at once (our transforms send
+them through the dispatcher, so items run concurrently), appends the results
+as ``tool`` messages padded with ``<none>``, writes per-item metrics under
+:data:`METRICS_KEY` and, with ``max_failed_turns``, ends the episodes of items
+whose calls kept failing. Nothing a tool or a model does raises out of
+``env.step``.
+
+TorchRL-style subclasses that only implement
+``_process_batch_item(content, index) -> list[str] | None`` keep working: that
+hook is run item by item, as TorchRL does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict, TensorDictBase
+from torchrl.data import Composite, NonTensor, Unbounded
+from torchrl.envs.transforms import Transform
+
+from toolservices.dispatch import StepMetrics
+from toolservices.errors import UserError
+from toolservices.torchrl._history import ToolMessage, append_tool_messages
+
+__all__ = ["END_REASON_FAILURES", "METRICS_KEY", "ItemOutput", "ToolTransformBase"]
+
+#: Where every tool transform writes its per-item metrics in the tensordict.
+METRICS_KEY = "tool_metrics"
+#: ``(name, dtype)`` of the numeric entries under :data:`METRICS_KEY`.
+_NUMERIC = (
+    ("calls", torch.int64),
+    ("failed_calls", torch.int64),
+    ("parse_errors", torch.int64),
+    ("timeouts", torch.int64),
+    ("tool_time", torch.float32),
+    ("failed_turns", torch.int64),
+)
+#: The ``end_reason`` written when ``max_failed_turns`` ends an episode.
+END_REASON_FAILURES = "too_many_failures"
+
+
+@dataclass(kw_only=True)
+class ItemOutput:
+    """What one batch item produced in one step."""
+
+    messages: list[ToolMessage] = field(default_factory=list)
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+
+    @property
+    def all_failed(self) -> bool:
+        """True when the item made calls and every one failed or was malformed."""
+        m = self.metrics
+        attempts = m.calls + m.parse_errors
+        return attempts > 0 and m.failed_calls + m.parse_errors >= attempts
+
+
+class ToolTransformBase(Transform):
+    """Base class of the tool transforms (TorchRL's ``ToolTransformBase`` API).
+
+    Subclasses implement either :meth:`_run_batch` (the whole batch at once)
+    or TorchRL's per-item hook :meth:`_process_batch_item`. Options are
+    keyword-only: ``max_failed_turns`` ends an item's episode (``done`` and
+    ``terminated`` set, ``end_reason`` recorded) after that many consecutive
+    turns whose calls all failed or were malformed; ``metrics_key`` names the
+    metrics entry (``None`` writes none); ``record_call_ids`` stores the call
+    each tool message answers in its ``tool_calls`` field (see
+    :mod:`toolservices.torchrl._history` for why it is off by default).
+    """
+
+    #: Role of the appended messages (TorchRL's attribute name).
+    tool_role: str = "tool"
+
+    def __init__(
+        self,
+        *,
+        max_failed_turns: int | None = None,
+        metrics_key: str | None = METRICS_KEY,
+        record_call_ids: bool = False,
+    ) -> None:
+        super().__init__()
+        self.record_call_ids = record_call_ids
+        if max_failed_turns is not None and max_failed_turns < 1:
+            raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
+        self.max_failed_turns = max_failed_turns
+        self.metrics_key = metrics_key
+        #: Identifies this transform's environment in executor session ids.
+        self.env_key = uuid.uuid4().hex[:12]
+        self._failed_turns: list[int] = []
+
+    # -- hooks for subclasses ----------------------------------------------------------
+
+    def _run_batch(
+        self, texts: Sequence[str | None], states: Sequence[dict[str, Any]]
+    ) -> list[ItemOutput]:
+        """Run the calls of every item; ``texts[i]`` is None for items to skip.
+
+        The default runs TorchRL's per-item hook, one item after the other.
+        """
+        outputs = []
+        for text, state in zip(texts, states, strict=True):
+            results = None if text is None else self._process_batch_item(text, state["batch_index"])
+            messages = [ToolMessage(self._format_result(r)) for r in results or ()]
+            outputs.append(ItemOutput(messages=messages, metrics=StepMetrics(calls=len(messages))))
+        return outputs
+
+    def _process_batch_item(self, content: str, index: int) -> list[str] | None:
+        """TorchRL's per-item hook: result strings for one response, or None."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement _run_batch() or _process_batch_item()"
+        )
+
+    def _format_result(self, result: str) -> str:
+        """TorchRL's per-result formatting hook (identity by default)."""
+        return result
+
+    def _end_sessions(self, indices: Sequence[int]) -> None:
+        """Forget per-item state (interpreters, sessions) of reset items."""
+
+    def session_id(self, index: int) -> str:
+        """The executor session of batch item ``index`` in this environment."""
+        return f"{self.env_key}:{index}"
+
+    # -- TorchRL plumbing ----------------------------------------------------------------
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        if next_tensordict.batch_dims > 1:
+            with next_tensordict.view(-1) as flat:
+                self._process(flat)
+            return next_tensordict
+        return self._process(next_tensordict)
+
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        size = tensordict_reset.numel()
+        mask = tensordict.get("_reset", None) if tensordict is not None else None
+        if mask is None:
+            indices = list(range(size))
+        else:
+            indices = torch.as_tensor(mask).reshape(-1).nonzero().view(-1).tolist()
+        self._grow(size)
+        for i in indices:
+            self._failed_turns[i] = 0
+        self._end_sessions(indices)
+        if self.metrics_key is not None:
+            tensordict_reset.set(
+                self.metrics_key, self._metrics_td([ItemOutput()] * size, tensordict_reset)
+            )
+        return tensordict_reset
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        if self.metrics_key is None:
+            return observation_spec
+        shape = observation_spec.shape
+        entries: dict[str, Any] = {
+            name: Unbounded(shape=shape, dtype=dtype, device=observation_spec.device)
+            for name, dtype in _NUMERIC
+        }
+        entries["end_reason"] = NonTensor(shape=shape, example_data="", device=None)
+        observation_spec[self.metrics_key] = Composite(entries, shape=shape)
+        return observation_spec
+
+    # -- the step --------------------------------------------------------------------------
+
+    def _process(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+        history = self._prompt_history(next_tensordict)
+        size = next_tensordict.shape[0]
+        self._grow(size)
+        policy_role = getattr(self.parent.base_env, "policy_role", None) or "assistant"
+        texts: list[str | None] = []
+        states: list[dict[str, Any]] = []
+        for i, (roles, contents) in enumerate(
+            zip(_rows(history.role, size), _rows(history.content, size), strict=True)
+        ):
+            last_is_policy = bool(roles) and roles[-1] == policy_role
+            texts.append(contents[-1] if last_is_policy and isinstance(contents[-1], str) else None)
+            states.append(
+                {
+                    "batch_index": i,
+                    "turn": sum(1 for r in roles if r == policy_role),
+                    "session_id": self.session_id(i),
+                }
+            )
+        outputs = self._run_batch(texts, states)
+        extended = append_tool_messages(
+            history,
+            [o.messages for o in outputs],
+            role=self.tool_role,
+            record_call_ids=self.record_call_ids,
+        )
+        if extended is not None:
+            next_tensordict["history"].prompt = extended
+        self._finish(next_tensordict, outputs)
+        return next_tensordict
+
+    def _prompt_history(self, next_tensordict: TensorDictBase) -> Any:
+        parent = self.parent
+        base = getattr(parent, "base_env", None)
+        if base is None or getattr(base, "input_mode", None) != "history":
+            raise UserError(
+                f"{type(self).__name__} must be used with a ChatEnv in history mode "
+                "(ChatEnv(input_mode='history'), the default)"
+            )
+        return next_tensordict["history"].prompt
+
+    def _finish(self, next_tensordict: TensorDictBase, outputs: list[ItemOutput]) -> None:
+        reasons = [""] * len(outputs)
+        for i, output in enumerate(outputs):
+            if output.all_failed:
+                self._failed_turns[i] += 1
+            elif output.metrics.calls or output.metrics.parse_errors or not output.messages:
+                self._failed_turns[i] = 0
+            limit = self.max_failed_turns
+            if limit is not None and self._failed_turns[i] >= limit:
+                reasons[i] = END_REASON_FAILURES
+        ended = [bool(r) for r in reasons]
+        if any(ended):
+            flags = torch.tensor(ended, dtype=torch.bool)
+            for key in ("done", "terminated"):
+                current = next_tensordict.get(key, None)
+                if current is None:
+                    current = torch.zeros((len(outputs), 1), dtype=torch.bool)
+                next_tensordict.set(key, current | flags.view(current.shape))
+        if self.metrics_key is not None:
+            self._write_metrics(next_tensordict, outputs, reasons)
+
+    def _write_metrics(
+        self, next_tensordict: TensorDictBase, outputs: list[ItemOutput], reasons: list[str]
+    ) -> None:
+        assert self.metrics_key is not None
+        mine = self._metrics_td(outputs, next_tensordict, reasons)
+        previous = next_tensordict.get(self.metrics_key, None)
+        if previous is not None:  # another tool transform of the same env wrote first
+            for name, _ in _NUMERIC:
+                mine.set(name, mine.get(name) + previous.get(name))
+            before = previous.get("end_reason").tolist()
+            mine.set(
+                "end_reason",
+                NonTensorStack(*[b or r for b, r in zip(before, reasons, strict=True)]),
+            )
+        next_tensordict.set(self.metrics_key, mine)
+
+    def _metrics_td(
+        self,
+        outputs: Sequence[ItemOutput],
+        like: TensorDictBase,
+        reasons: Sequence[str] | None = None,
+    ) -> TensorDict:
+        n = len(outputs)
+        values: dict[str, Any] = {}
+        for name, dtype in _NUMERIC:
+            if name == "failed_turns":
+                column: list[float] = [float(self._failed_turns[i]) for i in range(n)]
+            else:
+                column = [float(getattr(o.metrics, name)) for o in outputs]
+            values[name] = torch.tensor(column, dtype=dtype, device=like.device)
+        values["end_reason"] = NonTensorStack(*(reasons or [""] * n))
+        return TensorDict(values, batch_size=like.batch_size, device=like.device)
+
+    def _grow(self, size: int) -> None:
+        if len(self._failed_turns) < size:
+            self._failed_turns.extend([0] * (size - len(self._failed_turns)))
+
+    def close(self) -> None:
+        """Release what the transform holds (nothing in the base class)."""
+
+
+def _rows(values: Any, size: int) -> list[list[Any]]:
+    """A batch x time NonTensor field as ``size`` Python lists."""
+    rows = values.tolist() if hasattr(values, "tolist") else list(values)
+    if size == 1 and rows and not isinstance(rows[0], list):
+        rows = [rows]
+    return [list(r) for r in rows]

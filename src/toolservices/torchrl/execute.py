@@ -1,0 +1,215 @@
+"""``ExecuteToolsInOrder`` and ``SimpleToolTransform`` on the core dispatcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_tool_results
+from toolservices.errors import UserError
+from toolservices.parsing.base import ParseResult, ToolCall
+from toolservices.tools import ToolRegistry
+from toolservices.torchrl._base import METRICS_KEY, ItemOutput, ToolTransformBase
+from toolservices.torchrl._calls import ParserLike, resolve_parser, tools_from_mapping
+from toolservices.torchrl._history import ToolMessage
+
+__all__ = ["DispatchingTransform", "ExecuteToolsInOrder", "SimpleToolTransform"]
+
+ResultFormat = Literal["tool_results", "openai"]
+
+
+class DispatchingTransform(ToolTransformBase):
+    """Parse every item's turn, run all calls through one :class:`Dispatcher`.
+
+    Items run concurrently (blocking tools in worker threads), the calls of
+    one item in their order of appearance. Subclasses choose the messages.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: ToolRegistry,
+        parser: Callable[[str], ParseResult],
+        timeout: float | None,
+        max_concurrency: int,
+        stop_on_error: bool,
+        pass_state: bool,
+        max_failed_turns: int | None,
+        metrics_key: str | None,
+        record_call_ids: bool,
+    ) -> None:
+        super().__init__(
+            max_failed_turns=max_failed_turns,
+            metrics_key=metrics_key,
+            record_call_ids=record_call_ids,
+        )
+        self.registry = registry
+        self.parser = parser
+        self.dispatcher = Dispatcher(
+            registry,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            stop_on_error=stop_on_error,
+            pass_state=pass_state,
+        )
+
+    @property
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """OpenAI-style specs of the tools, for the chat template's ``tools=``."""
+        return self.registry.openai_specs()
+
+    def _run_batch(
+        self, texts: Sequence[str | None], states: Sequence[dict[str, Any]]
+    ) -> list[ItemOutput]:
+        parses = [None if t is None else self.parser(t) for t in texts]
+        active = [i for i, p in enumerate(parses) if p is not None and (p.calls or p.errors)]
+        outputs = [ItemOutput() for _ in texts]
+        if not active:
+            return outputs
+        items: list[ParseResult] = [parses[i] for i in active]  # type: ignore[misc]
+        ran = self.dispatcher.run(items, states=[states[i] for i in active])
+        for i, outcome in zip(active, ran, strict=True):
+            outputs[i] = ItemOutput(messages=self._messages(outcome), metrics=outcome.metrics)
+        return outputs
+
+    def _messages(self, outcome: ItemResult) -> list[ToolMessage]:
+        raise NotImplementedError
+
+
+def _call_of(outcome: ItemResult, result: CallResult) -> ToolCall | None:
+    calls = outcome.parse.calls if outcome.parse is not None else []
+    if result.error_kind != "parse_error" and result.index < len(calls):
+        return calls[result.index]
+    return None
+
+
+class ExecuteToolsInOrder(DispatchingTransform):
+    """Run the calls of each item's last assistant message, in order of appearance.
+
+    Same arguments as TorchRL's transform (``registry``, ``parser``,
+    ``stop_on_error``, ``pass_state_to_tools``), plus keyword-only options:
+    ``parser`` may also be a family name (``"hermes"``, ``"qwen3_coder"``, ...);
+    ``result_format="tool_results"`` appends one ``<tool_results>`` message per
+    item (TorchRL's text), ``"openai"`` one message per call with its call id;
+    ``timeout`` and ``max_concurrency`` go to the dispatcher.
+
+    ``_state`` (with ``batch_index``, ``turn``, ``call_index`` and
+    ``session_id``) is given only to tools that accept it.
+    """
+
+    def __init__(
+        self,
+        registry: ToolRegistry | Sequence[Any],
+        parser: ParserLike = "xml_block",
+        stop_on_error: bool = False,
+        pass_state_to_tools: bool = True,
+        *,
+        result_format: ResultFormat = "tool_results",
+        timeout: float | None = 10.0,
+        max_concurrency: int = 64,
+        max_failed_turns: int | None = None,
+        metrics_key: str | None = METRICS_KEY,
+        record_call_ids: bool = False,
+    ) -> None:
+        if result_format not in ("tool_results", "openai"):
+            raise UserError(
+                f"Unknown result_format {result_format!r}; valid: 'tool_results', 'openai'"
+            )
+        registry = registry if isinstance(registry, ToolRegistry) else ToolRegistry(registry)
+        super().__init__(
+            registry=registry,
+            parser=resolve_parser(parser, tools=registry),
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+            stop_on_error=stop_on_error,
+            pass_state=pass_state_to_tools,
+            max_failed_turns=max_failed_turns,
+            metrics_key=metrics_key,
+            record_call_ids=record_call_ids,
+        )
+        self.stop_on_error = stop_on_error
+        self.pass_state_to_tools = pass_state_to_tools
+        self.result_format: ResultFormat = result_format
+
+    def _messages(self, outcome: ItemResult) -> list[ToolMessage]:
+        results = outcome.results
+        if self.result_format == "openai":
+            return [
+                ToolMessage(r.content if r.ok else f"Error: {r.content}", _call_of(outcome, r))
+                for r in results
+            ]
+        only = _call_of(outcome, results[0]) if len(results) == 1 else None
+        return [ToolMessage(render_tool_results(results), only)]
+
+
+class SimpleToolTransform(DispatchingTransform):
+    """Tools from a ``name -> callable`` dict, TorchRL's simple syntax by default.
+
+    ``<tool>NAME\\n{json}</tool>``; ``tool_call_pattern`` (a regex capturing
+    name and JSON) or ``parser`` (an object or a family name) replace it. One
+    message per call: ``Tool NAME executed successfully:\\n<result>`` or
+    ``Tool NAME failed:\\n<error>``. ``tool_schemas`` are used to validate
+    arguments and in :attr:`tool_specs`, and ``timeout`` is enforced.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Callable[..., Any]],
+        tool_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        parser: ParserLike | None = None,
+        tool_call_pattern: str | None = None,
+        tool_name: str = "tool",
+        timeout: float = 10.0,
+        *,
+        pass_state_to_tools: bool = False,
+        max_concurrency: int = 64,
+        max_failed_turns: int | None = None,
+        metrics_key: str | None = METRICS_KEY,
+        record_call_ids: bool = False,
+    ) -> None:
+        from toolservices.parsing import RegexParser
+
+        registry = tools_from_mapping(tools, tool_schemas)
+        if parser is not None:
+            resolved = resolve_parser(parser, tools=registry)
+        elif tool_call_pattern is not None:
+            resolved = RegexParser(tool_call_pattern, tools=registry)
+        else:
+            resolved = resolve_parser("simple_tool", tools=registry)
+        super().__init__(
+            registry=registry,
+            parser=resolved,
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+            stop_on_error=False,
+            pass_state=pass_state_to_tools,
+            max_failed_turns=max_failed_turns,
+            metrics_key=metrics_key,
+            record_call_ids=record_call_ids,
+        )
+        self.tools = dict(tools)
+        self.tool_schemas = dict(tool_schemas or {})
+        self.tool_call_pattern = tool_call_pattern
+        self.tool_role = tool_name
+        self.timeout = timeout
+
+    def _messages(self, outcome: ItemResult) -> list[ToolMessage]:
+        return [
+            ToolMessage(simple_result_text(r, self.registry), _call_of(outcome, r))
+            for r in outcome.results
+        ]
+
+
+def simple_result_text(result: CallResult, registry: ToolRegistry, *, name: str = "") -> str:
+    """TorchRL's ``Tool NAME executed successfully:`` / ``Tool NAME failed:`` text."""
+    tool = name or result.tool
+    if result.ok:
+        value = result.value
+        return f"Tool {tool} executed successfully:\n{value if isinstance(value, str) else value!s}"
+    error = result.error or "unknown error"
+    if result.error_kind == "unknown_tool":
+        available = ", ".join(registry.names()) or "none"
+        error = f"Tool {tool} not found. Available tools: {available}"
+    elif result.error_kind == "tool_failed":
+        error = f"Tool execution failed: {error}"
+    return f"Tool {tool} failed:\n{error}"
