@@ -1,4 +1,5 @@
 """Every family on realistic model outputs: prose, several calls, unicode, nested arguments."""
+# ruff: noqa: E501  (tables of verbatim model outputs read better unwrapped)
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """Malformed output never raises: a parse error the model can learn from, text kept."""
+# ruff: noqa: E501  (tables of verbatim model outputs read better unwrapped)
 
 from __future__ import annotations
 
