@@ -47,7 +47,8 @@ class Failing:
 
 
 SAME_INPUTS = [
-    '<tool name="add">{"a": 1, "b": 2}</tool> then <tool name="search" tag="A">{"query": "x"}</tool>',
+    '<tool name="add">{"a": 1, "b": 2}</tool> then '
+    '<tool name="search" tag="A">{"query": "x"}</tool>',
     "no call here",
     '<tool name="search">{"query": "torchrl"}</tool><tool name="failing">{}</tool>',
     '<tool name="add">{"a": 5, "b": -5}</tool>',
@@ -55,7 +56,8 @@ SAME_INPUTS = [
 
 
 def test_same_text_as_torchrl_on_the_same_inputs(chat: Any) -> None:
-    ours = chat(ExecuteToolsInOrder(ToolRegistry([Add(), Search(), Failing()]), XMLBlockParser()), 4)
+    registry = ToolRegistry([Add(), Search(), Failing()])
+    ours = chat(ExecuteToolsInOrder(registry, XMLBlockParser()), 4)
     theirs = chat(
         TorchRLExecute(TorchRLRegistry([Add(), Search(), Failing()]), TorchRLXMLParser()), 4
     )
