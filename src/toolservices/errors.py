@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ExecutorBusyError",
     "InfrastructureError",
     "ServiceExistsError",
     "ServiceNotFoundError",
@@ -129,3 +130,13 @@ class ServiceNotFoundError(ToolServicesError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class ExecutorBusyError(InfrastructureError):
+    """The executor refused a call: its queue is full or every session is busy.
+
+    Always ``retryable``: the same call can succeed once load drops.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message, retryable=retryable)

@@ -1,0 +1,410 @@
+"""The parent's side: starting the fork server and talking to sessions.
+
+Everything here runs on one event loop (the service's). A
+:class:`ForkServerClient` owns the fork-server process and its control
+channel; a :class:`SessionHandle` is one live interpreter: its channel, the
+two memfds holding its output, and the next sequence number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+
+from toolservices.errors import InfrastructureError
+from toolservices.python._frames import AsyncChannel, Frame, Kind, PeerClosed, ProtocolViolation
+from toolservices.python._result import ExceptionInfo, ExecResult
+
+__all__ = ["ForkServerClient", "SessionHandle", "SessionLost"]
+
+#: the fork server imports the preloaded modules before READY: numpy or sympy take a while
+SERVER_START_TIMEOUT = 60.0
+#: a forked session answers HELLO in milliseconds; this only guards against a wedged server
+SESSION_START_TIMEOUT = 10.0
+#: a KILL sweeps with SIGKILL and reaps; only a process stuck in the kernel could take longer
+KILL_TIMEOUT = 10.0
+#: after closing the control socket the server sweeps and exits; then SIGTERM, then SIGKILL
+SERVER_EXIT_GRACE = 2.0
+MAX_META = 1 << 20
+_SRC_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class SessionLost(Exception):
+    """The session cannot serve the call (it was found broken before running it)."""
+
+
+def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
+    """Read one memfd: at most ``cap`` bytes, with a visible marker past it."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, min(size, cap), 0) if size else b""
+    omitted = max(0, size - cap) + dropped
+    text = data.decode("utf-8", "replace")
+    if omitted:
+        text += f"\n[... output truncated: {omitted} more bytes not shown ...]\n"
+    return text, bool(omitted)
+
+
+def _describe_status(code: int | None) -> str:
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with status {code}"
+
+
+class ForkServerClient:
+    """Starts the fork server and sends it requests, one at a time."""
+
+    def __init__(
+        self,
+        *,
+        layers: ModuleType,
+        sandbox: Any,
+        preload: tuple[str, ...],
+        max_output: int,
+        python: str | None = None,
+    ) -> None:
+        self.layers = layers
+        self.sandbox = sandbox
+        self.preload = preload
+        self.max_output = max_output
+        self.python = python or sys.executable
+        self.lock = anyio.Lock()
+        self.seq = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.chan: AsyncChannel | None = None
+        self._own_base = ""
+        self.plan: Any = None
+        self.report: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
+        self._errlog: Any = None
+
+    @property
+    def alive(self) -> bool:
+        return self.chan is not None and not self.chan.closed
+
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # the plan may own the workdir base (a mount inside bubblewrap): it names it
+        placeholder = getattr(self.layers, "WORKDIR_BASE_PLACEHOLDER", None)
+        if placeholder is None:
+            self._own_base = tempfile.mkdtemp(prefix="toolservices-py-")
+        argv = ["-m", "toolservices.python._forkserver", "--fd", str(theirs.fileno())]
+        argv += ["--base", placeholder or self._own_base]
+        try:
+            # kept referenced until the server is reaped: closing it sweeps the sandbox uid
+            self.plan = self.layers.plan_server_launch(self.sandbox, python=self.python, argv=argv)
+            plan = self.plan
+            self.report = dict(plan.report)
+            self._errlog = tempfile.TemporaryFile()
+            # started from the event-loop thread, which lives as long as the service
+            # (bubblewrap's --die-with-parent follows the starting thread)
+            self.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns in milliseconds
+                plan.argv,
+                env=plan.env,
+                preexec_fn=plan.preexec_fn,
+                pass_fds=(theirs.fileno(), *plan.pass_fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._errlog,
+                cwd=_SRC_ROOT,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            await self.stop()
+            raise
+        finally:
+            theirs.close()
+        self.chan = AsyncChannel(ours, max_body=MAX_META)
+        config = {
+            "base": "",  # the server takes it from its argv
+            "max_output": self.max_output,
+            "sandbox": self.sandbox,
+            "preload": list(self.preload),
+            "layers": self.layers.__name__,
+        }
+        try:
+            with anyio.fail_after(SERVER_START_TIMEOUT):
+                await self.chan.send(Kind.CONFIG, 0, pickle.dumps(config))
+                frame = await self.chan.recv()
+            if frame.kind != Kind.READY:
+                raise ProtocolViolation(f"expected READY, got kind {frame.kind}")
+            self.info = frame.json()
+        except (ProtocolViolation, TimeoutError) as exc:
+            tail = self.stderr_tail()
+            await self.stop()
+            raise InfrastructureError(
+                f"the Python fork server did not start: {exc}; its stderr: {tail!r}",
+                retryable=False,
+            ) from None
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        if self._errlog is None:
+            return ""
+        self._errlog.seek(0, os.SEEK_END)
+        size = self._errlog.tell()
+        self._errlog.seek(max(0, size - limit))
+        return self._errlog.read().decode("utf-8", "replace")
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the control channel across several requests (``fork_session``)."""
+        async with self.lock:
+            yield
+
+    async def request_locked(
+        self, kind: int, body: dict[str, Any] | None = None, fds: tuple[int, ...] = ()
+    ) -> dict[str, Any]:
+        if self.chan is None or self.chan.closed:
+            raise InfrastructureError("the Python fork server is not running", retryable=True)
+        self.seq += 1
+        seq = self.seq
+        payload = json.dumps(body).encode() if body is not None else b""
+        try:
+            await self.chan.send(kind, seq, payload, fds)
+            with anyio.fail_after(KILL_TIMEOUT):
+                frame = await self.chan.recv()
+            if frame.seq != seq or frame.kind not in (Kind.OK, Kind.ERROR):
+                raise ProtocolViolation(f"unexpected reply kind {frame.kind} seq {frame.seq}")
+            reply = frame.json()
+        except (ProtocolViolation, TimeoutError) as exc:
+            self.chan.close()
+            raise InfrastructureError(
+                f"lost the Python fork server: {exc}; its stderr: {self.stderr_tail()!r}",
+                retryable=True,
+            ) from None
+        if frame.kind == Kind.ERROR:
+            raise InfrastructureError(f"fork server: {reply.get('error')}", retryable=True)
+        return dict(reply)
+
+    async def request(
+        self, kind: int, body: dict[str, Any] | None = None, fds: tuple[int, ...] = ()
+    ) -> dict[str, Any]:
+        async with self.lock:
+            return await self.request_locked(kind, body, fds)
+
+    async def spawn(self) -> SessionHandle:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            reply = await self.request(Kind.SPAWN, None, (theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return await SessionHandle.connect(self, ours, reply["workdir"])
+
+    async def kill(self, workdir: str) -> int | None:
+        """Kill a session's tree, reap it, delete its directory; its exit status."""
+        with anyio.CancelScope(shield=True):
+            reply = await self.request(Kind.KILL, {"workdir": workdir})
+        status = reply.get("status")
+        return status if isinstance(status, int) else None
+
+    async def stop(self) -> None:
+        """Close the control channel (the server sweeps and exits), then escalate."""
+        with anyio.CancelScope(shield=True):
+            if self.chan is not None:
+                self.chan.close()
+            proc = self.proc
+            if proc is not None:
+                for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                    if sig is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.send_signal(sig)
+                    try:
+                        await anyio.to_thread.run_sync(proc.wait, SERVER_EXIT_GRACE)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+            if self._errlog is not None:
+                self._errlog.close()
+                self._errlog = None
+            plan, self.plan = self.plan, None
+            if plan is not None and hasattr(plan, "close"):
+                await anyio.to_thread.run_sync(plan.close)
+            if self._own_base and os.path.isdir(self._own_base):
+                from toolservices.python._forkserver import remove_tree
+
+                remove_tree(self._own_base)
+                self._own_base = ""
+
+
+class SessionHandle:
+    """One live interpreter."""
+
+    def __init__(self, server: ForkServerClient, chan: AsyncChannel, workdir: str) -> None:
+        self.server = server
+        self.chan = chan
+        self.workdir = workdir
+        self.pid = 0
+        self.out_fd = -1
+        self.err_fd = -1
+        self.seq = 0
+        self.dead = False
+        self.calls = 0
+
+    @classmethod
+    async def connect(
+        cls, server: ForkServerClient, sock: socket.socket, workdir: str
+    ) -> SessionHandle:
+        """Wait for the worker's HELLO (its pid and its two output memfds)."""
+        handle = cls(server, AsyncChannel(sock, max_body=MAX_META), workdir)
+        try:
+            with anyio.fail_after(SESSION_START_TIMEOUT):
+                frame = await handle.chan.recv()
+            handle._accept_hello(frame)
+        except BaseException as exc:
+            await handle.kill()
+            if isinstance(exc, (ProtocolViolation, TimeoutError)):
+                raise InfrastructureError(
+                    f"a Python session failed to start: {exc}", retryable=True
+                ) from None
+            raise
+        return handle
+
+    def _accept_hello(self, frame: Frame) -> None:
+        fds = frame.fds
+        if frame.kind == Kind.ERROR:
+            raise ProtocolViolation(f"session set-up failed: {frame.json().get('error')}")
+        if frame.kind != Kind.HELLO or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolViolation(f"expected HELLO with 2 descriptors, got kind {frame.kind}")
+        self.out_fd, self.err_fd = fds
+        self.pid = int(frame.json()["pid"])
+
+    async def kill(self) -> int | None:
+        """Kill this interpreter's whole process tree and release everything."""
+        if self.dead:
+            return None
+        self.dead = True
+        self.chan.close()
+        try:
+            status = await self.server.kill(self.workdir) if self.server.alive else None
+        finally:
+            self._close_fds()
+        return status
+
+    def _close_fds(self) -> None:
+        for fd in (self.out_fd, self.err_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.out_fd = self.err_fd = -1
+
+    async def run(self, code: str, *, timeout: float, fresh: bool) -> ExecResult:
+        """Run one snippet; on timeout, crash or protocol violation the tree is killed."""
+        if self.dead or self.chan.has_stray_data():
+            raise SessionLost("the interpreter sent unsolicited data or is gone")
+        self.seq += 1
+        self.calls += 1
+        seq = self.seq
+        start = time.perf_counter()
+        frame: Frame | None = None
+        problem = ""
+        try:
+            with anyio.move_on_after(timeout):
+                await self.chan.send(Kind.EXEC, seq, code.encode("utf-8", "surrogatepass"))
+                frame = await self.chan.recv()
+            if frame is None:
+                return await self._killed(start, timeout=timeout, fresh=fresh)
+            if frame.kind != Kind.RESULT or frame.seq != seq or frame.fds:
+                raise ProtocolViolation(f"unexpected frame kind {frame.kind} seq {frame.seq}")
+            meta = frame.json()
+            if not isinstance(meta, dict) or "fatal" in meta:
+                problem = str(meta.get("fatal")) if isinstance(meta, dict) else "bad reply"
+            else:
+                return self._completed(meta, time.perf_counter() - start)
+        except PeerClosed:
+            problem = ""
+        except ProtocolViolation as exc:
+            problem = f"protocol violation: {exc}"
+        except BaseException:
+            # cancelled by the caller mid-call: the interpreter is in an unknown state
+            with anyio.CancelScope(shield=True):
+                await self.kill()
+            raise
+        return await self._killed(start, problem=problem, fresh=fresh)
+
+    def _completed(self, meta: dict[str, Any], duration: float) -> ExecResult:
+        try:
+            rc = int(meta["rc"])
+            dropped_out, dropped_err = (int(x) for x in meta["dropped"])
+            exc = meta["exc"]
+            exception = (
+                ExceptionInfo(type=str(exc["type"]), message=str(exc["message"])) if exc else None
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ProtocolViolation(f"malformed result: {err!r}") from None
+        stdout, cut_out = _read_capture(self.out_fd, self.server.max_output, dropped_out)
+        stderr, cut_err = _read_capture(self.err_fd, self.server.max_output, dropped_err)
+        return ExecResult(
+            success=rc == 0,
+            stdout=stdout,
+            stderr=stderr,
+            returncode=rc,
+            exception=exception,
+            duration=duration,
+            truncated=cut_out or cut_err,
+        )
+
+    async def _killed(
+        self, start: float, *, timeout: float | None = None, problem: str = "", fresh: bool
+    ) -> ExecResult:
+        """The call did not complete normally: kill the tree, keep its partial output."""
+        with anyio.CancelScope(shield=True):
+            out_fd, err_fd = os.dup(self.out_fd), os.dup(self.err_fd)
+            try:
+                status = await self.kill()
+                stdout, cut_out = _read_capture(out_fd, self.server.max_output, 0)
+                stderr, cut_err = _read_capture(err_fd, self.server.max_output, 0)
+            finally:
+                os.close(out_fd)
+                os.close(err_fd)
+        lost = (
+            "" if fresh else " The interpreter was restarted: variables defined earlier are lost."
+        )
+        if timeout is not None:
+            exception = ExceptionInfo(
+                type="TimeoutError", message=f"execution exceeded the {timeout:g} s time limit"
+            )
+            note = f"TimeoutError: execution exceeded the {timeout:g} s time limit and was killed."
+            rc = -1
+        else:
+            what = problem or f"the interpreter {_describe_status(status)}"
+            exception = ExceptionInfo(type="InterpreterExit", message=what)
+            note = f"InterpreterExit: {what}."
+            rc = status if status is not None else -1
+        if stderr and not stderr.endswith("\n"):
+            stderr += "\n"
+        return ExecResult(
+            # os._exit(0) is a clean exit, not a failure; anything else is
+            success=timeout is None and not problem and status == 0,
+            stdout=stdout,
+            stderr=stderr + note + lost + "\n",
+            returncode=rc,
+            exception=exception,
+            duration=time.perf_counter() - start,
+            timed_out=timeout is not None,
+            truncated=cut_out or cut_err,
+            restarted=not fresh,
+        )

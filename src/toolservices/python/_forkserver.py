@@ -1,0 +1,300 @@
+"""The fork server: a lean interpreter that forks sessions on request.
+
+Run as ``python -m toolservices.python._forkserver --fd N`` by the parent,
+never forked from it (the trainer may have imported torch; forking it is
+slower than a cold start). It imports the configured modules once, then
+answers framed requests on its control socket one at a time:
+
+* ``SPAWN`` (with the session's channel end attached): make a private working
+  directory and fork a session worker into it;
+* ``KILL``: kill a session's whole process tree, reap it, delete its directory,
+  report its exit status;
+* ``MKDIRS`` / ``ADOPT`` / ``RELEASE``: working directories for, and
+  registration of, sessions copied by ``fork_session``.
+
+The server is a child subreaper, so the orphans of every dead session end up
+as its children; a kill sweeps every descendant that is not a live registered
+session, repeatedly, until none is left. When the control socket closes (the
+parent exited or died) it kills everything and removes the base directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+from typing import Any, NoReturn
+
+from toolservices.python._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
+from toolservices.python._worker import serve_session, set_subreaper
+
+__all__ = ["children_of", "main", "remove_tree"]
+
+MAX_CONTROL = 1 << 24
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (all threads), from /proc."""
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.extend(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def remove_tree(path: str) -> None:
+    """Delete a directory tree iteratively, never following symlinks."""
+    try:
+        _remove_tree_iteratively(path)
+    except OSError:
+        # very deep trees (ENAMETOOLONG) or odd modes: coreutils copes with both
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+
+
+def _remove_tree_iteratively(path: str) -> None:
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    pending, visited = [path], []
+    while pending:
+        current = pending.pop()
+        visited.append(current)
+        os.chmod(current, 0o700)  # lstat'd as a real directory; nothing runs in it any more
+        with os.scandir(current) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+    for current in reversed(visited):
+        os.rmdir(current)
+
+
+class ForkServer:
+    def __init__(self, ctrl: socket.socket, config: dict[str, Any]) -> None:
+        self.ctrl = ctrl
+        self.base: str = config["base"]
+        self.max_output: int = config["max_output"]
+        self.sandbox = config["sandbox"]
+        self.layers = importlib.import_module(config["layers"])
+        self.sessions: dict[str, int] = {}  # live session: workdir -> pid
+        self.status: dict[str, int] = {}  # exit status of sessions reaped before their KILL
+        self.pid = os.getpid()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self.selector = selectors.DefaultSelector()
+
+    # --- process bookkeeping -------------------------------------------------------------
+
+    def _record(self, pid: int, status: int) -> None:
+        code = os.waitstatus_to_exitcode(status)
+        for workdir, live in list(self.sessions.items()):
+            if live == pid:
+                del self.sessions[workdir]
+                self.status[workdir] = code
+
+    def reap(self) -> None:
+        """Collect every child that has exited (sessions and stray orphans)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self._record(pid, status)
+
+    def sweep(self) -> dict[int, int]:
+        """Kill and reap every descendant that is not a live session; statuses by pid."""
+        statuses: dict[int, int] = {}
+        keep = set(self.sessions.values())
+        while True:
+            targets: list[int] = []
+            direct = set(children_of(self.pid)) - keep
+            frontier = list(direct)
+            while frontier:
+                pid = frontier.pop()
+                targets.append(pid)
+                frontier.extend(p for p in children_of(pid) if p not in keep)
+            if not targets:
+                return statuses
+            for pid in targets:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+            for pid in direct:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                except ChildProcessError:
+                    continue
+                statuses[pid] = os.waitstatus_to_exitcode(status)
+
+    # --- requests ---------------------------------------------------------------------
+
+    def spawn(self, frame: Frame) -> dict[str, Any]:
+        if len(frame.fds) != 1:
+            raise ValueError("SPAWN needs exactly one channel descriptor")
+        (chan_fd,) = frame.fds
+        workdir = tempfile.mkdtemp(prefix="s", dir=self.base)
+        pid = os.fork()
+        if pid == 0:
+            self._become_session(chan_fd, workdir)
+        os.close(chan_fd)
+        self.sessions[workdir] = pid
+        return {"pid": pid, "workdir": workdir}
+
+    def _become_session(self, chan_fd: int, workdir: str) -> NoReturn:
+        chan = socket.socket(fileno=chan_fd)
+        try:
+            os.setsid()
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGCHLD, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_DFL)
+            self.selector.close()
+            for sock in (self.ctrl, self.wake_r, self.wake_w):
+                sock.close()
+            os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+            self.layers.enter_session(self.sandbox, workdir=workdir)
+            os.chdir(workdir)
+        except BaseException as exc:  # tell the parent why this session cannot start
+            message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            try:
+                send_frame(chan, Kind.ERROR, 0, json.dumps({"error": message}).encode())
+            finally:
+                os._exit(71)
+        serve_session(chan, max_output=self.max_output)
+
+    def kill(self, body: dict[str, Any]) -> dict[str, Any]:
+        workdir = body["workdir"]
+        pid = self.sessions.pop(workdir, None)
+        statuses = self.sweep()
+        code = self.status.pop(workdir, None)
+        if code is None and pid is not None:
+            code = statuses.get(pid)
+        if workdir.startswith(self.base + os.sep):
+            remove_tree(workdir)
+        return {"status": code}
+
+    def handle(self, frame: Frame) -> tuple[int, dict[str, Any]]:
+        body = frame.json() if frame.kind != Kind.SPAWN else {}
+        if frame.kind == Kind.SPAWN:
+            return Kind.OK, self.spawn(frame)
+        if frame.kind == Kind.KILL:
+            return Kind.OK, self.kill(body)
+        if frame.kind == Kind.MKDIRS:
+            dirs = [tempfile.mkdtemp(prefix="f", dir=self.base) for _ in range(int(body["n"]))]
+            return Kind.OK, {"workdirs": dirs}
+        if frame.kind == Kind.ADOPT:
+            for pid, workdir in body["sessions"]:
+                self.sessions[workdir] = int(pid)
+            return Kind.OK, {}
+        if frame.kind == Kind.RELEASE:
+            for workdir in body["workdirs"]:
+                if workdir.startswith(self.base + os.sep) and workdir not in self.sessions:
+                    remove_tree(workdir)
+            return Kind.OK, {}
+        raise ValueError(f"unknown request kind {frame.kind}")
+
+    # --- loop ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        signal.set_wakeup_fd(self.wake_w.fileno())
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        self.selector.register(self.ctrl, selectors.EVENT_READ)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        while True:
+            for key, _ in self.selector.select():
+                if key.fileobj is self.wake_r:
+                    try:
+                        while self.wake_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    self.reap()
+                    continue
+                try:
+                    frame = recv_frame(self.ctrl, max_body=MAX_CONTROL)
+                except (PeerClosed, OSError):
+                    return
+                self.reap()
+                for fd in frame.fds if frame.kind != Kind.SPAWN else ():
+                    os.close(fd)
+                try:
+                    kind, reply = self.handle(frame)
+                except Exception as exc:  # report to the parent, keep serving the others
+                    kind, reply = Kind.ERROR, {"error": f"{type(exc).__name__}: {exc}"}
+                send_frame(self.ctrl, kind, frame.seq, json.dumps(reply).encode())
+
+    def shutdown(self) -> None:
+        """Kill every session and empty the base (which belongs to the parent)."""
+        self.sessions.clear()
+        self.sweep()
+        with os.scandir(self.base) as entries:
+            for entry in entries:
+                remove_tree(entry.path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="toolservices.python._forkserver")
+    parser.add_argument("--fd", type=int, required=True, help="control socket descriptor")
+    parser.add_argument("--base", required=True, help="directory for the sessions' workdirs")
+    args = parser.parse_args(argv)
+    ctrl = socket.socket(fileno=args.fd)
+    # the parent is trusted: its configuration (including the sandbox settings) is pickled
+    first = recv_frame(ctrl, max_body=MAX_CONTROL)
+    if first.kind != Kind.CONFIG:
+        sys.exit(f"expected CONFIG, got frame kind {first.kind}")
+    config = pickle.loads(first.body)
+    config["base"] = args.base  # the launch plan may have mapped it (e.g. inside bwrap)
+    failed: dict[str, str] = {}
+    for name in config["preload"]:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # reported to the parent, which raises a UserError
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    gc.collect()
+    gc.freeze()  # forked sessions then share these pages instead of copying them on first GC
+    set_subreaper(True)
+    server = ForkServer(ctrl, config)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    ready = {"pid": os.getpid(), "preload_failed": failed, "python": sys.version.split()[0]}
+    send_frame(ctrl, Kind.READY, first.seq, json.dumps(ready).encode())
+    try:
+        server.serve()
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The typed result of one execution, readable as the contract's dict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = ["ExceptionInfo", "ExecResult"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExceptionInfo:
+    """What the code raised: ``type`` is the qualified class name."""
+
+    type: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ExecResult(Mapping[str, Any]):
+    """Outcome of running one snippet.
+
+    A :class:`~collections.abc.Mapping`, so code written for the contract's
+    dict (``result["success"]``, ``result["stdout"]``...) keeps working.
+
+    * ``success``: the code ran to the end without raising (warnings printed
+      on stderr do not count) and the interpreter exited with status 0 if it
+      exited at all.
+    * ``returncode``: 0 on success, 1 for an exception, the ``sys.exit`` /
+      ``os._exit`` status, ``-N`` when killed by signal N, -1 on timeout.
+    * ``exception``: type and message of what was raised (the full traceback
+      is at the end of ``stderr``), or a ``TimeoutError`` for a timeout.
+    * ``timed_out``: the wall-clock limit was hit and the process tree killed.
+    * ``truncated``: stdout or stderr exceeded the size limit and was cut
+      (the cut is marked in the text).
+    * ``restarted``: the session's interpreter is not the one that held its
+      earlier state: it died or was killed during this call, or had been
+      evicted or broken before it. Variables defined earlier are gone.
+    """
+
+    success: bool
+    stdout: str
+    stderr: str
+    returncode: int
+    exception: ExceptionInfo | None = None
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+    restarted: bool = False
+    session_id: str | None = None
+
+    @property
+    def state_lost(self) -> bool:
+        """Alias of :attr:`restarted`, named for what it means to the caller."""
+        return self.restarted
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _KEYS:
+            raise KeyError(key)
+        value = getattr(self, key)
+        return asdict(value) if isinstance(value, ExceptionInfo) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KEYS)
+
+    def __len__(self) -> int:
+        return len(_KEYS)
+
+    def __repr__(self) -> str:
+        return f"ExecResult({', '.join(f'{k}={getattr(self, k)!r}' for k in _KEYS)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-serialisable) with every field."""
+        return {key: self[key] for key in _KEYS}
+
+
+_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ExecResult))

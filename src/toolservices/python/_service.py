@@ -1,0 +1,536 @@
+"""``PythonExecutorService``: a pool of forked, sandboxed interpreters.
+
+The core is async and runs on the library's shared event loop
+(:mod:`toolservices._portal`); ``execute`` and friends are thin sync faces
+over it, and ``aexecute`` from any other loop hops onto it. Scheduling:
+
+* ``pool_size`` execution slots (a ``CapacityLimiter``) bound the calls
+  running at once; sessions are separate interpreters bounded by
+  ``max_sessions`` (the least recently used idle one is evicted beyond it);
+* a call first takes its session's lock, then a slot, so a slow call never
+  holds a slot that a call of another session could use and two calls never
+  share an interpreter;
+* calls waiting for a session or a slot are counted; beyond ``max_queue``
+  the call is refused with :class:`~toolservices.errors.ExecutorBusyError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import subprocess
+import threading
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from types import ModuleType
+from typing import Any, TypeVar
+
+import anyio
+
+from toolservices import _portal
+from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
+from toolservices.python._client import ForkServerClient, SessionHandle, SessionLost
+from toolservices.python._frames import AsyncChannel, Kind, ProtocolViolation
+from toolservices.python._layers import default_config, layers_module
+from toolservices.python._result import ExecResult
+
+__all__ = ["PythonExecutorService"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: how many evicted session ids are remembered (to tell their next call its state is gone)
+EVICTED_MEMORY = 65536
+#: forked interpreters kept ready for calls without a session id
+SPARES = 2
+#: the FORK request: n forks of a warm interpreter take milliseconds each
+FORK_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    id: str
+    lock: anyio.Lock = dataclasses.field(default_factory=anyio.Lock)
+    handle: SessionHandle | None = None
+    pending: int = 0
+    lost: bool = False
+    closed: bool = False
+
+
+class PythonExecutorService:
+    """Run Python snippets in persistent, isolated sessions or fresh interpreters.
+
+    ``execute(code, session_id=...)`` runs in that session's interpreter
+    (variables persist across calls); without a session id the code runs in a
+    fresh interpreter that is discarded afterwards. Interpreters are forked
+    from a separate fork server that has already imported ``preload``, so a
+    new one costs milliseconds. Usable as a plain object (sync or async) and
+    as a Ray actor: construction starts nothing; the first call does.
+    """
+
+    def __init__(
+        self,
+        pool_size: int = 32,
+        timeout: float = 10.0,
+        *,
+        max_sessions: int = 1024,
+        preload: tuple[str, ...] | list[str] = (),
+        sandbox: Any = None,
+        max_output: int = 256 * 1024,
+        max_queue: int = 4096,
+    ) -> None:
+        if pool_size < 1:
+            raise UserError(f"pool_size must be at least 1, got {pool_size}")
+        if timeout <= 0:
+            raise UserError(f"timeout must be positive, got {timeout}")
+        if max_sessions < pool_size:
+            raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
+        if max_output < 1 or max_queue < 1:
+            raise UserError("max_output and max_queue must be positive")
+        self.pool_size = pool_size
+        self.timeout = float(timeout)
+        self.max_sessions = max_sessions
+        self.preload = tuple(preload)
+        self.max_output = max_output
+        self.max_queue = max_queue
+        self._layers: ModuleType = layers_module()
+        self.sandbox = sandbox if sandbox is not None else default_config(self._layers)
+        self._start_lock = threading.Lock()
+        self._server: ForkServerClient | None = None
+        self._starting: anyio.Event | None = None
+        self._closed = False
+        self._slots: OrderedDict[str, _Slot] = OrderedDict()
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._spares: list[SessionHandle] = []
+        self._refilling = False
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._queued = 0
+        self._counters = dict.fromkeys(
+            ("calls", "fresh_calls", "timeouts", "restarts", "evictions", "forks", "failures"), 0
+        )
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    # --- pickling (Ray and friends rebuild a service from its configuration) ------------
+
+    def __reduce__(self) -> tuple[Callable[..., PythonExecutorService], tuple[Any, ...]]:
+        return _rebuild, (type(self), self._config())
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "pool_size": self.pool_size,
+            "timeout": self.timeout,
+            "max_sessions": self.max_sessions,
+            "preload": self.preload,
+            "sandbox": self.sandbox,
+            "max_output": self.max_output,
+            "max_queue": self.max_queue,
+        }
+
+    # --- sync faces --------------------------------------------------------------
+
+    def execute(
+        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        """Run ``code``; see :meth:`aexecute`."""
+        return _portal.run_sync(self._execute, code, session_id, timeout)
+
+    def close_session(self, session_id: str) -> None:
+        """End one session (its processes and working directory); unknown ids are ignored."""
+        _portal.run_sync(self._close_session, session_id)
+
+    def fork_session(self, src_session_id: str, n: int = 1) -> list[str]:
+        """Copy a live session's interpreter into ``n`` new sessions; their ids."""
+        return _portal.run_sync(self._fork_session, src_session_id, n)
+
+    def isolation_report(self) -> dict[str, Any]:
+        """Which isolation layers the sessions get, and why others are missing."""
+        if self._server is not None and self._server.report:
+            return dict(self._server.report)
+        return dict(self._layers.isolation_report(self.sandbox))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges (cheap; safe to call from any thread)."""
+        busy = sum(1 for s in list(self._slots.values()) if s.lock.locked())
+        return {
+            "sessions": len(self._slots),
+            "busy_sessions": busy,
+            "spares": len(self._spares),
+            "queued": self._queued,
+            "pool_size": self.pool_size,
+            "max_sessions": self.max_sessions,
+            **self._counters,
+        }
+
+    def close(self) -> None:
+        """Kill every session and the fork server; the service cannot be used afterwards."""
+        if self._server is None and not self._slots:
+            self._closed = True
+            return
+        _portal.run_sync(self._aclose)
+
+    cleanup = close  # the contract's name
+
+    def __enter__(self) -> PythonExecutorService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- async faces ----------------------------------------------------------------
+
+    async def aexecute(
+        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        """Run ``code`` in session ``session_id`` (created on first use) or a fresh interpreter.
+
+        Never raises for what the code does (exceptions, exits, crashes,
+        timeouts are in the result); raises :class:`ExecutorBusyError` when the
+        queue is full and :class:`InfrastructureError` when the machinery fails.
+        """
+        return await self._hop(self._execute, code, session_id, timeout)
+
+    async def aclose_session(self, session_id: str) -> None:
+        await self._hop(self._close_session, session_id)
+
+    async def afork_session(self, src_session_id: str, n: int = 1) -> list[str]:
+        return await self._hop(self._fork_session, src_session_id, n)
+
+    async def aclose(self) -> None:
+        await self._hop(self._aclose)
+
+    async def __aenter__(self) -> PythonExecutorService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @staticmethod
+    async def _hop(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        """Run ``fn`` on the shared loop, wherever we are called from."""
+        home = _portal.get_loop()
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # another async library (trio): go through a worker thread
+            current = None
+        if current is home:
+            return await fn(*args)
+        if current is not None:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), home))
+        return await anyio.to_thread.run_sync(_portal.run_sync, fn, *args)
+
+    # --- the core (runs on the shared loop) ---------------------------------------------
+
+    async def _ensure_started(self) -> ForkServerClient:
+        if self._closed:
+            raise UserError("this PythonExecutorService was closed")
+        if self._server is not None and self._server.alive:
+            return self._server
+        if self._starting is not None:
+            await self._starting.wait()
+            return await self._ensure_started()
+        self._starting = anyio.Event()
+        try:
+            if self._server is not None:  # the old server died: its sessions are gone
+                await self._forget_everything()
+            server = ForkServerClient(
+                layers=self._layers,
+                sandbox=self.sandbox,
+                preload=self.preload,
+                max_output=self.max_output,
+            )
+            await server.start()
+            failed = server.info.get("preload_failed") or {}
+            if failed:
+                await server.stop()
+                raise UserError(f"cannot preload modules in the Python sessions: {failed}")
+            self._server = server
+            self._limiter = anyio.CapacityLimiter(self.pool_size)
+            self._finalizer = weakref.finalize(self, _last_resort_stop, server)
+            self._schedule_refill()
+        finally:
+            self._starting.set()
+            self._starting = None
+        return server
+
+    async def _forget_everything(self) -> None:
+        """After a fork-server loss: every session is gone; their next calls say so."""
+        for slot in self._slots.values():
+            if slot.handle is not None:
+                slot.handle.dead = True
+                slot.handle.chan.close()
+                slot.handle._close_fds()
+                slot.handle = None
+                slot.lost = True
+        for spare in self._spares:
+            spare.dead = True
+            spare.chan.close()
+            spare._close_fds()
+        self._spares.clear()
+        if self._server is not None:
+            await self._server.stop()
+
+    def _spawn_background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _schedule_refill(self) -> None:
+        if not self._refilling and len(self._spares) < SPARES and not self._closed:
+            self._refilling = True
+            self._spawn_background(self._refill())
+
+    async def _refill(self) -> None:
+        try:
+            while len(self._spares) < SPARES and not self._closed:
+                server = self._server
+                if server is None or not server.alive:
+                    return
+                self._spares.append(await server.spawn())
+        except InfrastructureError as exc:
+            log.warning("could not prepare a spare Python interpreter: %s", exc)
+        finally:
+            self._refilling = False
+
+    async def _discard(self, handle: SessionHandle) -> None:
+        try:
+            await handle.kill()
+        except InfrastructureError as exc:  # the server is gone: its sweep took the session
+            log.debug("discarding a Python session failed: %s", exc)
+
+    def _enter_queue(self) -> None:
+        if self._queued >= self.max_queue:
+            raise ExecutorBusyError(
+                f"the Python executor queue is full ({self.max_queue} calls waiting); retry later",
+                retryable=True,
+            )
+        self._queued += 1
+
+    async def _execute(
+        self, code: str, session_id: str | None, timeout: float | None
+    ) -> ExecResult:
+        if not isinstance(code, str):
+            raise UserError(f"code must be a str, got {type(code).__name__}")
+        limit = self.timeout if timeout is None else float(timeout)
+        if limit <= 0:
+            raise UserError(f"timeout must be positive, got {timeout}")
+        server = await self._ensure_started()
+        assert self._limiter is not None
+        self._enter_queue()
+        queued = True
+        try:
+            if session_id is None:
+                async with self._limiter:
+                    self._queued -= 1
+                    queued = False
+                    result = await self._run_fresh(server, code, limit)
+            else:
+                result = await self._run_session(str(session_id), code, limit)
+                queued = False
+        finally:
+            if queued:
+                self._queued -= 1
+        self._counters["calls"] += 1
+        self._counters["timeouts"] += result.timed_out
+        self._counters["failures"] += not result.success
+        return result
+
+    async def _run_fresh(self, server: ForkServerClient, code: str, timeout: float) -> ExecResult:
+        self._counters["fresh_calls"] += 1
+        handle = self._spares.pop() if self._spares else await server.spawn()
+        self._schedule_refill()
+        try:
+            return await handle.run(code, timeout=timeout, fresh=True)
+        finally:
+            if not handle.dead:
+                self._spawn_background(self._discard(handle))
+
+    def _slot_for(self, session_id: str) -> _Slot:
+        slot = self._slots.get(session_id)
+        if slot is not None:
+            self._slots.move_to_end(session_id)
+            return slot
+        if len(self._slots) >= self.max_sessions:
+            self._evict_one()
+        lost = session_id in self._evicted  # evicted earlier: its next call must say so
+        self._evicted.pop(session_id, None)
+        slot = _Slot(session_id, lost=lost)
+        self._slots[session_id] = slot
+        return slot
+
+    def _evict_one(self) -> None:
+        for victim in self._slots.values():
+            if victim.pending == 0 and not victim.lock.locked():
+                break
+        else:
+            raise ExecutorBusyError(
+                f"all {self.max_sessions} Python sessions are busy; raise max_sessions or retry",
+                retryable=True,
+            )
+        del self._slots[victim.id]
+        victim.closed = True
+        self._counters["evictions"] += 1
+        self._evicted[victim.id] = None
+        while len(self._evicted) > EVICTED_MEMORY:
+            self._evicted.popitem(last=False)
+        if victim.handle is not None:
+            self._spawn_background(self._discard(victim.handle))
+            victim.handle = None
+
+    async def _run_session(self, session_id: str, code: str, timeout: float) -> ExecResult:
+        assert self._limiter is not None
+        while True:
+            slot = self._slot_for(session_id)
+            slot.pending += 1
+            try:
+                async with slot.lock:
+                    if slot.closed:  # closed or evicted while we waited: look it up again
+                        continue
+                    async with self._limiter:
+                        self._queued -= 1
+                        return await self._run_in_slot(slot, code, timeout)
+            finally:
+                slot.pending -= 1
+
+    async def _run_in_slot(self, slot: _Slot, code: str, timeout: float) -> ExecResult:
+        server = await self._ensure_started()
+        restarted = slot.lost
+        if slot.handle is None or slot.handle.dead:
+            slot.handle = await server.spawn()
+        try:
+            result = await slot.handle.run(code, timeout=timeout, fresh=False)
+        except SessionLost:
+            await self._discard(slot.handle)
+            slot.handle = await server.spawn()
+            restarted = True
+            result = await slot.handle.run(code, timeout=timeout, fresh=False)
+        slot.lost = False
+        if result.restarted:
+            slot.handle = None
+            self._counters["restarts"] += 1
+        return dataclasses.replace(
+            result, restarted=result.restarted or restarted, session_id=slot.id
+        )
+
+    async def _close_session(self, session_id: str) -> None:
+        slot = self._slots.pop(str(session_id), None)
+        if slot is None:
+            return
+        slot.closed = True
+        async with slot.lock:
+            if slot.handle is not None:
+                await self._discard(slot.handle)
+                slot.handle = None
+
+    async def _fork_session(self, src: str, n: int) -> list[str]:
+        if n < 1:
+            raise UserError(f"fork_session needs n >= 1, got {n}")
+        server = await self._ensure_started()
+        slot = self._slots.get(str(src))
+        if slot is None:
+            raise UserError(f"cannot fork unknown session {src!r}; create it with execute() first")
+        slot.pending += 1
+        try:
+            async with slot.lock:
+                if slot.closed:
+                    raise UserError(f"session {src!r} was closed or evicted")
+                if slot.handle is None or slot.handle.dead:
+                    slot.handle = await server.spawn()
+                for _ in range(n - (self.max_sessions - len(self._slots))):
+                    self._evict_one()
+                handles = await _fork_handles(server, slot.handle, n)
+        finally:
+            slot.pending -= 1
+        ids = []
+        for handle in handles:
+            new = _Slot(f"{src}/{uuid.uuid4().hex[:12]}", handle=handle, lost=slot.lost)
+            self._slots[new.id] = new
+            ids.append(new.id)
+        self._counters["forks"] += n
+        return ids
+
+    async def _aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            self._slots.clear()
+            await self._forget_everything()
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            for task in list(self._background):
+                task.cancel()
+
+
+async def _fork_handles(
+    server: ForkServerClient, src: SessionHandle, n: int
+) -> list[SessionHandle]:
+    """Ask ``src`` to fork itself ``n`` times; adopt the copies as sessions of the server."""
+    import json
+    import socket
+
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)]
+    handles: list[SessionHandle] = []
+    workdirs: list[str] = []
+    failure: str | None = None
+    async with server.exclusive():
+        try:
+            workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n}))["workdirs"]
+            src.seq += 1
+            seq = src.seq
+            theirs = tuple(b.fileno() for _, b in pairs)
+            body = json.dumps({"workdirs": workdirs}).encode()
+            with anyio.fail_after(FORK_TIMEOUT):
+                await src.chan.send(Kind.FORK, seq, body, theirs)
+                for _, b in pairs:
+                    b.close()
+                frame = await src.chan.recv()
+                if frame.kind != Kind.FORKED or frame.seq != seq:
+                    raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
+                for (ours, _), workdir in zip(pairs, workdirs):
+                    handle = SessionHandle(server, AsyncChannel(ours, max_body=1 << 20), workdir)
+                    handles.append(handle)
+                    handle._accept_hello(await handle.chan.recv())
+            adopt = [[h.pid, h.workdir] for h in handles]
+            await server.request_locked(Kind.ADOPT, {"sessions": adopt})
+        except (ProtocolViolation, TimeoutError, OSError) as exc:
+            failure = f"fork_session failed: {exc}"
+            for handle in handles:
+                handle.dead = True
+                handle.chan.close()
+                handle._close_fds()
+            for ours, theirs_sock in pairs:
+                ours.close()
+                theirs_sock.close()
+            with contextlib.suppress(InfrastructureError):
+                await server.request_locked(Kind.RELEASE, {"workdirs": workdirs})
+    if failure is not None:
+        await src.kill()  # its state is unknown now
+        raise InfrastructureError(failure, retryable=True)
+    return handles
+
+
+def _rebuild(cls: type[PythonExecutorService], config: dict[str, Any]) -> PythonExecutorService:
+    return cls(**config)
+
+
+def _last_resort_stop(server: ForkServerClient) -> None:
+    """Safety net (garbage collection or interpreter exit without close()).
+
+    Closing the control socket makes the fork server kill every session and
+    delete their directories; the process is then reaped or killed.
+    """
+    if server.chan is not None:
+        server.chan.close()
+    proc = server.proc
+    if proc is not None and proc.poll() is None:
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=2.0)
+    if server.plan is not None and hasattr(server.plan, "close"):
+        server.plan.close()

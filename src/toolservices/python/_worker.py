@@ -1,0 +1,298 @@
+"""The session worker: runs user code in a forked interpreter.
+
+It lives in a child forked by the fork server (or by another session, for
+``fork_session``) and serves one private channel: ``EXEC`` frames in, one
+``RESULT`` frame out per call, with the same sequence number.
+
+User output never travels on the channel. ``sys.stdout``/``sys.stderr`` and
+file descriptors 1 and 2 all write into two memfds (anonymous in-memory
+files) whose descriptors the parent received in ``HELLO``; the parent reads
+them with ``pread`` after the reply, or after a kill, so partial output
+survives timeouts and crashes and whatever the code prints cannot be mistaken
+for a frame. Python-level writes are capped per call; fd-level writes (C
+extensions, subprocesses) are bounded by ``RLIMIT_FSIZE`` and cut by the parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import linecache
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+from typing import Any, NoReturn
+
+from toolservices.python._frames import Frame, Kind, recv_frame, send_frame
+
+__all__ = ["serve_session", "set_subreaper"]
+
+PR_SET_CHILD_SUBREAPER = 36
+MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
+MAX_EXC_MESSAGE = 2000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def set_subreaper(on: bool) -> None:
+    """Orphans of our descendants are re-parented to us (so a tree kill finds them)."""
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
+
+
+class _CappedFd(io.RawIOBase):
+    """Raw writer into one memfd that keeps at most ``cap`` bytes per call."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        super().__init__()
+        self.fd = fd
+        self.cap = cap
+        self.written = 0
+        self.dropped = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:  # type: ignore[override]
+        data = memoryview(b).cast("B")
+        n = len(data)
+        room = self.cap - self.written
+        if room <= 0:
+            self.dropped += n
+            return n
+        keep = data[:room]
+        while keep:
+            done = os.write(self.fd, keep)
+            self.written += done
+            keep = keep[done:]
+        self.dropped += max(0, n - room)
+        return n
+
+
+def _text_stream(raw: _CappedFd, *, line_buffering: bool) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw, 8192),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=line_buffering,
+        write_through=not line_buffering,
+    )
+
+
+class _Worker:
+    def __init__(self, chan: socket.socket, max_output: int) -> None:
+        self.chan = chan
+        self.max_output = max_output
+        self.pid = os.getpid()
+        self.calls = 0
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        module = types.ModuleType("__main__")
+        module.__dict__["__builtins__"] = __builtins__
+        sys.modules["__main__"] = module
+        self.globals: dict[str, Any] = module.__dict__
+        self._new_outputs()
+
+    # --- set-up -------------------------------------------------------------------
+
+    def _new_outputs(self) -> None:
+        """Fresh memfds for this interpreter (also in a forked copy)."""
+        self.out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
+        self.err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
+        self.ids = (os.fstat(self.out_fd).st_ino, os.fstat(self.err_fd).st_ino)
+        self.out_raw = _CappedFd(self.out_fd, self.max_output)
+        self.err_raw = _CappedFd(self.err_fd, self.max_output)
+        self.out = _text_stream(self.out_raw, line_buffering=True)
+        self.err = _text_stream(self.err_raw, line_buffering=False)
+        self.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives with the worker
+
+    def hello(self) -> None:
+        body = json.dumps({"pid": self.pid}).encode()
+        send_frame(self.chan, Kind.HELLO, 0, body, (self.out_fd, self.err_fd))
+
+    def _own_fds_intact(self) -> bool:
+        try:
+            ids = (os.fstat(self.out_fd).st_ino, os.fstat(self.err_fd).st_ino)
+        except OSError:
+            return False
+        return ids == self.ids
+
+    def _reset_stdio(self) -> None:
+        """Undo whatever the previous call did to stdin/stdout/stderr."""
+        for fd in (self.out_fd, self.err_fd):
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+        os.dup2(self.devnull, 0)
+        os.dup2(self.out_fd, 1)
+        os.dup2(self.err_fd, 2)
+        for raw in (self.out_raw, self.err_raw):
+            raw.written = raw.dropped = 0
+        if self.out.closed or self.err.closed:
+            self.out_raw = _CappedFd(self.out_fd, self.max_output)
+            self.err_raw = _CappedFd(self.err_fd, self.max_output)
+            self.out = _text_stream(self.out_raw, line_buffering=True)
+            self.err = _text_stream(self.err_raw, line_buffering=False)
+        if self.stdin.closed:
+            self.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115
+        sys.stdin, sys.stdout, sys.stderr = self.stdin, self.out, self.err
+
+    # --- one call -----------------------------------------------------------------
+
+    def run(self, code: str) -> dict[str, Any]:
+        if not self._own_fds_intact():
+            return {"fatal": "the output capture files were closed or replaced"}
+        self._reset_stdio()
+        self.calls += 1
+        filename = f"<cell-{self.calls}>"
+        lines = code.splitlines(keepends=True)
+        linecache.cache[filename] = (len(code), None, lines, filename)
+        exc_info: dict[str, str] | None = None
+        rc = 0
+        start = time.perf_counter()
+        try:
+            exec(compile(code, filename, "exec"), self.globals)
+        except SystemExit as exc:
+            rc = self._exit_code(exc)
+            exc_info = {"type": "SystemExit", "message": _safe_str(exc)}
+        except BaseException as exc:  # user code may raise anything, KeyboardInterrupt included
+            rc = 1
+            exc_info = {"type": _type_name(exc), "message": _safe_str(exc)}
+            self._print_traceback(exc)
+        duration = time.perf_counter() - start
+        if os.getpid() != self.pid:  # a child the code forked came back here: not ours to answer
+            os._exit(0)
+        fatal = self._flush()
+        meta: dict[str, Any] = {
+            "rc": rc,
+            "exc": exc_info,
+            "dur": duration,
+            "dropped": [self.out_raw.dropped, self.err_raw.dropped],
+        }
+        if fatal:
+            meta["fatal"] = fatal
+        return meta
+
+    def _exit_code(self, exc: SystemExit) -> int:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code & 0xFF
+        self.err.write(f"{_safe_str(code)}\n")
+        return 1
+
+    def _print_traceback(self, exc: BaseException) -> None:
+        tb = exc.__traceback__
+        # drop our own frame: the traceback starts at the user's code
+        if tb is not None and tb.tb_frame.f_code is _Worker.run.__code__:
+            tb = tb.tb_next
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+        except BaseException as fmt_exc:  # a hostile __str__ or __repr__
+            text = f"{_type_name(exc)}: <traceback unavailable: {_type_name(fmt_exc)}>\n"
+        try:
+            self.err.write(text)
+        except (OSError, ValueError):  # the code closed our stderr stream: reported below
+            return
+
+    def _flush(self) -> str | None:
+        for stream in (self.out, self.err):
+            try:
+                stream.flush()
+            except (OSError, ValueError) as exc:
+                return f"flushing output failed: {exc!r}"
+        return None
+
+    # --- fork_session ---------------------------------------------------------------
+
+    def fork(self, frame: Frame) -> None:
+        """Copy this interpreter into ``len(frame.fds)`` new sessions.
+
+        A double fork hands each copy to the fork server (we clear our
+        subreaper flag meanwhile), so the copies outlive this session and are
+        killed and reaped by the server like any session.
+        """
+        workdirs = frame.json()["workdirs"]
+        chans = list(frame.fds)
+        set_subreaper(False)
+        try:
+            for index, (fd, workdir) in enumerate(zip(chans, workdirs)):
+                middle = os.fork()
+                if middle == 0:
+                    if os.fork() == 0:
+                        for other in chans[:index] + chans[index + 1 :]:
+                            os.close(other)
+                        self._become_copy(fd, workdir)
+                        return  # the copy continues the serve loop on its own channel
+                    os._exit(0)
+                os.waitpid(middle, 0)
+        finally:
+            if os.getpid() == self.pid:
+                set_subreaper(True)
+                for fd in chans:
+                    os.close(fd)
+        send_frame(self.chan, Kind.FORKED, frame.seq, json.dumps({"n": len(chans)}).encode())
+
+    def _become_copy(self, fd: int, workdir: str) -> None:
+        self.chan.close()
+        self.chan = socket.socket(fileno=fd)
+        os.setsid()
+        set_subreaper(True)
+        self.pid = os.getpid()
+        os.chdir(workdir)
+        os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+        os.close(self.out_fd)
+        os.close(self.err_fd)
+        self._new_outputs()
+        self.hello()
+
+    # --- loop -------------------------------------------------------------------
+
+    def serve(self) -> NoReturn:
+        self.hello()
+        while True:
+            try:
+                frame = recv_frame(self.chan, max_body=MAX_REQUEST)
+            except (OSError, ValueError):  # parent gone or channel broken by user code
+                os._exit(0)
+            if frame.kind == Kind.EXEC:
+                meta = self.run(frame.body.decode("utf-8", "surrogatepass"))
+                try:
+                    send_frame(self.chan, Kind.RESULT, frame.seq, json.dumps(meta).encode())
+                except OSError:
+                    os._exit(0)
+                if "fatal" in meta:
+                    os._exit(70)
+            elif frame.kind == Kind.FORK:
+                self.fork(frame)
+            else:
+                os._exit(0)
+
+
+def _type_name(obj: object) -> str:
+    cls = type(obj)
+    module = cls.__module__
+    return (
+        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    )
+
+
+def _safe_str(obj: object) -> str:
+    try:
+        text = str(obj)
+    except BaseException:  # hostile __str__: never let it break the worker
+        return f"<{_type_name(obj)} with unprintable message>"
+    return text if len(text) <= MAX_EXC_MESSAGE else text[:MAX_EXC_MESSAGE] + "..."
+
+
+def serve_session(chan: socket.socket, *, max_output: int) -> NoReturn:
+    """Entry point in a freshly forked session child (never returns)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full output file gives EFBIG, not death
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    set_subreaper(True)
+    try:
+        _Worker(chan, max_output).serve()
+    except BaseException:  # the worker itself broke: exit, the parent reports and restarts
+        os._exit(70)
