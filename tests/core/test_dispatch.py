@@ -68,7 +68,9 @@ REGISTRY = ToolRegistry([record, sleepy, asleep, fail, stateful, stateless])
 
 def test_calls_of_one_item_keep_their_order() -> None:
     events.clear()
-    items = [[ToolCall("record", {"item": i, "label": f"c{k}"}) for k in range(4)] for i in range(6)]
+    items = [
+        [ToolCall("record", {"item": i, "label": f"c{k}"}) for k in range(4)] for i in range(6)
+    ]
     outcomes = Dispatcher(REGISTRY).run(items)
     for i in range(6):
         assert [label for item, label in events if item == i] == ["c0", "c1", "c2", "c3"]

@@ -137,7 +137,7 @@ class ToolEnv:
         """
         if len(responses) != self.batch_size:
             raise UserError(
-                f"step() got {len(responses)} responses for a batch of {self.batch_size}; "
+                f"step() got {len(responses)} response(s) for a batch of {self.batch_size}; "
                 "call reset() first"
             )
         active = [i for i in range(self.batch_size) if not self.done[i]]

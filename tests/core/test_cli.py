@@ -1,0 +1,34 @@
+"""The command line, run as a user would: a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolservices", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_demo_runs_32_episodes_and_succeeds() -> None:
+    proc = run_cli("demo")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "episodes: 32" in out and "formats: 8" in out
+    assert "all episodes ended as scripted" in out
+    assert out.count("ok (answered)") == 32
+    assert "wall time" in out
+    # The recovering episodes each had exactly one malformed or invalid first call.
+    assert "parse errors: " in out
+
+
+def test_help_and_bad_arguments() -> None:
+    assert "demo" in run_cli("--help").stdout
+    bad = run_cli("demo", "--repeats", "0")
+    assert bad.returncode == 2 and "--repeats" in bad.stderr
