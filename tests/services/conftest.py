@@ -30,14 +30,7 @@ def _load_helpers() -> Any:
 svc_helpers = _load_helpers()
 new_namespace = svc_helpers.new_namespace
 
-#: What the package's first Ray registry passes to ray.init (Ray is not running yet).
-RAY_INIT_CONFIG: dict[str, Any] = {
-    "num_cpus": 2,
-    "include_dashboard": False,
-    "log_to_driver": False,
-    "object_store_memory": 80 * 1024 * 1024,
-}
-RAY_INIT_CONFIG_COPY = dict(RAY_INIT_CONFIG)
+RAY_INIT_CONFIG = svc_helpers.RAY_INIT_CONFIG
 
 
 @pytest.fixture(scope="package")

@@ -9,6 +9,16 @@ import uuid
 from typing import Any
 
 
+#: What the package's first Ray registry passes to ray.init (Ray is not running yet).
+RAY_INIT_CONFIG: dict[str, Any] = {
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "object_store_memory": 80 * 1024 * 1024,
+}
+RAY_INIT_CONFIG_COPY = dict(RAY_INIT_CONFIG)
+
+
 def new_namespace() -> str:
     """A fresh namespace, so that tests never see each other's services."""
     return f"t-{uuid.uuid4().hex[:10]}"
@@ -58,6 +68,9 @@ class Sessions:
 
     def whoami(self, session_id: str | None = None) -> str:
         return self.ident
+
+    def pid(self) -> int:
+        return os.getpid()
 
     async def ahold(self, seconds: float) -> str:
         import asyncio

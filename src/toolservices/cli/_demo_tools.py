@@ -34,9 +34,9 @@ def _evaluate(node: ast.AST) -> float:
         right = _evaluate(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > 64:
             raise ValueError("exponent too large (at most 64)")
-        return _OPS[type(node.op)](_evaluate(node.left), right)  # type: ignore[no-any-return]
+        return _OPS[type(node.op)](_evaluate(node.left), right)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_evaluate(node.operand))  # type: ignore[no-any-return]
+        return _OPS[type(node.op)](_evaluate(node.operand))
     raise ValueError(f"unsupported syntax: {ast.dump(node)[:40]}")
 
 

@@ -166,8 +166,11 @@ class Dispatcher:
         limiter: anyio.CapacityLimiter,
         bounded: bool,
     ) -> ItemResult:
-        parse = item if isinstance(item, ParseResult) else None
-        calls = list(parse.calls if parse is not None else item)
+        parse: ParseResult | None = None
+        if isinstance(item, ParseResult):
+            parse, calls = item, list(item.calls)
+        else:
+            calls = list(item)
         results: list[CallResult] = []
         stopped = False
         for index, call in enumerate(calls):

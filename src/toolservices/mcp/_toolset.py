@@ -41,7 +41,7 @@ class MCPTool(Tool):
 
     is_async = True
 
-    def __init__(self, toolset: MCPToolset, server: str, spec: mt.Tool, *, timeout: float) -> None:
+    def __init__(self, toolset: MCPToolset, server: str, spec: mt.Tool) -> None:
         self.toolset = toolset
         self.server = server
         self.remote_name = spec.name
@@ -49,7 +49,9 @@ class MCPTool(Tool):
         self.description = spec.description or spec.title or ""
         self.schema_in = dict(spec.input_schema) or {"type": "object", "properties": {}}
         self.schema_out = dict(spec.output_schema or {})
-        self.timeout = timeout
+        # No per-tool limit: a dispatcher's own timeout applies, and the
+        # toolset's timeout bounds the remote request in any case.
+        self.timeout = None
 
     def __call__(self, **kwargs: Any) -> str:
         return str(_unwrap(self.toolset.call(self.name, kwargs)))
@@ -213,7 +215,7 @@ class MCPToolset:
         return connections
 
     def _make_tools(self, server: str, conn: ServerConnection) -> list[MCPTool]:
-        return [MCPTool(self, server, spec, timeout=self.timeout) for spec in conn.tools.values()]
+        return [MCPTool(self, server, spec) for spec in conn.tools.values()]
 
     # --- tools -------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ __all__ = [
     "LaunchPlan",
     "SandboxConfig",
     "SandboxUnavailableError",
+    "WORKDIR_BASE_PLACEHOLDER",
     "enter_session",
     "format_isolation_report",
     "isolation_report",
@@ -55,6 +56,8 @@ _GiB = 1 << 30
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_launch.py")
 _SESSION_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_session.py")
 _INSIDE_BASE = "/sandbox"  # where the workdir base appears inside bubblewrap
+WORKDIR_BASE_PLACEHOLDER = "@WORKDIR_BASE@"
+"""An argv element equal to this is replaced by the plan's ``workdir_base``."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIXED_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -157,7 +160,7 @@ class SandboxConfig:
         object.__setattr__(self, "extra_env", _FrozenEnv(extra))
 
 
-class _FrozenEnv(dict):  # type: ignore[type-arg]
+class _FrozenEnv(dict[str, str]):
     """A read-only, hashable mapping so that SandboxConfig stays hashable (cache keys)."""
 
     def __hash__(self) -> int:  # type: ignore[override]
@@ -178,7 +181,9 @@ class LaunchPlan:
     start_new_session=True)`` from a long-lived thread (bubblewrap's
     ``--die-with-parent`` fires when the *thread* that started it exits). The
     server creates one directory per session under ``workdir_base`` (the path
-    as the server sees it; also in ``env`` as ``TOOLSERVICES_WORKDIR_BASE``).
+    as the server sees it: the argv element ``"@WORKDIR_BASE@"`` is replaced
+    by it, and the server finds it in ``TOOLSERVICES_WORKDIR_BASE``). The base
+    belongs to the plan: the server must not delete it (at L3 it is a mount).
     Call :meth:`close` after the server has been reaped: as root it kills any
     process left under the dedicated uid, then removes the base directory and
     releases the uid slot.
@@ -192,7 +197,7 @@ class LaunchPlan:
     workdir_base: str
     host_workdir_base: str
     uid: int | None
-    _finalizer: weakref.finalize = field(init=False, repr=False)  # type: ignore[type-arg]
+    _finalizer: weakref.finalize[Any, Any] = field(init=False, repr=False)
     _slot_fd: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

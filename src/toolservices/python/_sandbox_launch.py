@@ -27,7 +27,6 @@ and exits with status 126.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 import resource
@@ -66,7 +65,7 @@ class _SockFprog(ctypes.Structure):
 
 
 def _libc() -> Any:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # the running process already maps libc
     libc.mount.argtypes = [
         ctypes.c_char_p,
         ctypes.c_char_p,

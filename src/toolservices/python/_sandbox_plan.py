@@ -17,6 +17,7 @@ from toolservices.python._sandbox import (
     _LAUNCHER,
     _SESSION_PY,
     LEVELS,
+    WORKDIR_BASE_PLACEHOLDER,
     LaunchPlan,
     SandboxConfig,
     SandboxUnavailableError,
@@ -228,8 +229,9 @@ def _choose(
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
+        server_argv = [inside_base if a == WORKDIR_BASE_PLACEHOLDER else a for a in argv]
         spec_argv, reach = _spec_command(
-            attempt, config, ro_paths, host_base, env, [python, *argv], uid
+            attempt, config, ro_paths, host_base, env, [python, *server_argv], uid
         )
         spec = _spec(attempt, config, uid, reach, spec_argv, env)
         probe_argv, _ = _spec_command(

@@ -54,7 +54,7 @@ def python_paths(python: str) -> PythonPaths:
     """Ask ``python`` (once) for its prefixes and sys.path, and locate toolservices."""
     pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if os.path.realpath(python) == os.path.realpath(sys.executable):
-        info = {
+        info: dict[str, Any] = {
             "exe": sys.executable,
             "prefix": sys.prefix,
             "base": sys.base_prefix,
@@ -86,7 +86,7 @@ def python_paths(python: str) -> PythonPaths:
         info["base_exec"],
         *sys_path,
         os.path.dirname(os.path.realpath(python)),
-        os.path.dirname(info["exe"]),
+        os.path.dirname(str(info["exe"])),
         pkg_parent,
     ]
     return PythonPaths(

@@ -108,11 +108,12 @@ def build_report(
         "prctl(PR_SET_NO_NEW_PRIVS) did not hold",
     )
     if uid is not None:
-        dropped = probe.get("uid") == uid and session.get("uid") == uid
+        # the probe (cached per machine) ran under some slot uid; this plan uses ``uid``
+        dropped = probe.get("uid") not in (None, 0) and session.get("uid") == probe.get("uid")
         layers["uid_drop"] = _layer(
             dropped,
             f"user code runs as dedicated uid {uid}",
-            f"probe ran as uid {probe.get('uid')}, expected {uid}",
+            f"probe ran as uid {probe.get('uid')}, expected a dedicated uid",
         )
     else:
         layers["uid_drop"] = _layer(
@@ -216,7 +217,7 @@ def build_report(
         "level": level,
         "level_meaning": LEVEL_MEANING[level],
         "caller_uid": caller_uid,
-        "uid": probe.get("uid"),
+        "uid": uid if uid is not None else probe.get("uid"),
         "python": python,
         "bwrap": bwrap,
         "layers": layers,

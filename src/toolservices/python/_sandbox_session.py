@@ -15,7 +15,6 @@ report promised.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import json
 import os
@@ -103,7 +102,7 @@ class _SockFprog(ctypes.Structure):
 def _get_libc() -> Any:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc = ctypes.CDLL(None, use_errno=True)  # the running process already maps libc
         _libc.syscall.restype = ctypes.c_long
     return _libc
 
@@ -394,7 +393,7 @@ def _probe_session() -> dict[str, Any]:
             enter_session(workdir=workdir)
             with open("/proc/self/status", encoding="ascii") as fh:
                 status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
-            report = {
+            report: dict[str, Any] = {
                 "entered": True,
                 "no_new_privs": status.get("NoNewPrivs") == "1",
                 "seccomp_mode": int(status.get("Seccomp", "0")),
@@ -418,6 +417,10 @@ def _probe_session() -> dict[str, Any]:
         result = {"entered": False, "error": "the probe session died before reporting"}
     return result
 
+
+# Forked sessions inherit these, so each enter_session() starts warm.
+_get_libc()
+_load_state()
 
 if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
     sys.stdout.write(json.dumps(probe()))

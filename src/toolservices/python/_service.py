@@ -457,8 +457,8 @@ class PythonExecutorService:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            self._slots.clear()
             await self._forget_everything()
+            self._slots.clear()
             if self._finalizer is not None:
                 self._finalizer.detach()
             for task in list(self._background):

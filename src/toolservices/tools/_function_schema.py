@@ -177,15 +177,13 @@ def function_schema(
     for documented in arg_docs:
         if documented not in signature.parameters and documented not in ("kwargs", "args"):
             problems.append(f"docstring describes '{documented}', which is not a parameter")
-    tool_name = name or getattr(fn, "__name__", "")
+    tool_name: str = name or str(getattr(fn, "__name__", ""))
     if not tool_name or not re.fullmatch(r"[A-Za-z_][\w.\-]*", tool_name):
         problems.append(f"tool name {tool_name!r} is not a valid identifier")
     model: type[BaseModel] | None = None
     if not problems:
         try:
-            model = create_model(  # type: ignore[call-overload]
-                f"{tool_name}_args", __base__=_ArgsBase, **fields
-            )
+            model = create_model(f"{tool_name}_args", __base__=_ArgsBase, **fields)
             parameters = model.model_json_schema()
         except Exception as exc:  # pydantic reports unsupported types many ways
             problems.append(f"cannot describe the parameters as JSON Schema: {exc}")
