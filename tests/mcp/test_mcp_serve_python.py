@@ -1,0 +1,78 @@
+"""``toolservices serve --mcp``: the sandboxed Python executor as an MCP server, end to end."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from toolservices.mcp import HttpServer, MCPToolset, StdioServer
+
+pytest.importorskip("toolservices.python")
+
+CLI = str(Path(sys.executable).parent / "toolservices")
+WAIT = 30.0
+
+
+def _check_python_tools(ts: MCPToolset) -> None:
+    assert set(ts.names()) == {"py.python_execute", "py.python_close_session"}
+    run = "py.python_execute"
+    first = ts.call(run, {"code": "x = 21\nprint(x * 2)", "session_id": "s1"}).structured
+    assert first is not None and first["success"] and first["stdout"] == "42\n"
+    again = ts.call(run, {"code": "print(x)", "session_id": "s1"}).structured
+    assert again is not None and again["stdout"] == "21\n"
+    fresh = ts.call(run, {"code": "print(x)"}).structured
+    assert fresh is not None and not fresh["success"] and "NameError" in fresh["stderr"]
+    failing = ts.call(run, {"code": "raise ValueError('Test error')"}).structured
+    assert failing is not None and "ValueError: Test error" in failing["stderr"]
+    closed = ts.call("py.python_close_session", {"session_id": "s1"})
+    assert not closed.is_error
+    after = ts.call(run, {"code": "print(x)", "session_id": "s1"}).structured
+    assert after is not None and not after["success"]
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_serve_mcp_stdio_runs_python_with_sessions() -> None:
+    server = StdioServer(command=CLI, args=("serve", "--mcp"))
+    with MCPToolset({"py": server}, timeout=WAIT, connect_timeout=WAIT) as ts:
+        _check_python_tools(ts)
+
+
+@pytest.fixture
+def http_cli() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    proc = subprocess.Popen(
+        [CLI, "serve", "--mcp", "--transport", "http", "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            assert sel.select(WAIT), "the server did not report readiness"
+        line = proc.stderr.readline()
+        assert "ready: http://127.0.0.1:" in line, line
+        yield proc, line.split("ready: ")[1].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT)
+        proc.stderr.close()
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_serve_mcp_http_runs_python_and_stops_cleanly_on_sigterm(
+    http_cli: tuple[subprocess.Popen[str], str],
+) -> None:
+    proc, url = http_cli
+    with MCPToolset({"py": HttpServer(url=url)}, timeout=WAIT) as ts:
+        _check_python_tools(ts)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) is not None
