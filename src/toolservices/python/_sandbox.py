@@ -16,6 +16,7 @@ The layers and what each does and does not protect against are described in
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import fcntl
 import json
@@ -26,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,13 +197,14 @@ class LaunchPlan:
     workdir_base: str
     host_workdir_base: str
     uid: int | None
-    _finalizer: weakref.finalize[Any, Any] = field(init=False, repr=False)
     _slot_fd: int | None = field(default=None, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._finalizer = weakref.finalize(
-            self, _release, self.uid, self.host_workdir_base, self._slot_fd
-        )
+        # Strong reference until close(): dropping a plan must not release the uid slot or
+        # delete the base under a running server; whatever is left is closed at exit.
+        with _open_lock:
+            _open_plans.add(self)
 
     @property
     def level(self) -> str:
@@ -211,13 +212,28 @@ class LaunchPlan:
 
     def close(self) -> None:
         """Sweep the dedicated uid, delete the workdir base, free the uid slot (idempotent)."""
-        self._finalizer()
+        with _open_lock:
+            if self._closed:
+                return
+            self._closed = True
+            _open_plans.discard(self)
+        _release(self.uid, self.host_workdir_base, self._slot_fd)
 
     def __enter__(self) -> LaunchPlan:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_open_lock = threading.Lock()
+_open_plans: set[LaunchPlan] = set()
+
+
+@atexit.register
+def _close_open_plans() -> None:
+    for plan in list(_open_plans):
+        plan.close()
 
 
 def _release(uid: int | None, host_base: str, slot_fd: int | None) -> None:

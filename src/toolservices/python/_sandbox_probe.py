@@ -125,16 +125,25 @@ def reach_groups(paths: list[tuple[str, bool]], uid: int) -> list[dict[str, Any]
     return [{"ancestor": a, "paths": p} for a, p in sorted(groups.items())]
 
 
-def _uid_of(pid: str) -> int | None:
+def _status(pid: str) -> dict[str, str]:
     try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+    except OSError:  # gone meanwhile
+        return {}
 
 
 def pids_of_uid(uid: int) -> list[int]:
-    """Processes whose owner is ``uid`` (from /proc)."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) == uid]
+    """Live (non-zombie) processes whose real uid is ``uid`` (from /proc)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        status = _status(pid)
+        uids = status.get("Uid", "").split()
+        if uids and int(uids[0]) == uid and not status.get("State", "").startswith(("Z", "X")):
+            found.append(int(pid))
+    return found
 
 
 def tasks_of_uid(uid: int) -> int:

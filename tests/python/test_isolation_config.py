@@ -1,0 +1,116 @@
+"""SandboxConfig validation, the report's shape and fallbacks, and enter_session's cost."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from toolservices.errors import UserError
+from toolservices.python._sandbox import (
+    LEVELS,
+    SandboxConfig,
+    SandboxUnavailableError,
+    format_isolation_report,
+    isolation_report,
+    plan_server_launch,
+    remove_tree,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+EXPECTED_LAYERS = {
+    "env_allowlist",
+    "workdir",
+    "rlimits",
+    "process_group",
+    "no_new_privs",
+    "uid_drop",
+    "nproc_limit",
+    "namespaces",
+    "network",
+    "readonly_fs",
+    "private_tmp",
+    "seccomp",
+    "landlock",
+    "orphan_cleanup",
+}
+
+
+def test_invalid_config_lists_every_problem() -> None:
+    with pytest.raises(UserError) as info:
+        SandboxConfig(
+            memory_limit=-1,
+            min_level="L9",
+            extra_ro_paths=("relative",),
+            extra_env={"BAD NAME": "x"},
+            bwrap="/nonexistent/bwrap",
+        )
+    message = str(info.value)
+    for needle in ("memory_limit", "L0, L1, L2, L3", "relative", "BAD NAME", "bwrap"):
+        assert needle in message
+
+
+def test_l0_needs_allow_unsafe() -> None:
+    with pytest.raises(UserError, match="allow_unsafe"):
+        SandboxConfig(min_level="L0")
+
+
+def test_config_is_frozen_and_hashable() -> None:
+    config = SandboxConfig(extra_env={"A": "1"})
+    assert hash(config) == hash(SandboxConfig(extra_env={"A": "1"}))
+    with pytest.raises(TypeError):
+        config.extra_env["B"] = "2"  # type: ignore[index]
+
+
+def test_report_lists_every_layer_with_a_reason() -> None:
+    report = isolation_report(SandboxConfig(bwrap=False))
+    assert set(report["layers"]) == EXPECTED_LAYERS
+    assert report["level"] in LEVELS
+    assert report["layers"]["namespaces"]["active"] is False
+    assert "bwrap=False" in report["layers"]["namespaces"]["why"]
+    for name, layer in report["layers"].items():
+        assert layer["active"] or layer["why"], name
+    text = format_isolation_report(report)
+    assert report["level"] in text and "namespaces" in text and "OFF" in text
+
+
+def test_min_level_not_met_raises_with_reasons() -> None:
+    with pytest.raises(SandboxUnavailableError, match="below"):
+        plan_server_launch(SandboxConfig(bwrap=False, min_level="L3"), argv=["-c", "pass"])
+
+
+def test_plan_close_removes_base_and_is_idempotent() -> None:
+    plan = plan_server_launch(SandboxConfig(bwrap=False), argv=["-c", "pass"])
+    assert os.path.isdir(plan.host_workdir_base)
+    assert plan.env and plan.argv and plan.preexec_fn is None
+    plan.close()
+    plan.close()
+    assert not os.path.exists(plan.host_workdir_base)
+
+
+def test_enter_session_is_fast() -> None:
+    """The probe's session measured its own enter_session; it must stay in milliseconds."""
+    report = isolation_report(SandboxConfig())
+    assert report["enter_session_seconds"] is not None
+    assert report["enter_session_seconds"] < 0.05
+
+
+def test_remove_tree_is_iterative_and_never_follows_symlinks(tmp_path: os.PathLike[str]) -> None:
+    victim = os.path.join(str(tmp_path), "victim")
+    os.mkdir(victim)
+    open(os.path.join(victim, "keep.txt"), "w").close()
+    top = os.path.join(str(tmp_path), "tree")
+    os.mkdir(top)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):  # deeper than the recursion limit
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    os.symlink(victim, os.path.join(top, "link"))
+    os.chmod(os.path.join(top, "d"), 0)
+    remove_tree(top)
+    assert not os.path.exists(top)
+    assert os.path.exists(os.path.join(victim, "keep.txt"))
