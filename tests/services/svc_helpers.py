@@ -8,7 +8,6 @@ import time
 import uuid
 from typing import Any
 
-
 #: What the package's first Ray registry passes to ray.init (Ray is not running yet).
 RAY_INIT_CONFIG: dict[str, Any] = {
     "num_cpus": 2,
