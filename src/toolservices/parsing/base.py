@@ -47,9 +47,16 @@ class ToolCall:
         return self.tool
 
 
-def make_call_id(index: int, tool: str, args: Mapping[str, Any]) -> str:
-    """A stable id for a call without one: same response, same ids."""
-    payload = json.dumps([index, tool, args], sort_keys=True, default=str)
+def make_call_id(index: int, tool: str, args: Mapping[str, Any], *, raw: str | None = None) -> str:
+    """A stable id for a call without one: same response, same ids.
+
+    When the call's source text ``raw`` is known it is hashed instead of the
+    arguments (cheaper than serialising them, and just as stable).
+    """
+    if raw is not None:
+        payload = f"{index}\x1f{tool}\x1f{raw}"
+    else:
+        payload = json.dumps([index, tool, args], sort_keys=True, default=str)
     return "call_" + hashlib.blake2b(payload.encode(), digest_size=6).hexdigest()
 
 
@@ -150,7 +157,7 @@ class ToolParser:
         """Give every call an id and fill the standard ``meta`` keys."""
         for index, call in enumerate(result.calls):
             if not call.id:
-                call.id = make_call_id(index, call.tool, call.args)
+                call.id = make_call_id(index, call.tool, call.args, raw=call.raw)
         result.meta["count"] = len(result.calls)
         result.meta["errors"] = len(result.errors)
         result.meta["format"] = self.name

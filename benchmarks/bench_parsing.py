@@ -1,0 +1,148 @@
+"""Parse throughput per tool-call format.
+
+For every family: a realistic response (a sentence of prose, then 1 or 4
+calls with nested / unicode arguments, written by the family's own
+``render``) is parsed repeatedly; we report the median over several repeats
+of microseconds per response and calls per second. TorchRL 0.14.1's
+``XMLBlockParser`` and ``JSONCallParser`` run side by side on the same inputs
+for ``xml_block`` and ``json_envelope``.
+
+Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from toolservices.parsing import ToolCall, get_parser
+from toolservices.parsing.registry import PARSERS
+
+PROSE = (
+    "Let me look that up. I'll check the forecast for the cities you asked about "
+    "and search for events this weekend, then summarise everything."
+)
+SPECS = [
+    {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"},
+            },
+        },
+    },
+    {
+        "name": "search_events",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "filters": {"type": "object"},
+                "limit": {"type": "integer"},
+            },
+        },
+    },
+]
+CALLS = [
+    ToolCall("get_weather", {"city": "Paris", "days": 3, "metric": True}),
+    ToolCall(
+        "search_events",
+        {"query": "concerts à Paris ce week-end", "filters": {"genre": ["jazz"]}, "limit": 5},
+    ),
+    ToolCall("get_weather", {"city": "東京", "days": 1, "metric": True}),
+    ToolCall("search_events", {"query": "museum", "filters": {"free": True}, "limit": 10}),
+]
+CODE = "import math\nvalues = [math.sqrt(i) for i in range(10)]\nprint(sum(values))"
+
+
+def _calls_for(family: str, count: int) -> list[ToolCall]:
+    if family == "python_block":
+        return [ToolCall("python", {"code": CODE}) for _ in range(count)]
+    return CALLS[:count]
+
+
+def _time_per_call(fn: Callable[[], Any], *, repeats: int, target: float) -> float:
+    """Median seconds per ``fn()`` over ``repeats`` runs of an auto-sized loop."""
+    loops = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        if time.perf_counter() - start >= target / 5 or loops >= 1 << 20:
+            break
+        loops *= 2
+    loops = max(1, int(loops * target / max(time.perf_counter() - start, 1e-9) / 5))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        samples.append((time.perf_counter() - start) / loops)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--repeats", type=int, default=7)
+    options.add_argument("--target", type=float, default=0.05, help="seconds per repeat")
+    options.add_argument("--no-torchrl", action="store_true")
+    args = options.parse_args(argv)
+
+    print(f"# parse throughput (median of {args.repeats} repeats; µs per response)")
+    print(f"{'format':<16} {'1 call µs':>10} {'calls/s':>10} {'4 calls µs':>11} {'calls/s':>10}")
+    inputs: dict[str, dict[int, str]] = {}
+    for family in PARSERS:
+        parser = get_parser(family, tools=SPECS)
+        row = [f"{family:<16}"]
+        inputs[family] = {}
+        for count in (1, 4):
+            calls = _calls_for(family, count)
+            response = parser.render(calls, PROSE)
+            inputs[family][count] = response
+            result = parser(response)
+            assert len(result.calls) == count and not result.errors, (family, result.errors)
+            seconds = _time_per_call(
+                lambda p=parser, r=response: p(r), repeats=args.repeats, target=args.target
+            )
+            row.append(f"{seconds * 1e6:>10.1f} {count / seconds:>10,.0f}")
+        print(" ".join(row))
+
+    if args.no_torchrl:
+        return 0
+    try:
+        from torchrl.envs.llm.transforms.tools import JSONCallParser, XMLBlockParser
+    except ImportError:
+        print("\ntorchrl not installed: side-by-side comparison skipped")
+        return 0
+    print("\n# side by side with TorchRL 0.14.1 (same inputs; µs per response)")
+    print(f"{'format':<16} {'calls':>5} {'toolservices':>13} {'torchrl':>9} {'ours/torchrl':>13}")
+    pairs = {"xml_block": XMLBlockParser(), "json_envelope": JSONCallParser()}
+    for family, theirs in pairs.items():
+        ours = get_parser(family)
+        for count in (1, 4):
+            response = inputs[family][count]
+            assert [c.tool for c in ours(response).calls] == [
+                c.tool for c in theirs(response)["calls"]
+            ]
+            mine = _time_per_call(
+                lambda r=response, f=ours: f(r), repeats=args.repeats, target=args.target
+            )
+            other = _time_per_call(
+                lambda r=response, f=theirs: f(r), repeats=args.repeats, target=args.target
+            )
+            print(
+                f"{family:<16} {count:>5} {mine * 1e6:>13.1f} {other * 1e6:>9.1f} "
+                f"{mine / other:>13.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
