@@ -1,0 +1,100 @@
+"""The Python executor pool as a shared service, on both backends."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from toolservices.services import ServiceRegistry, get_services
+
+python = pytest.importorskip("toolservices.python")
+PythonExecutorService = python.PythonExecutorService
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _options(backend: str) -> dict[str, Any]:
+    return {"num_cpus": 0} if backend == "ray" else {}
+
+
+def _in_other_worker(backend: str, namespace: str, code: str, session_id: str) -> dict[str, Any]:
+    """Run ``code`` through a registry object of another worker (a Ray task, or a thread)."""
+    if backend == "ray":
+        import ray
+
+        @ray.remote(num_cpus=0)
+        def task() -> dict[str, Any]:
+            client = get_services("ray", namespace=namespace).client("python")
+            return dict(client.call("execute", code, session_id=session_id))
+
+        return ray.get(task.remote(), timeout=60)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        client = get_services("local", namespace=namespace).client("python")
+        out.update(client.call("execute", code, session_id=session_id))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    return out
+
+
+def test_executor_session_affinity_across_workers(backend: str, registry: ServiceRegistry) -> None:
+    registry.register("python", PythonExecutorService, 2, 10.0, **_options(backend))
+    client = registry.client("python")
+    assert client.call("execute", "x = 41", session_id="env-0")["success"]
+    out = _in_other_worker(backend, registry.namespace, "print(x + 1)", "env-0")
+    assert out["success"], out
+    assert out["stdout"] == "42\n"
+    other = client.call("execute", "print(x)", session_id="env-1")
+    assert not other["success"]
+    assert "NameError" in other["stderr"]
+    failing = client.call("execute", "raise ValueError('Test error')", session_id="env-0")
+    assert not failing["success"] and "ValueError: Test error" in failing["stderr"]
+
+
+async def test_executor_async_client(backend: str, registry: ServiceRegistry) -> None:
+    registry.register("python", PythonExecutorService, 1, 10.0, **_options(backend))
+    client = registry.client("python")
+    await client.acall("execute", "y = 'kept'", session_id="s")
+    out = await client.acall("execute", "print(y)", session_id="s")
+    assert out["stdout"] == "kept\n"
+    client.call("close_session", session_id="s")
+    after = await client.acall("execute", "print(y)", session_id="s")
+    assert not after["success"]
+
+
+def test_executor_replicas_keep_sessions(backend: str, registry: ServiceRegistry) -> None:
+    opts = {"num_replicas": 2, **_options(backend)}
+    registry.register("python", PythonExecutorService, pool_size=1, **opts)
+    client = registry.client("python")
+    sessions = [f"env-{i}" for i in range(6)]
+    assert {client.replica_for(s) for s in sessions} == {0, 1}  # spread over both
+    for i, session in enumerate(sessions):
+        assert client.call("execute", f"v = {i}", session_id=session)["success"]
+    for i, session in enumerate(sessions):
+        out = client.call("execute", "print(v)", session_id=session)
+        assert out["stdout"] == f"{i}\n", (session, out)
+    # Another worker reaches the same interpreters.
+    out = _in_other_worker(backend, registry.namespace, "print(v * 10)", sessions[3])
+    assert out["stdout"] == "30\n"
+    # Calls without a session are balanced and stateless.
+    results = [client.call("execute", "print('hi')") for _ in range(4)]
+    assert all(r["stdout"] == "hi\n" for r in results)
+
+
+def test_get_or_register_executor(backend: str, namespace: str) -> None:
+    first = get_services(backend, namespace=namespace)
+    second = get_services(backend, namespace=namespace)
+    try:
+        first.get_or_register("python", PythonExecutorService, pool_size=1, **_options(backend))
+        second.get_or_register("python", PythonExecutorService, pool_size=1, **_options(backend))
+        assert first.list() == ["python"]
+        out = second.client("python").call("execute", "print(2 + 2)", session_id="a")
+        assert out["stdout"] == "4\n"
+    finally:
+        first.shutdown()
+    assert second.list() == []
