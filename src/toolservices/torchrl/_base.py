@@ -268,6 +268,13 @@ class ToolTransformBase(Transform):
         if len(self._failed_turns) < size:
             self._failed_turns.extend([0] * (size - len(self._failed_turns)))
 
+    def clone(self) -> ToolTransformBase:
+        """A copy for another environment: same tools, its own sessions and counters."""
+        twin = super().clone()
+        twin.env_key = uuid.uuid4().hex[:12]
+        twin._failed_turns = []
+        return twin
+
     def close(self) -> None:
         """Release what the transform holds (nothing in the base class)."""
 
