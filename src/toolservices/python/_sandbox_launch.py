@@ -1,9 +1,10 @@
 """Launcher: set up the process, drop privileges, then exec bwrap or the fork server.
 
-Run as ``python -I -S _sandbox_launch.py SPEC_JSON`` by the command line that
-``plan_server_launch`` returns; stdlib only, single-threaded, gone after one
-``execve``. Doing this work here rather than in a ``preexec_fn`` keeps the
-supervisor's fork path trivial (it may have many threads) and lets root open
+Run as ``python -I -S _sandbox_launch.py SPEC`` (SPEC: the hex of a
+``marshal``-ed dict) by the command line that ``plan_server_launch``
+returns; stdlib only, single-threaded, gone after one ``execve``. Doing
+this work here rather than in a ``preexec_fn`` keeps the supervisor's fork
+path trivial (it may have many threads) and lets root open
 paths that the dedicated uid cannot reach before dropping to it.
 
 Steps, each driven by the spec:
@@ -27,11 +28,14 @@ and exits with status 126.
 from __future__ import annotations
 
 import ctypes
-import json
+import marshal
 import os
 import resource
 import sys
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of start-up; annotations are strings here
+    from typing import Any
 
 _CLONE_NEWNS = 0x00020000
 _MS_RDONLY = 1
@@ -165,8 +169,9 @@ def launch(spec: dict[str, Any]) -> None:
 
 def main() -> None:
     try:
-        launch(json.loads(sys.argv[1]))
-    except (LaunchError, OSError, ValueError, KeyError, IndexError) as exc:
+        # marshal is built in (json would cost ~15 ms of imports); same interpreter both sides
+        launch(marshal.loads(bytes.fromhex(sys.argv[1])))
+    except (LaunchError, OSError, ValueError, EOFError, TypeError, KeyError, IndexError) as exc:
         sys.stderr.write(f"toolservices-sandbox: launch failed: {exc}\n")
         sys.stderr.flush()
         os._exit(126)

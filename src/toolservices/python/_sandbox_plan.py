@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import sys
 import tempfile
@@ -361,7 +362,7 @@ def _spec(
 
 
 def _launcher_argv(spec: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(spec, separators=(",", ":"))]
+    return [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(spec).hex()]
 
 
 def _launcher_env() -> dict[str, str]:

@@ -1,0 +1,143 @@
+"""Launch overhead of each sandbox layer, and the cost of enter_session per session.
+
+Run: ``.venv/bin/python benchmarks/bench_sandbox.py [--repeat N]``
+
+* "server start": ``Popen(plan.argv)`` of a plan whose server is
+  ``python -I -S -c pass``, to exit; per level, against the same command
+  without any plan (the baseline).
+* "plan": ``plan_server_launch`` once its probe is cached (the first call
+  per configuration and process also runs the probe launch, reported once).
+* "enter_session": a session forked from a warm process, from fork to the end
+  of ``enter_session`` (rlimits, no_new_privs, Landlock), against a bare fork.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from toolservices.python import _sandbox_session as session_mod
+from toolservices.python._sandbox import SandboxConfig, plan_server_launch
+
+LEVELS = {
+    "L3 (bwrap + seccomp + Landlock)": SandboxConfig(),
+    "L2 (seccomp + Landlock)": SandboxConfig(bwrap=False),
+    "L1 (rlimits, uid)": SandboxConfig(bwrap=False, seccomp=False, landlock=False),
+}
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def bench_start(repeat: int) -> None:
+    cmd = [sys.executable, "-I", "-S", "-c", "pass"]
+    base = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        base.append(time.perf_counter() - t)
+    base_ms = _median_ms(base)
+    print(f"{'server start, no sandbox (python -I -S -c pass)':58s} {base_ms:7.1f} ms")
+    for name, config in LEVELS.items():
+        t = time.perf_counter()
+        plan = plan_server_launch(config, argv=["-I", "-S", "-c", "pass"])
+        first = time.perf_counter() - t
+        plan.close()
+        plans, starts = [], []
+        level = ""
+        for _ in range(repeat):
+            t = time.perf_counter()
+            plan = plan_server_launch(config, argv=["-I", "-S", "-c", "pass"])
+            plans.append(time.perf_counter() - t)
+            level = plan.level
+            try:
+                t = time.perf_counter()
+                subprocess.run(plan.argv, env=plan.env, check=True, start_new_session=True)
+                starts.append(time.perf_counter() - t)
+            finally:
+                plan.close()
+        start_ms = _median_ms(starts)
+        print(
+            f"{'server start, ' + name + ' -> ' + level:58s} {start_ms:7.1f} ms"
+            f"  (+{start_ms - base_ms:.1f} ms, x{start_ms / base_ms:.2f})"
+        )
+        print(
+            f"{'  plan_server_launch (probe cached) / first call':58s} "
+            f"{_median_ms(plans):7.1f} ms / {first * 1000:.0f} ms"
+        )
+
+
+def _fork_samples(repeat: int, enter: bool, workdir: str) -> tuple[list[float], list[float]]:
+    """(fork to child's first byte, enter_session as timed inside the child)."""
+    samples, inside = [], []
+    for _ in range(repeat):
+        read_fd, write_fd = os.pipe()
+        t = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            if enter:
+                session_mod.enter_session(workdir=workdir)
+            os.write(write_fd, repr(session_mod.last_enter_seconds).encode())
+            os._exit(0)
+        inside.append(float(os.read(read_fd, 64)))
+        samples.append(time.perf_counter() - t)
+        os.waitpid(pid, 0)
+        os.close(read_fd)
+        os.close(write_fd)
+    return samples, inside
+
+
+def bench_enter(repeat: int) -> None:
+    from toolservices.python._sandbox_plan import _DEVICES
+
+    workdir = tempfile.mkdtemp(prefix="bench-sbx-")
+    ro = ["/usr", "/etc/ld.so.cache", sys.base_prefix, sys.prefix, "/proc"]
+    state = {
+        "level": "L2",
+        "rlimits": {"AS": 4 << 30, "CPU": 600, "FSIZE": 64 << 20, "NOFILE": 256, "CORE": 0},
+        "landlock": {
+            "abi": session_mod.landlock_abi(),
+            "read": ro,
+            "write": [],
+            "devices": list(_DEVICES),
+            "deny_tcp": True,
+            "scope": True,
+        },
+        "seccomp_program": None,
+    }
+    os.environ[session_mod.STATE_ENV] = json.dumps(state)
+    session_mod._state_cache = None
+    session_mod._load_state()
+    try:
+        bare = _median_ms(_fork_samples(repeat, False, workdir)[0])
+        walls, inside = _fork_samples(repeat, True, workdir)
+        entered = _median_ms(walls)
+    finally:
+        del os.environ[session_mod.STATE_ENV]
+        os.rmdir(workdir)
+    print(f"{'fork of a warm process (to first byte)':58s} {bare:7.2f} ms")
+    print(
+        f"{'fork + enter_session (rlimits, NNP, Landlock)':58s}"
+        f" {entered:7.2f} ms  (+{entered - bare:.2f} ms)"
+    )
+    print(f"{'  enter_session itself, timed inside the session':58s} {_median_ms(inside):7.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=15)
+    args = parser.parse_args()
+    print(f"uid {os.getuid()}, median of {args.repeat}")
+    bench_start(args.repeat)
+    bench_enter(args.repeat * 4)
+
+
+if __name__ == "__main__":
+    main()
