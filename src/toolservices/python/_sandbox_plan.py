@@ -108,6 +108,8 @@ def _bwrap_args(
     for path in ro_paths:
         real = os.path.realpath(path)
         args += ["--ro-bind", real, real]
+        if real != path and os.path.islink(path):  # e.g. /etc/localtime -> zoneinfo
+            args += ["--symlink", os.readlink(path), path]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--size", str(config.tmp_size), "--perms", "1777", "--tmpfs", tmp]
@@ -157,7 +159,10 @@ def _landlock_state(
     return {
         "abi": attempt.landlock["abi"],
         "read": [*ro_paths, "/proc"],
-        "write": ["/tmp", "/dev/shm"] if attempt.bwrap else [],
+        # without bwrap these are the host's: /dev/shm only on request (multiprocessing locks)
+        "write": ["/tmp", "/dev/shm"]
+        if attempt.bwrap
+        else (["/dev/shm"] if config.host_shm else []),
         "devices": list(_DEVICES),
         "deny_tcp": not config.network,
         "scope": True,

@@ -12,7 +12,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,30 +52,22 @@ def _dedupe(paths: list[str]) -> tuple[str, ...]:
 def python_paths(python: str) -> PythonPaths:
     """Ask ``python`` (once) for its prefixes and sys.path, and locate toolservices."""
     pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        info: dict[str, Any] = {
-            "exe": sys.executable,
-            "prefix": sys.prefix,
-            "base": sys.base_prefix,
-            "exec": sys.exec_prefix,
-            "base_exec": sys.base_exec_prefix,
-            "path": sys.path,
-        }
-    else:
-        code = (
-            "import sys, json; print(json.dumps({'exe': sys.executable, 'prefix': sys.prefix,"
-            " 'base': sys.base_prefix, 'exec': sys.exec_prefix, "
-            "'base_exec': sys.base_exec_prefix, 'path': sys.path}))"
-        )
-        out = subprocess.run(
-            [python, "-I", "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT,
-            check=True,
-            env={"PATH": "/usr/bin:/bin"},
-        )
-        info = json.loads(out.stdout)
+    # Always ask the interpreter itself, isolated (-I): the caller's own sys.path holds its
+    # script and test directories, which the sandbox must not see.
+    code = (
+        "import sys, json; print(json.dumps({'exe': sys.executable, 'prefix': sys.prefix,"
+        " 'base': sys.base_prefix, 'exec': sys.exec_prefix, "
+        "'base_exec': sys.base_exec_prefix, 'path': sys.path}))"
+    )
+    out = subprocess.run(
+        [python, "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    info: dict[str, Any] = json.loads(out.stdout)
     sys_path = [p for p in info["path"] if p and os.path.isabs(p)]
     found = any(os.path.realpath(p) == os.path.realpath(pkg_parent) for p in sys_path)
     paths = [

@@ -172,7 +172,9 @@ def build_report(
         )
     elif landlock_on:
         layers["readonly_fs"] = _layer(
-            True, f"Landlock allowlist: read {ro_list}, /proc; write only the session workdir"
+            True,
+            f"Landlock allowlist: read {ro_list}, /proc; write only the session workdir"
+            + (" and the host's /dev/shm (host_shm=True)" if config.host_shm else ""),
         )
     else:
         layers["readonly_fs"] = _layer(
@@ -181,7 +183,8 @@ def build_report(
     layers["private_tmp"] = _layer(
         in_ns,
         f"private tmpfs /tmp and /dev/shm, {config.tmp_size // (1 << 20)} MiB each",
-        "needs bwrap (L3); TMPDIR points at the session workdir instead",
+        "needs bwrap (L3); TMPDIR points at the session workdir instead"
+        + ("" if config.host_shm else "; /dev/shm is not writable (multiprocessing locks fail)"),
     )
     layers["seccomp"] = _layer(
         seccomp_on,
