@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 
@@ -98,3 +99,23 @@ async def test_http_server_gone_for_good_gives_up_after_bounded_retries(
             await ts.acall("demo.add", {"a": 1, "b": 1})
         assert not info.value.retryable
         assert ts.status()["demo"]["state"] == "failed"
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+async def test_server_that_keeps_dying_is_given_up_after_bounded_restarts(
+    demo_stdio: Callable[..., dict[str, object]],
+) -> None:
+    crashing = demo_stdio(DEMO_EXIT_AFTER_LIST="1")
+    async with MCPToolset({"demo": crashing}, timeout=30.0, backoff=0.05, max_restarts=2) as ts:
+        # Each connection dies 0.2 s after listing its tools without serving a
+        # call, so every restart counts against the budget. No calls are made
+        # (one would make its connection healthy); wait for the runner to end.
+        runner = ts._connections["demo"]
+        assert ts._bridge is not None
+        with anyio.fail_after(SURFACE * 3):
+            await ts._bridge.arun(runner.done.wait)
+        assert ts.status()["demo"]["state"] == "failed"
+        assert ts.status()["demo"]["restarts"] == 3  # first connection + 2 restarts, all lost
+        with pytest.raises(MCPConnectionError, match=r"unavailable \(failed\)") as info:
+            await ts.acall("demo.pid")
+        assert not info.value.retryable

@@ -43,6 +43,11 @@ logger = logging.getLogger(__name__)
 #: Upper bound of the wait between two reconnection attempts.
 MAX_BACKOFF = 5.0
 
+#: A connection that answered a call or lived this long was healthy: losing it
+#: starts a fresh retry budget. One that dies sooner counts as a failed attempt,
+#: so a server that crashes right after starting cannot restart forever.
+STABLE_AFTER = 10.0
+
 
 class MCPConnectionError(ServiceUnavailableError):
     """An MCP server is unreachable or dropped the connection.
@@ -91,6 +96,7 @@ class ServerConnection:
         self.last_error: BaseException | None = None
         self._session: ClientSession | None = None
         self._generation = 0
+        self._served = False  # the current connection answered a call
         self._changed = anyio.Event()  # replaced on each state change
         self._lost = anyio.Event()  # replaced per connection generation
         self._closing = anyio.Event()
@@ -101,14 +107,16 @@ class ServerConnection:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the server connected until :meth:`request_close`."""
         started = False
-        failures = 0
+        failures = 0  # consecutive attempts that did not give a healthy connection
         try:
             while not self._closing.is_set():
+                cause: BaseException | str
                 try:
                     async with AsyncExitStack() as stack:
                         session, tools = await self._open(stack)
-                        failures = 0
                         self._session, self.tools = session, tools
+                        self._served = False
+                        connected_at = anyio.current_time()
                         self._set_state(ServerState.READY)
                         if not started:
                             started = True
@@ -117,6 +125,14 @@ class ServerConnection:
                         self._session = None
                         if not self._closing.is_set():
                             self._set_state(ServerState.RECONNECTING)
+                    if self._closing.is_set():
+                        break
+                    self.restarts += 1
+                    logger.warning("MCP server %r: connection lost, reconnecting", self.name)
+                    if self._served or anyio.current_time() - connected_at >= STABLE_AFTER:
+                        failures = 0
+                        continue  # a healthy connection died: reconnect at once
+                    cause = "the connection was lost again right after it was made"
                 # Any failure to open, initialise or list is a failed attempt;
                 # its cause is kept, reported on the first connect, and counted.
                 except Exception as exc:
@@ -127,24 +143,21 @@ class ServerConnection:
                             f"Could not connect to MCP server '{self.name}': {_describe(exc)}",
                             retryable=False,
                         ) from exc
-                    failures += 1
-                    if failures > self.max_restarts:
-                        logger.error(
-                            "MCP server %r: giving up after %d failed reconnection attempts: %s",
-                            self.name,
-                            self.max_restarts,
-                            _describe(exc),
-                        )
-                        self._set_state(ServerState.FAILED)
-                        return
-                    self._set_state(ServerState.RECONNECTING)
-                    delay = min(self.backoff * 2 ** (failures - 1), MAX_BACKOFF)
-                    with anyio.move_on_after(delay):
-                        await self._closing.wait()
-                    continue
-                if not self._closing.is_set():
-                    self.restarts += 1
-                    logger.warning("MCP server %r: connection lost, reconnecting", self.name)
+                    cause = exc
+                failures += 1
+                if failures > self.max_restarts:
+                    logger.error(
+                        "MCP server %r: giving up after %d failed reconnection attempts: %s",
+                        self.name,
+                        self.max_restarts,
+                        cause if isinstance(cause, str) else _describe(cause),
+                    )
+                    self._set_state(ServerState.FAILED)
+                    return
+                self._set_state(ServerState.RECONNECTING)
+                delay = min(self.backoff * 2 ** (failures - 1), MAX_BACKOFF)
+                with anyio.move_on_after(delay):
+                    await self._closing.wait()
         finally:
             self._session = None
             if self.state is not ServerState.FAILED:
@@ -258,6 +271,8 @@ class ServerConnection:
             raise self._lost_error(qualified) from exc
         if not isinstance(result, mt.CallToolResult):
             raise ToolExecutionError(f"MCP tool '{qualified}' returned an unsupported result")
+        if generation == self._generation:
+            self._served = True
         if result.is_error and tool not in self.tools:
             raise self._not_found(tool)
         return MCPResult.from_mcp(self.name, tool, result)

@@ -11,6 +11,8 @@ import argparse
 import os
 import socket
 import sys
+import threading
+from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Image, MCPServer
@@ -18,6 +20,18 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
 server = MCPServer("demo")
+
+
+async def _exit_soon_after_listing(ctx: Any, call_next: Any) -> Any:
+    """With DEMO_EXIT_AFTER_LIST set, die shortly after each tools/list: a crash loop."""
+    result = await call_next(ctx)
+    if ctx.method == "tools/list":
+        threading.Timer(0.2, os._exit, args=(3,)).start()
+    return result
+
+
+if os.environ.get("DEMO_EXIT_AFTER_LIST"):
+    server.middleware.append(_exit_soon_after_listing)
 
 # A 1x1 transparent PNG.
 PNG = bytes.fromhex(
