@@ -130,6 +130,21 @@ def bench_enter(repeat: int) -> None:
     print(f"{'  enter_session itself, timed inside the session':58s} {_median_ms(inside):7.2f} ms")
 
 
+def bench_enter_in_server(repeat: int) -> None:
+    """enter_session as timed inside sessions forked by a lean server under each plan."""
+    from toolservices.python._sandbox_selftest import run_snippets
+
+    code = "import _sandbox_session as s; print(s.last_enter_seconds)"
+    for config in LEVELS.values():
+        snippets = {f"s{i}": {"code": code} for i in range(repeat)}
+        report, results = run_snippets(config, snippets)
+        times = [float(r["output"].split()[-1]) for r in results.values()]
+        print(
+            f"{'enter_session in a lean fork server, ' + report['level']:58s} "
+            f"{_median_ms(times):7.2f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=15)
@@ -137,6 +152,7 @@ def main() -> None:
     print(f"uid {os.getuid()}, median of {args.repeat}")
     bench_start(args.repeat)
     bench_enter(args.repeat * 4)
+    bench_enter_in_server(args.repeat * 2)
 
 
 if __name__ == "__main__":
