@@ -97,7 +97,7 @@ def test_fd_level_output_is_captured(service: PythonExecutorService) -> None:
     [
         "print('---END---')\nprint('---READY---')",
         "import sys, struct\nsys.stdout.buffer.write(struct.pack('<IIB', 5, 1, 11) + b'{}')",
-        "print('{\"rc\": 0, \"exc\": null}')",
+        'print(\'{"rc": 0, "exc": null}\')',
     ],
     ids=["sentinels", "fake-frame-header", "fake-result-json"],
 )
@@ -203,7 +203,9 @@ def test_broken_stdio_is_repaired(service: PythonExecutorService, sid: str) -> N
 
 def test_timeout_kills_and_restarts(service: PythonExecutorService, sid: str) -> None:
     service.execute("kept = 1", session_id=sid)
-    result = service.execute("print('start', flush=True)\nwhile True: pass", session_id=sid, timeout=0.5)
+    result = service.execute(
+        "print('start', flush=True)\nwhile True: pass", session_id=sid, timeout=0.5
+    )
     assert result.timed_out and not result.success and result.returncode == -1
     assert result.restarted and result.exception is not None
     assert result.exception.type == "TimeoutError" and result.stdout == "start\n"

@@ -96,6 +96,7 @@ class ForkServerClient:
         self.report: dict[str, Any] = {}
         self.info: dict[str, Any] = {}
         self._errlog: Any = None
+        self.pidfd = -1
 
     @property
     def alive(self) -> bool:
@@ -149,6 +150,8 @@ class ForkServerClient:
             if frame.kind != Kind.READY:
                 raise ProtocolViolation(f"expected READY, got kind {frame.kind}")
             self.info = frame.json()
+            assert self.proc is not None
+            self.pidfd = os.pidfd_open(self.proc.pid)
         except (ProtocolViolation, TimeoutError) as exc:
             tail = self.stderr_tail()
             await self.stop()
@@ -156,6 +159,11 @@ class ForkServerClient:
                 f"the Python fork server did not start: {exc}; its stderr: {tail!r}",
                 retryable=False,
             ) from None
+
+    async def wait_exit(self) -> None:
+        """Return when the server process has exited (its pidfd turns readable)."""
+        if self.pidfd >= 0:
+            await anyio.wait_readable(self.pidfd)
 
     def stderr_tail(self, limit: int = 2000) -> str:
         if self._errlog is None:
@@ -239,6 +247,9 @@ class ForkServerClient:
             if self._errlog is not None:
                 self._errlog.close()
                 self._errlog = None
+            if self.pidfd >= 0:
+                os.close(self.pidfd)
+                self.pidfd = -1
             plan, self.plan = self.plan, None
             if plan is not None and hasattr(plan, "close"):
                 await anyio.to_thread.run_sync(plan.close)
@@ -299,11 +310,21 @@ class SessionHandle:
             return None
         self.dead = True
         self.chan.close()
+        status = None
         try:
-            status = await self.server.kill(self.workdir) if self.server.alive else None
+            if self.server.alive:
+                status = await self.server.kill(self.workdir)
+        except InfrastructureError:  # the server died: its sessions died with it
+            status = None
         finally:
             self._close_fds()
         return status
+
+    def abandon(self) -> None:
+        """Forget an interpreter whose fork server is gone (nothing left to ask)."""
+        self.dead = True
+        self.chan.close()
+        self._close_fds()
 
     def _close_fds(self) -> None:
         for fd in (self.out_fd, self.err_fd):

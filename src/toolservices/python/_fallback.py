@@ -71,7 +71,7 @@ def plan_server_launch(config: SandboxConfig, *, python: str, argv: list[str]) -
     return LaunchPlan(
         argv=[python, *argv],
         env=session_env(config.extra_env),
-        preexec_fn=os.setsid,
+        preexec_fn=None,  # the executor starts it with start_new_session=True
         pass_fds=(),
         report=isolation_report(config),
     )

@@ -36,7 +36,7 @@ import traceback
 from typing import Any, NoReturn
 
 from toolservices.python._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
-from toolservices.python._worker import serve_session, set_subreaper
+from toolservices.python._worker import die_with_parent, serve_session, set_subreaper
 
 __all__ = ["children_of", "main", "remove_tree"]
 
@@ -107,6 +107,10 @@ class ForkServer:
         self.sandbox = config["sandbox"]
         self.layers = importlib.import_module(config["layers"])
         self.sessions: dict[str, int] = {}  # live session: workdir -> pid
+        # A fresh session gets a "lineage" directory and works in <lineage>/w0; the
+        # isolation layers grant writes beneath the lineage, so the copies made by
+        # fork_session (which inherit those layers) can work in <lineage>/w<id>.
+        self.lineages: dict[str, set[str]] = {}
         self.status: dict[str, int] = {}  # exit status of sessions reaped before their KILL
         self.pid = os.getpid()
         self.wake_r, self.wake_w = socket.socketpair()
@@ -166,27 +170,52 @@ class ForkServer:
         if len(frame.fds) != 1:
             raise ValueError("SPAWN needs exactly one channel descriptor")
         (chan_fd,) = frame.fds
-        workdir = tempfile.mkdtemp(prefix="s", dir=self.base)
+        lineage = tempfile.mkdtemp(prefix="s", dir=self.base)
+        workdir = os.path.join(lineage, "w0")
+        os.mkdir(workdir, 0o700)
+        self.lineages[lineage] = {workdir}
         pid = os.fork()
         if pid == 0:
-            self._become_session(chan_fd, workdir)
+            self._become_session(chan_fd, lineage, workdir)
         os.close(chan_fd)
         self.sessions[workdir] = pid
         return {"pid": pid, "workdir": workdir}
 
-    def _become_session(self, chan_fd: int, workdir: str) -> NoReturn:
+    def _new_fork_dirs(self, src_workdir: str, n: int) -> list[str]:
+        lineage = os.path.dirname(src_workdir)
+        members = self.lineages.get(lineage)
+        if members is None or src_workdir not in members:
+            raise ValueError("fork source is not a live session")
+        dirs = [tempfile.mkdtemp(prefix="f", dir=lineage) for _ in range(n)]
+        members.update(dirs)
+        return dirs
+
+    def _release_dir(self, workdir: str) -> None:
+        """Delete a session's directory, and its lineage's once the last member is gone."""
+        lineage = os.path.dirname(workdir)
+        members = self.lineages.get(lineage)
+        if members is None or workdir not in members:
+            return
+        members.discard(workdir)
+        remove_tree(workdir)
+        if not members:
+            del self.lineages[lineage]
+            remove_tree(lineage)
+
+    def _become_session(self, chan_fd: int, lineage: str, workdir: str) -> NoReturn:
         chan = socket.socket(fileno=chan_fd)
         try:
             os.setsid()
+            die_with_parent()
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_DFL)
             self.selector.close()
             for sock in (self.ctrl, self.wake_r, self.wake_w):
                 sock.close()
-            os.environ["HOME"] = os.environ["TMPDIR"] = workdir
-            self.layers.enter_session(self.sandbox, workdir=workdir)
+            self.layers.enter_session(self.sandbox, workdir=lineage)
             os.chdir(workdir)
+            os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
         except BaseException as exc:  # tell the parent why this session cannot start
             message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             try:
@@ -202,8 +231,7 @@ class ForkServer:
         code = self.status.pop(workdir, None)
         if code is None and pid is not None:
             code = statuses.get(pid)
-        if workdir.startswith(self.base + os.sep):
-            remove_tree(workdir)
+        self._release_dir(workdir)
         return {"status": code}
 
     def handle(self, frame: Frame) -> tuple[int, dict[str, Any]]:
@@ -213,16 +241,15 @@ class ForkServer:
         if frame.kind == Kind.KILL:
             return Kind.OK, self.kill(body)
         if frame.kind == Kind.MKDIRS:
-            dirs = [tempfile.mkdtemp(prefix="f", dir=self.base) for _ in range(int(body["n"]))]
-            return Kind.OK, {"workdirs": dirs}
+            return Kind.OK, {"workdirs": self._new_fork_dirs(body["src"], int(body["n"]))}
         if frame.kind == Kind.ADOPT:
             for pid, workdir in body["sessions"]:
                 self.sessions[workdir] = int(pid)
             return Kind.OK, {}
         if frame.kind == Kind.RELEASE:
             for workdir in body["workdirs"]:
-                if workdir.startswith(self.base + os.sep) and workdir not in self.sessions:
-                    remove_tree(workdir)
+                if workdir not in self.sessions:
+                    self._release_dir(workdir)
             return Kind.OK, {}
         raise ValueError(f"unknown request kind {frame.kind}")
 

@@ -113,6 +113,7 @@ class PythonExecutorService:
             ("calls", "fresh_calls", "timeouts", "restarts", "evictions", "forks", "failures"), 0
         )
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     # --- pickling (Ray and friends rebuild a service from its configuration) ------------
 
@@ -250,6 +251,7 @@ class PythonExecutorService:
             self._server = server
             self._limiter = anyio.CapacityLimiter(self.pool_size)
             self._finalizer = weakref.finalize(self, _last_resort_stop, server)
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(server))
             self._schedule_refill()
         finally:
             self._starting.set()
@@ -257,21 +259,30 @@ class PythonExecutorService:
         return server
 
     async def _forget_everything(self) -> None:
-        """After a fork-server loss: every session is gone; their next calls say so."""
+        """After a fork-server loss (or at close): every session is gone.
+
+        Idle sessions are dropped here and their next call says its state was
+        lost; a call still running sees its interpreter die and says so itself.
+        """
         for slot in self._slots.values():
-            if slot.handle is not None:
-                slot.handle.dead = True
-                slot.handle.chan.close()
-                slot.handle._close_fds()
+            if slot.handle is not None and not slot.lock.locked():
+                slot.handle.abandon()
                 slot.handle = None
                 slot.lost = True
         for spare in self._spares:
-            spare.dead = True
-            spare.chan.close()
-            spare._close_fds()
+            spare.abandon()
         self._spares.clear()
         if self._server is not None:
             await self._server.stop()
+
+    async def _watch(self, server: ForkServerClient) -> None:
+        """When the fork server dies, so do its sessions: forget them at once."""
+        await server.wait_exit()
+        if server is self._server and not self._closed:
+            log.warning("the Python fork server exited; sessions are restarted on their next call")
+            if server.chan is not None:
+                server.chan.close()
+            await self._forget_everything()
 
     def _spawn_background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -289,11 +300,25 @@ class PythonExecutorService:
                 server = self._server
                 if server is None or not server.alive:
                     return
-                self._spares.append(await server.spawn())
+                spare = await server.spawn()
+                if self._closed or server is not self._server:
+                    spare.abandon()
+                    return
+                self._spares.append(spare)
         except InfrastructureError as exc:
             log.warning("could not prepare a spare Python interpreter: %s", exc)
         finally:
             self._refilling = False
+
+    async def _spawn(self) -> SessionHandle:
+        """A new interpreter; restarts a fork server found dead on the way (once)."""
+        server = await self._ensure_started()
+        try:
+            return await server.spawn()
+        except InfrastructureError:
+            if server.alive or self._closed:
+                raise
+        return await (await self._ensure_started()).spawn()
 
     async def _discard(self, handle: SessionHandle) -> None:
         try:
@@ -340,7 +365,7 @@ class PythonExecutorService:
 
     async def _run_fresh(self, server: ForkServerClient, code: str, timeout: float) -> ExecResult:
         self._counters["fresh_calls"] += 1
-        handle = self._spares.pop() if self._spares else await server.spawn()
+        handle = self._spares.pop() if self._spares else await self._spawn()
         self._schedule_refill()
         try:
             return await handle.run(code, timeout=timeout, fresh=True)
@@ -396,15 +421,14 @@ class PythonExecutorService:
                 slot.pending -= 1
 
     async def _run_in_slot(self, slot: _Slot, code: str, timeout: float) -> ExecResult:
-        server = await self._ensure_started()
         restarted = slot.lost
         if slot.handle is None or slot.handle.dead:
-            slot.handle = await server.spawn()
+            slot.handle = await self._spawn()
         try:
             result = await slot.handle.run(code, timeout=timeout, fresh=False)
         except SessionLost:
             await self._discard(slot.handle)
-            slot.handle = await server.spawn()
+            slot.handle = await self._spawn()
             restarted = True
             result = await slot.handle.run(code, timeout=timeout, fresh=False)
         slot.lost = False
@@ -438,10 +462,16 @@ class PythonExecutorService:
                 if slot.closed:
                     raise UserError(f"session {src!r} was closed or evicted")
                 if slot.handle is None or slot.handle.dead:
-                    slot.handle = await server.spawn()
+                    slot.handle = await self._spawn()
+                    server = await self._ensure_started()
                 for _ in range(n - (self.max_sessions - len(self._slots))):
                     self._evict_one()
-                handles = await _fork_handles(server, slot.handle, n)
+                try:
+                    handles = await _fork_handles(server, slot.handle, n)
+                except InfrastructureError:
+                    slot.handle = None  # killed: its next call must say its state is gone
+                    slot.lost = True
+                    raise
         finally:
             slot.pending -= 1
         ids = []
@@ -457,12 +487,14 @@ class PythonExecutorService:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
+            if self._watcher is not None:
+                self._watcher.cancel()
+            # spawns and kills in flight finish first (milliseconds), so nothing leaks
+            await asyncio.gather(*self._background, return_exceptions=True)
             await self._forget_everything()
             self._slots.clear()
             if self._finalizer is not None:
                 self._finalizer.detach()
-            for task in list(self._background):
-                task.cancel()
 
 
 async def _fork_handles(
@@ -478,7 +510,9 @@ async def _fork_handles(
     failure: str | None = None
     async with server.exclusive():
         try:
-            workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n}))["workdirs"]
+            workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n, "src": src.workdir}))[
+                "workdirs"
+            ]
             src.seq += 1
             seq = src.seq
             theirs = tuple(b.fileno() for _, b in pairs)
@@ -499,9 +533,7 @@ async def _fork_handles(
         except (ProtocolViolation, TimeoutError, OSError) as exc:
             failure = f"fork_session failed: {exc}"
             for handle in handles:
-                handle.dead = True
-                handle.chan.close()
-                handle._close_fds()
+                handle.abandon()
             for ours, theirs_sock in pairs:
                 ours.close()
                 theirs_sock.close()

@@ -33,6 +33,7 @@ from toolservices.python._frames import Frame, Kind, recv_frame, send_frame
 __all__ = ["serve_session", "set_subreaper"]
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
 MAX_EXC_MESSAGE = 2000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -41,6 +42,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def set_subreaper(on: bool) -> None:
     """Orphans of our descendants are re-parented to us (so a tree kill finds them)."""
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent (the fork server) dies."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class _CappedFd(io.RawIOBase):
@@ -216,12 +222,21 @@ class _Worker:
         """
         workdirs = frame.json()["workdirs"]
         chans = list(frame.fds)
+        source = self.pid
+        server = os.getppid()  # the fork server: the copies' parent once the middle is gone
         set_subreaper(False)
         try:
             for index, (fd, workdir) in enumerate(zip(chans, workdirs)):
                 middle = os.fork()
                 if middle == 0:
+                    # the copy learns that the middle process is gone (and that it now
+                    # belongs to the fork server) when this pipe reaches EOF
+                    gone_r, gone_w = os.pipe()
                     if os.fork() == 0:
+                        os.close(gone_w)
+                        os.read(gone_r, 1)
+                        os.close(gone_r)
+                        _adopted_by(server)
                         for other in chans[:index] + chans[index + 1 :]:
                             os.close(other)
                         self._become_copy(fd, workdir)
@@ -229,7 +244,7 @@ class _Worker:
                     os._exit(0)
                 os.waitpid(middle, 0)
         finally:
-            if os.getpid() == self.pid:
+            if os.getpid() == source:  # not in a copy, which returns from inside the loop
                 set_subreaper(True)
                 for fd in chans:
                     os.close(fd)
@@ -242,7 +257,7 @@ class _Worker:
         set_subreaper(True)
         self.pid = os.getpid()
         os.chdir(workdir)
-        os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
         os.close(self.out_fd)
         os.close(self.err_fd)
         self._new_outputs()
@@ -269,6 +284,22 @@ class _Worker:
                 self.fork(frame)
             else:
                 os._exit(0)
+
+
+def _adopted_by(server: int) -> None:
+    """Wait (microseconds) until we are the server's child, then die with it.
+
+    The pipe reaches EOF while the middle process is still exiting, before we
+    are re-parented; a death signal set then would fire at once.
+    """
+    deadline = time.monotonic() + 5.0
+    while os.getppid() != server:
+        if time.monotonic() > deadline:  # the server itself is gone
+            os._exit(0)
+        os.sched_yield()
+    die_with_parent()
+    if os.getppid() != server:  # it died between the check and the prctl
+        os._exit(0)
 
 
 def _type_name(obj: object) -> str:

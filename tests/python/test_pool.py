@@ -1,0 +1,281 @@
+"""The pool: scheduling, sessions bookkeeping, fork_session, async/sync faces."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import pickle
+import signal
+import threading
+
+import anyio
+import psutil
+import pytest
+
+from toolservices import _portal
+from toolservices.errors import ExecutorBusyError, UserError
+from toolservices.python import PersistentPythonProcess, PythonExecutorService
+
+STAMP = "import time, os\nt0 = time.monotonic()\ntime.sleep({s})\nprint(t0, time.monotonic())"
+
+
+def _intervals(results: list) -> list[tuple[float, float]]:
+    return [tuple(map(float, r.stdout.split())) for r in results]  # type: ignore[misc]
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    best = current = 0
+    for _, delta in events:
+        current += delta
+        best = max(best, current)
+    return best
+
+
+def test_pool_size_bounds_concurrency_and_sessions_do_not_block_each_other() -> None:
+    with PythonExecutorService(pool_size=2, timeout=10) as svc:
+        svc.execute("pass")  # start the fork server
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [
+                pool.submit(svc.execute, STAMP.format(s=0.4), session_id=f"s{i}") for i in range(4)
+            ]
+            results = [f.result() for f in futures]
+        assert all(r.success for r in results), results
+        assert _max_overlap(_intervals(results)) == 2
+
+
+def test_one_session_never_runs_two_calls_at_once(service: PythonExecutorService, sid: str) -> None:
+    service.execute("n = 0\nbusy = False", session_id=sid)
+    code = (
+        "assert not busy, 'two calls at once'\nbusy = True\n"
+        "import time\ntime.sleep(0.01)\nn += 1\nbusy = False"
+    )
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: service.execute(code, session_id=sid), range(12)))
+    assert all(r.success for r in results), [r.stderr for r in results if not r.success]
+    assert service.execute("print(n)", session_id=sid).stdout == "12\n"
+    service.close_session(sid)
+
+
+def test_eviction_of_the_least_recently_used_idle_session() -> None:
+    with PythonExecutorService(pool_size=1, max_sessions=2, timeout=5) as svc:
+        svc.execute("v = 'a'", session_id="a")
+        svc.execute("v = 'b'", session_id="b")
+        svc.execute("v = 'a2'", session_id="a")  # a is now the most recently used
+        svc.execute("v = 'c'", session_id="c")  # evicts b
+        assert svc.stats()["sessions"] == 2 and svc.stats()["evictions"] == 1
+        assert svc.execute("print(v)", session_id="a").stdout == "a2\n"
+        lost = svc.execute("print('v' in globals())", session_id="b")
+        assert lost.restarted and lost.stdout == "False\n"
+        again = svc.execute("print(1)", session_id="b")
+        assert not again.restarted
+
+
+def test_queue_full_is_a_clear_error() -> None:
+    async def scenario(svc: PythonExecutorService) -> list[object]:
+        await svc._execute("pass", None, None)
+        assert svc._limiter is not None
+        first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(1)", "q1", None))
+        while svc._limiter.borrowed_tokens < 1:  # yield until the first call holds the slot
+            await asyncio.sleep(0)
+        second = asyncio.ensure_future(svc._execute("print('second')", "q2", None))
+        while svc.stats()["queued"] < 1:
+            await asyncio.sleep(0)
+        third = await asyncio.gather(
+            svc._execute("print('third')", "q3", None), return_exceptions=True
+        )
+        return [await first, await second, third[0]]
+
+    with PythonExecutorService(pool_size=1, max_queue=1, timeout=5) as svc:
+        first, second, third = _portal.run_sync(scenario, svc)
+        assert getattr(first, "success", False) and getattr(second, "stdout", "") == "second\n"
+        assert isinstance(third, ExecutorBusyError) and third.retryable
+        assert "queue is full" in str(third)
+        assert svc.stats()["queued"] == 0
+
+
+def test_all_sessions_busy_is_a_clear_error() -> None:
+    async def scenario(svc: PythonExecutorService) -> list[object]:
+        await svc._execute("pass", None, None)
+        assert svc._limiter is not None
+        first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(0.5)", "busy", None))
+        while svc._limiter.borrowed_tokens < 1:
+            await asyncio.sleep(0)
+        second = await asyncio.gather(
+            svc._execute("print(1)", "other", None), return_exceptions=True
+        )
+        return [await first, second[0]]
+
+    with PythonExecutorService(pool_size=1, max_sessions=1, timeout=5) as svc:
+        first, second = _portal.run_sync(scenario, svc)
+        assert getattr(first, "success", False)
+        assert isinstance(second, ExecutorBusyError) and "busy" in str(second)
+
+
+def test_fork_session_copies_state_without_rerunning(
+    service: PythonExecutorService, sid: str
+) -> None:
+    service.execute("import os\ncounter = [0]\ndef bump():\n    counter[0] += 1", session_id=sid)
+    service.execute("bump()\nprint('side effect')", session_id=sid)
+    forks = service.fork_session(sid, 3)
+    assert len(set(forks)) == 3 and sid not in forks
+    pids = set()
+    for index, fork in enumerate(forks):
+        result = service.execute(
+            f"bump()\ncounter[0] += {index}\nprint(counter[0], os.getpid())", session_id=fork
+        )
+        assert result.success and not result.restarted, result.stderr
+        value, pid = result.stdout.split()
+        assert int(value) == 2 + index  # the history ran once, in the source
+        pids.add(pid)
+    src = service.execute("print(counter[0], os.getpid())", session_id=sid).stdout.split()
+    assert src[0] == "1" and src[1] not in pids and len(pids) == 3
+    service.close_session(sid)  # the copies outlive their source
+    assert service.execute("print(counter[0])", session_id=forks[0]).stdout == "2\n"
+    cwd = service.execute(
+        "import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd())", session_id=forks[1]
+    )
+    assert cwd.success, cwd.stderr
+    for fork in forks:
+        service.close_session(fork)
+    with pytest.raises(UserError, match="unknown session"):
+        service.fork_session("no-such-session", 1)
+
+
+def test_fork_server_loss_is_recovered(sid: str) -> None:
+    with PythonExecutorService(pool_size=1, timeout=5) as svc:
+        svc.execute("kept = 1", session_id=sid)
+        server = svc._server
+        assert server is not None and server.proc is not None
+        launched = psutil.Process(server.proc.pid)
+        (fork_server,) = [  # sessions are forks of it: the one whose parent is not python
+            p
+            for p in [launched, *launched.children(recursive=True)]
+            if p.name().startswith("python")
+            and "toolservices.python._forkserver" in " ".join(p.cmdline())
+            and not p.parent().name().startswith("python")
+        ]
+        fork_server.send_signal(signal.SIGKILL)
+        server.proc.wait(timeout=10)
+        result = svc.execute("print('kept' in globals())", session_id=sid)
+        # the call either noticed the loss while running or ran in a fresh interpreter
+        assert result.restarted
+        assert svc.execute("print(2)", session_id=sid).stdout == "2\n"
+
+
+def test_workdirs_are_deleted(sid: str) -> None:
+    with PythonExecutorService(pool_size=1, timeout=5) as svc:
+        svc.execute("open('data.txt', 'w').write('x' * 100)", session_id=sid)
+        server = svc._server
+        assert server is not None
+        base = getattr(server.plan, "host_workdir_base", None) or server._own_base
+        assert len(os.listdir(base)) >= 1
+        svc.close_session(sid)
+        svc.execute("print(1)")
+        names = set(os.listdir(base))
+    # only the two spare interpreters' (empty) directories may remain while open
+    assert len(names) <= 3
+    assert not os.path.exists(base) or os.listdir(base) == []
+
+
+def test_closed_service_refuses_calls() -> None:
+    svc = PythonExecutorService(pool_size=1)
+    svc.execute("pass")
+    svc.close()
+    svc.close()
+    with pytest.raises(UserError, match="closed"):
+        svc.execute("pass")
+
+
+def test_bad_configuration_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="pool_size"):
+        PythonExecutorService(pool_size=0)
+    with pytest.raises(UserError, match="max_sessions"):
+        PythonExecutorService(pool_size=4, max_sessions=2)
+
+
+def test_pickles_by_configuration() -> None:
+    svc = PythonExecutorService(pool_size=3, timeout=2.5, max_sessions=9)
+    clone = pickle.loads(pickle.dumps(svc))
+    assert (clone.pool_size, clone.timeout, clone.max_sessions) == (3, 2.5, 9)
+    assert clone._server is None  # nothing is started until the first call
+
+
+@pytest.mark.anyio
+async def test_async_entry_points_from_another_loop(
+    service: PythonExecutorService, sid: str
+) -> None:
+    async with anyio.create_task_group() as tg:
+        results: dict[int, str] = {}
+
+        async def one(i: int) -> None:
+            results[i] = (await service.aexecute(f"print({i} * 2)", session_id=f"{sid}-{i}")).stdout
+
+        for i in range(4):
+            tg.start_soon(one, i)
+    assert results == {i: f"{i * 2}\n" for i in range(4)}
+    forks = await service.afork_session(f"{sid}-1", 1)
+    assert (await service.aexecute("print('f')", session_id=forks[0])).stdout == "f\n"
+    for name in [*forks, *(f"{sid}-{i}" for i in range(4))]:
+        await service.aclose_session(name)
+
+
+def test_cancelled_async_call_kills_the_interpreter(
+    service: PythonExecutorService, sid: str
+) -> None:
+    async def cancel_midway() -> None:
+        with anyio.move_on_after(0.5):
+            await service.aexecute("kept = 1\nimport time\ntime.sleep(30)", session_id=sid)
+
+    service.execute("kept = 0", session_id=sid)
+    anyio.run(cancel_midway)
+    result = service.execute("print('kept' in globals())", session_id=sid)
+    assert result.success and result.stdout == "False\n"
+    service.close_session(sid)
+
+
+def test_stats(service: PythonExecutorService) -> None:
+    before = service.stats()["calls"]
+    service.execute("pass")
+    stats = service.stats()
+    assert stats["calls"] == before + 1
+    assert {"sessions", "queued", "timeouts", "restarts", "evictions", "pool_size"} <= set(stats)
+
+
+def test_persistent_python_process() -> None:
+    proc = PersistentPythonProcess(timeout=1.0)
+    try:
+        assert proc.execute("x = 5").success
+        assert proc.execute("print(x * 2)")["stdout"] == "10\n"
+        slow = proc.execute("while True: pass")
+        assert slow.timed_out and slow.restarted and slow["returncode"] == -1
+        assert proc.execute("print('x' in globals())").stdout == "False\n"
+    finally:
+        proc.cleanup()
+    other = PersistentPythonProcess()
+    try:
+        assert not other.execute("print(x)").success
+    finally:
+        other.cleanup()
+
+
+def test_thread_safety_of_the_sync_face(service: PythonExecutorService) -> None:
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(5):
+                r = service.execute(f"print({k}, {i})", session_id=f"thr-{k}")
+                assert r.stdout == f"{k} {i}\n"
+        except BaseException as exc:  # collected and re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    for k in range(4):
+        service.close_session(f"thr-{k}")
