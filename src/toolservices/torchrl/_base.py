@@ -173,14 +173,25 @@ class ToolTransformBase(Transform):
         history = self._prompt_history(next_tensordict)
         size = next_tensordict.shape[0]
         self._grow(size)
-        policy_role = getattr(self.parent.base_env, "policy_role", None) or "assistant"
+        base = self.parent.base_env
+        policy_role = getattr(base, "policy_role", None) or "assistant"
+        stop_roles = {
+            policy_role,
+            getattr(base, "user_role", "user"),
+            getattr(base, "system_role", "system"),
+        }
         texts: list[str | None] = []
         states: list[dict[str, Any]] = []
         for i, (roles, contents) in enumerate(
             zip(_rows(history.role, size), _rows(history.content, size), strict=True)
         ):
-            last_is_policy = bool(roles) and roles[-1] == policy_role
-            texts.append(contents[-1] if last_is_policy and isinstance(contents[-1], str) else None)
+            # the policy's message of this step: the last one, or the last before
+            # what other tool transforms of this env appended in this step
+            last = len(roles) - 1
+            while last >= 0 and roles[last] not in stop_roles:
+                last -= 1
+            is_turn = last >= 0 and roles[last] == policy_role and isinstance(contents[last], str)
+            texts.append(contents[last] if is_turn else None)
             states.append(
                 {
                     "batch_index": i,
