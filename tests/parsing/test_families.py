@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from toolservices.parsing import ParseResult, get_parser
+from toolservices.parsing.registry import PARSERS
 
 WEATHER_SPEC = {
     "type": "function",
@@ -514,3 +515,90 @@ def test_harmony_visible_text_is_the_final_channel() -> None:
     result = get_parser("openai")(response)
     assert result.calls == [] and result.text == "It is 4."
     assert result.meta["reasoning"] == "Simple question."
+
+
+@pytest.mark.parametrize(
+    ("response", "calls", "text", "reasoning"),
+    [
+        (
+            "<|channel|>analysis<|message|>User asks weather.<|end|><|start|>assistant "
+            'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "SF"}<|call|>',
+            [("get_weather", {"city": "SF"})],
+            "",
+            "User asks weather.",
+        ),
+        (
+            "analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>",
+            [],
+            "Done.",
+            "hmm",
+        ),
+        (
+            "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>"
+            'commentary to=functions.a <|constrain|>json<|message|>{"x": 1}<|call|><|start|>'
+            "assistant<|channel|>commentary to=functions.b <|constrain|>json<|message|>{}<|call|>",
+            [("a", {"x": 1}), ("b", {})],
+            "Let me check.",
+            None,
+        ),
+    ],
+)
+def test_harmony_variants(response: str, calls: Calls, text: str, reasoning: str | None) -> None:
+    result = get_parser("gpt_oss")(response)
+    assert result.errors == []
+    assert _calls(result) == calls
+    assert result.text == text
+    assert result.meta.get("reasoning") == reasoning
+
+
+def test_kimi_with_newlines_and_short_ids() -> None:
+    response = (
+        "<|tool_calls_section_begin|>\n<|tool_call_begin|>\nfunctions.get_weather:0"
+        '<|tool_call_argument_begin|>\n{"location": "Tokyo"}\n<|tool_call_end|>\n'
+        '<|tool_call_begin|>search:1<|tool_call_argument_begin|>{"q": "x"}<|tool_call_end|>\n'
+        "<|tool_calls_section_end|>"
+    )
+    result = get_parser("kimi_k2")(response)
+    assert _calls(result) == [("get_weather", {"location": "Tokyo"}), ("search", {"q": "x"})]
+    assert [c.id for c in result.calls] == ["functions.get_weather:0", "search:1"]
+
+
+def test_llama3_reads_the_openai_call_shape() -> None:
+    response = '{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}'
+    assert _calls(get_parser("llama3_json")(response)) == [("f", {"a": 1})]
+
+
+def test_openai_content_parts_are_read() -> None:
+    message = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Checking. "},
+            {"type": "text", "text": '<tool_call>{"name": "f", "arguments": {}}</tool_call>'},
+        ],
+    }
+    result = get_parser("hermes")(message)
+    assert _calls(result) == [("f", {})] and result.text == "Checking."
+
+
+HOSTILE = [
+    '{"a": ' * 20000,
+    '{"name": ' * 20000,
+    "{" * 100000,
+    "[{" * 30000,
+    "[f(a=[" * 20000,
+    "<tool_call>" * 20000,
+    "[TOOL_CALLS]" * 20000,
+    '"' * 100000,
+    "x(" * 50000,
+    "<function=x>" * 20000,
+    "<|tool_calls_section_begin|>" * 10000,
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", sorted(PARSERS))
+def test_hostile_inputs_are_handled_without_raising(family: str) -> None:
+    parser = get_parser(family)
+    for response in HOSTILE:
+        result = parser(response)
+        assert isinstance(result.text, str)

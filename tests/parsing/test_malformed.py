@@ -271,3 +271,12 @@ def test_garbage_never_raises(family: str) -> None:
         assert isinstance(result.text, str)
         for error in result.errors:
             assert error.message.startswith(("Could not parse", "Failed to parse"))
+
+
+def test_error_flood_is_capped() -> None:
+    from toolservices.parsing._common import MAX_ERRORS
+
+    result = get_parser("granite")("<tool_call>" * 1000)
+    assert len(result.errors) == MAX_ERRORS
+    assert result.meta["errors_dropped"] == 1000 - MAX_ERRORS
+    assert result.meta["errors"] == MAX_ERRORS

@@ -21,6 +21,7 @@ from toolservices.parsing._json import ArgumentsError
 from toolservices.parsing.base import ParseError, ParseResult, ToolCall, ToolParser
 
 __all__ = [
+    "MAX_ERRORS",
     "Block",
     "Collector",
     "SyntaxParser",
@@ -28,6 +29,10 @@ __all__ = [
     "strip_newlines",
     "xml_params",
 ]
+
+
+#: Parse errors kept per response; further ones are only counted in ``meta``.
+MAX_ERRORS = 16
 
 
 def _cut(text: str, spans: list[tuple[int, int]]) -> str:
@@ -46,7 +51,7 @@ def _cut(text: str, spans: list[tuple[int, int]]) -> str:
 class Collector:
     """Calls, errors and cut spans found in one response."""
 
-    __slots__ = ("_spans", "calls", "errors", "parser", "text")
+    __slots__ = ("_spans", "calls", "dropped", "errors", "parser", "text")
 
     def __init__(self, parser: SyntaxParser, text: str) -> None:
         self.parser = parser
@@ -54,6 +59,7 @@ class Collector:
         self.calls: list[ToolCall] = []
         self.errors: list[ParseError] = []
         self._spans: list[tuple[int, int]] = []
+        self.dropped = 0
 
     def cut(self, start: int, end: int) -> None:
         """Remove ``text[start:end]`` from the visible text."""
@@ -72,14 +78,27 @@ class Collector:
         self.calls.append(ToolCall(tool, args, tag, id, raw))
 
     def error(self, what: str, raw: str = "", *, kind: str = "", tool: str | None = None) -> None:
-        """Record a parse error; the family's expected syntax is appended."""
-        self.errors.append(self.parser.make_error(what, raw, kind=kind, tool=tool))
+        """Record a parse error; the family's expected syntax is appended.
+
+        At most :data:`MAX_ERRORS` are kept (the model reads them; hostile
+        output must not turn into thousands of messages); the rest are counted.
+        """
+        self.add(self.parser.make_error(what, raw, kind=kind, tool=tool))
+
+    def add(self, error: ParseError) -> None:
+        """Record a ready-made parse error (same cap as :meth:`error`)."""
+        if len(self.errors) >= MAX_ERRORS:
+            self.dropped += 1
+            return
+        self.errors.append(error)
 
     def arguments_error(self, error: ArgumentsError, raw: str, *, tool: str | None = None) -> None:
         self.error(error.message, raw, kind="truncated" if error.truncated else "", tool=tool)
 
     def result(self, **meta: Any) -> ParseResult:
-        return ParseResult(_cut(self.text, self._spans), self.calls, self.errors, dict(meta))
+        if self.dropped:
+            meta["errors_dropped"] = self.dropped
+        return ParseResult(_cut(self.text, self._spans), self.calls, self.errors, meta)
 
 
 class SyntaxParser(ToolParser):

@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "ArgumentsError",
+    "NestingError",
     "arguments_from_text",
     "call_from_object",
     "decode_arguments",
@@ -34,6 +35,7 @@ __all__ = [
 
 _DECODER = json.JSONDecoder()
 _WHITESPACE = " \t\n\r"
+_JSON_STARTS = frozenset('{["-0123456789tfnNI')
 
 
 class ArgumentsError(ValueError):
@@ -47,6 +49,10 @@ class ArgumentsError(ValueError):
         super().__init__(message)
         self.message = message
         self.truncated = truncated
+
+
+class NestingError(ArgumentsError):
+    """JSON nested deeper than the decoder can follow (hostile or broken output)."""
 
 
 def dumps(value: Any) -> str:
@@ -83,19 +89,24 @@ def loads(text: str) -> Any:
     except json.JSONDecodeError as error:
         raise json_problem(error, text) from None
     except RecursionError:
-        raise ArgumentsError("invalid JSON: nested too deeply") from None
+        raise NestingError("invalid JSON: nested too deeply") from None
 
 
 def raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
     """Decode one JSON value starting at ``pos`` (after blanks); return it and its end."""
     while pos < len(text) and text[pos] in _WHITESPACE:
         pos += 1
+    if pos >= len(text):
+        raise ArgumentsError("the JSON value is missing (truncated?)", truncated=True)
+    if text[pos] not in _JSON_STARTS:  # fail fast, without the decoder's error bookkeeping
+        near = text[pos : pos + 20].replace("\n", "\\n")
+        raise ArgumentsError(f"invalid JSON: expected a JSON value, found {near!r}")
     try:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as error:
         raise json_problem(error, text) from None
     except RecursionError:
-        raise ArgumentsError("invalid JSON: nested too deeply") from None
+        raise NestingError("invalid JSON: nested too deeply") from None
 
 
 def decode_arguments(value: Any) -> dict[str, Any]:
@@ -119,7 +130,7 @@ def decode_arguments(value: Any) -> dict[str, Any]:
                 )
             raise problem from None
         except RecursionError:
-            raise ArgumentsError("invalid JSON: nested too deeply") from None
+            raise NestingError("invalid JSON: nested too deeply") from None
         if isinstance(decoded, dict):
             return decoded
         if decoded is None:

@@ -130,6 +130,12 @@ def response_text(response: str | Mapping[str, Any] | None) -> str:
         value = response.get(key)
         if isinstance(value, str):
             return value
+        if isinstance(value, list):  # OpenAI content parts: keep the text parts
+            return "".join(
+                part["text"]
+                for part in value
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+            )
     return ""
 
 

@@ -240,7 +240,7 @@ class _ArgsErrorMixin(SyntaxParser):
         # keep that prefix so the model sees the same text after switching.
         message = f"{_ARGS_PREFIX}{error.message}. Expected syntax: {self.syntax}"
         kind = "truncated" if error.truncated else "invalid_json"
-        found.errors.append(ParseError(message, raw, tool, kind))
+        found.add(ParseError(message, raw, tool, kind))
 
 
 class SimpleToolParser(_ArgsErrorMixin):

@@ -25,6 +25,7 @@ from toolservices.errors import UserError
 from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
 from toolservices.parsing._json import (
     ArgumentsError,
+    NestingError,
     call_from_object,
     describe,
     dumps,
@@ -257,8 +258,20 @@ class GigaChat3Parser(MarkerJSONParser):
 
 # --- llama3_json ------------------------------------------------------------------
 
-_LOOKS_LIKE_CALL = re.compile(r'\{\s*"(?:name|type)"\s*:')
+# Call objects start with one of these keys; other objects are prose (never decoded).
+_CALL_START = re.compile(r'\{\s*"(?:name|type|function|parameters|arguments)"\s*:')
 _PYTHON_TAG = "<|python_tag|>"
+
+
+def _is_call(value: Any) -> bool:
+    """``{"name", "parameters"|"arguments"}``, or the OpenAI ``{"function": {...}}`` shape."""
+    if isinstance(value, dict) and isinstance(value.get("function"), dict):
+        value = value["function"]
+    return (
+        isinstance(value, dict)
+        and "name" in value
+        and ("parameters" in value or "arguments" in value)
+    )
 
 
 class Llama3JSONParser(SyntaxParser):
@@ -277,21 +290,19 @@ class Llama3JSONParser(SyntaxParser):
         while tag != -1:
             found.cut(tag, tag + len(_PYTHON_TAG))
             tag = text.find(_PYTHON_TAG, tag + 1)
-        pos = text.find("{")
         previous_end = -1
-        while pos != -1:
+        match = _CALL_START.search(text)
+        while match is not None:
+            pos = match.start()
             try:
                 value, end = raw_decode(text, pos)
             except ArgumentsError as error:
-                if _LOOKS_LIKE_CALL.match(text, pos):
-                    found.arguments_error(error, text[pos : pos + 2000])
-                pos = text.find("{", pos + 1)
+                found.arguments_error(error, text[pos : pos + 2000])
+                if error.truncated or isinstance(error, NestingError):
+                    return  # nothing complete can follow
+                match = _CALL_START.search(text, pos + 1)
                 continue
-            if (
-                isinstance(value, dict)
-                and "name" in value
-                and ("parameters" in value or "arguments" in value)
-            ):
+            if _is_call(value):
                 try:
                     name, args, call_id = call_from_object(value)
                 except ArgumentsError as error:
@@ -302,7 +313,7 @@ class Llama3JSONParser(SyntaxParser):
                         found.cut(previous_end, pos)
                     found.cut(pos, end)
                     previous_end = end
-            pos = text.find("{", end)
+            match = _CALL_START.search(text, end)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         out = "; ".join(dumps(_object(call, "parameters")) for call in calls)
@@ -435,9 +446,11 @@ class XLAMParser(SyntaxParser):
             try:
                 value, end = raw_decode(text, match.start())
             except ArgumentsError as error:
-                if error.truncated:
+                # A broken array is reported when it is the whole answer (xLAM's
+                # way) or cut off; scanning stops either way (bounded work).
+                if error.truncated or not text[: match.start()].strip():
                     found.arguments_error(error, text[match.start() :])
-                continue
+                return
             try:
                 calls = [call_from_object(item) for item in value]
             except ArgumentsError as error:

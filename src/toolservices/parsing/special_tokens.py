@@ -12,7 +12,7 @@ from typing import Any
 
 from toolservices.parsing._common import Block, Collector, SyntaxParser, iter_blocks
 from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
-from toolservices.parsing.base import ToolCall
+from toolservices.parsing.base import ParseResult, ToolCall
 
 __all__ = ["DeepSeekV31Parser", "DeepSeekV3Parser", "HarmonyParser", "KimiK2Parser"]
 
@@ -198,21 +198,18 @@ class KimiK2Parser(SyntaxParser):
         )
 
 
-_HARMONY_MESSAGE = re.compile(
-    r"(?:<\|start\|>\s*[^<]*)?(?P<header>(?:<\|channel\|>[^<]*)?(?:<\|constrain\|>[^<]*)?)"
-    r"<\|message\|>(?P<body>.*?)(?P<end><\|end\|>|<\|call\|>|<\|return\|>|(?=<\|start\|>)|$)",
-    re.DOTALL,
-)
+_HARMONY_ENDS = re.compile(r"<\|(?:end|call|return|start)\|>")
 _HARMONY_TO = re.compile(r"to=(?:functions\.)?([^\s<]+)")
+_HARMONY_CHANNEL = re.compile(r"(?:<\|channel\|>)?\s*(analysis|commentary|final)\b")
 
 
 class HarmonyParser(SyntaxParser):
     """gpt-oss (Harmony), read from the decoded text (special tokens kept).
 
-    A ``commentary`` message addressed ``to=functions.NAME`` is a call with a
-    JSON body. The visible text is the ``final`` channel; ``analysis``
-    (reasoning) goes to ``meta["reasoning"]``. Text without Harmony tokens is
-    plain text.
+    A message addressed ``to=functions.NAME`` is a call with a JSON body. The
+    visible text is the ``final`` and plain ``commentary`` messages;
+    ``analysis`` (reasoning) goes to ``meta["reasoning"]``. Text without
+    Harmony tokens is plain text.
     """
 
     name = "openai"
@@ -221,40 +218,54 @@ class HarmonyParser(SyntaxParser):
         '<|message|>{"arg": "value"}<|call|>'
     )
 
-    def _parse(self, text: str) -> Any:
+    def _parse(self, text: str) -> ParseResult:
         found = Collector(self, text)
         if "<|message|>" not in text:
             return found.result()
-        final: list[str] = []
+        visible: list[str] = []
         reasoning: list[str] = []
-        for match in _HARMONY_MESSAGE.finditer(text):
-            start = text.rfind("<|start|>", 0, match.start("header") + 1)
-            prefix = text[start : match.start("header")] if start != -1 else ""
-            header = prefix + match.group("header")
-            body = match.group("body")
+        boundary = 0
+        marker = text.find("<|message|>")
+        while marker != -1:
+            header = text[boundary:marker]
+            body_start = marker + len("<|message|>")
+            ending = _HARMONY_ENDS.search(text, body_start)
+            body_end = len(text) if ending is None else ending.start()
+            body = text[body_start:body_end]
+            raw = text[boundary : body_end if ending is None else ending.end()]
             target = _HARMONY_TO.search(header)
+            channel = _HARMONY_CHANNEL.search(header.replace("<|start|>assistant", ""))
             if target is not None:
-                name = target.group(1)
-                if match.group("end") != "<|call|>" and not match.group("end"):
-                    found.error(
-                        f"the call of {name!r} is cut off (truncated?)", match.group(0), tool=name
-                    )
-                    continue
-                try:
-                    args = arguments_from_text(body)
-                except ArgumentsError as error:
-                    found.arguments_error(error, match.group(0), tool=name)
-                    continue
-                found.call(name, args, raw=match.group(0))
-            elif "analysis" in header:
+                self._call(target.group(1), body, raw, ending, found)
+            elif channel is not None and channel.group(1) == "analysis":
                 reasoning.append(body.strip())
             else:
-                final.append(body.strip())
+                visible.append(body.strip())
+            if ending is None:
+                break
+            boundary = ending.end() if ending.group(0) != "<|start|>" else ending.start()
+            marker = text.find("<|message|>", body_end)
         result = found.result()
-        result.text = "\n".join(part for part in final if part)
+        result.text = "\n".join(part for part in visible if part)
         if reasoning:
             result.meta["reasoning"] = "\n".join(reasoning)
         return result
+
+    @staticmethod
+    def _call(
+        name: str, body: str, raw: str, ending: re.Match[str] | None, found: Collector
+    ) -> None:
+        if ending is None or ending.group(0) == "<|start|>":
+            found.error(
+                f"the call of {name!r} is cut off before <|call|> (truncated?)", raw, tool=name
+            )
+            return
+        try:
+            args = arguments_from_text(body)
+        except ArgumentsError as error:
+            found.arguments_error(error, raw, tool=name)
+            return
+        found.call(name, args, raw=raw)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         parts = [f"<|channel|>final<|message|>{text}<|end|>"] if text else []
