@@ -36,42 +36,53 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def bench_start(repeat: int) -> None:
-    cmd = [sys.executable, "-I", "-S", "-c", "pass"]
-    base = []
-    for _ in range(repeat):
+def _start_once(config: SandboxConfig | None) -> tuple[float, float, str]:
+    """(plan time, server start time, level); config None = no sandbox at all."""
+    argv = ["-I", "-S", "-c", "pass"]
+    if config is None:
         t = time.perf_counter()
-        subprocess.run(cmd, check=True)
-        base.append(time.perf_counter() - t)
-    base_ms = _median_ms(base)
-    print(f"{'server start, no sandbox (python -I -S -c pass)':58s} {base_ms:7.1f} ms")
-    for name, config in LEVELS.items():
+        subprocess.run([sys.executable, *argv], check=True)
+        return 0.0, time.perf_counter() - t, "-"
+    t = time.perf_counter()
+    plan = plan_server_launch(config, argv=argv)
+    planned = time.perf_counter() - t
+    try:
         t = time.perf_counter()
-        plan = plan_server_launch(config, argv=["-I", "-S", "-c", "pass"])
-        first = time.perf_counter() - t
+        subprocess.run(plan.argv, env=plan.env, check=True, start_new_session=True)
+        return planned, time.perf_counter() - t, plan.level
+    finally:
         plan.close()
-        plans, starts = [], []
-        level = ""
-        for _ in range(repeat):
-            t = time.perf_counter()
-            plan = plan_server_launch(config, argv=["-I", "-S", "-c", "pass"])
-            plans.append(time.perf_counter() - t)
-            level = plan.level
-            try:
-                t = time.perf_counter()
-                subprocess.run(plan.argv, env=plan.env, check=True, start_new_session=True)
-                starts.append(time.perf_counter() - t)
-            finally:
-                plan.close()
-        start_ms = _median_ms(starts)
+
+
+def bench_start(repeat: int) -> None:
+    """Interleaved (one round over every level per repeat) so load drifts hit all alike."""
+    configs: dict[str, SandboxConfig | None] = {"no sandbox (python -I -S -c pass)": None}
+    configs.update(LEVELS)
+    first = {}
+    for name, config in configs.items():  # first call per configuration runs the probe
+        t = time.perf_counter()
+        _start_once(config)
+        first[name] = time.perf_counter() - t
+    plans: dict[str, list[float]] = {name: [] for name in configs}
+    starts: dict[str, list[float]] = {name: [] for name in configs}
+    levels = {}
+    for _ in range(repeat):
+        for name, config in configs.items():
+            planned, started, levels[name] = _start_once(config)
+            plans[name].append(planned)
+            starts[name].append(started)
+    base_ms = _median_ms(starts["no sandbox (python -I -S -c pass)"])
+    for name in configs:
+        start_ms = _median_ms(starts[name])
         print(
-            f"{'server start, ' + name + ' -> ' + level:58s} {start_ms:7.1f} ms"
+            f"{'server start, ' + name + ' -> ' + levels[name]:58s} {start_ms:7.1f} ms"
             f"  (+{start_ms - base_ms:.1f} ms, x{start_ms / base_ms:.2f})"
         )
-        print(
-            f"{'  plan_server_launch (probe cached) / first call':58s} "
-            f"{_median_ms(plans):7.1f} ms / {first * 1000:.0f} ms"
-        )
+        if configs[name] is not None:
+            print(
+                f"{'  plan_server_launch (probe cached) / first call':58s} "
+                f"{_median_ms(plans[name]):7.1f} ms / {first[name] * 1000:.0f} ms"
+            )
 
 
 def _fork_samples(repeat: int, enter: bool, workdir: str) -> tuple[list[float], list[float]]:
