@@ -221,11 +221,16 @@ def test_bad_configuration_is_a_user_error(
         MCPToolset(servers, **kwargs)  # type: ignore[arg-type]
 
 
-def test_lifecycle_errors(demo_stdio: DemoFactory) -> None:
+def test_lifecycle_nested_use_and_errors(demo_stdio: DemoFactory) -> None:
     ts = MCPToolset({"demo": demo_stdio()})
     with pytest.raises(UserError, match="not connected"):
         ts.call("demo.add", {"a": 1, "b": 2})
-    ts.close()
+    with ts:
+        with ts:  # shared by two users: only the outermost exit closes
+            assert ts.connect() is ts
+        assert ts.call("demo.add", {"a": 1, "b": 2}).text == "3"
+    with pytest.raises(MCPConnectionError, match="closed"):
+        ts.call("demo.add", {"a": 1, "b": 2})
     with pytest.raises(UserError, match="closed"):
         ts.connect()
 

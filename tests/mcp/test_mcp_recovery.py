@@ -51,8 +51,10 @@ async def test_killed_stdio_server_fails_in_flight_calls_and_is_restarted(
 
 async def test_http_calls_discovery_and_errors(http_demo_factory: Callable[..., Any]) -> None:
     server = http_demo_factory()
-    async with MCPToolset({"demo": HttpServer(url=server.url)}, timeout=10.0) as ts:
+    config = HttpServer(url=server.url, headers={"X-Api-Key": "k123"})
+    async with MCPToolset({"demo": config}, timeout=10.0) as ts:
         assert {"demo.add", "demo.sleep", "demo.image"} <= set(ts.names())
+        assert (await ts.acall("demo.header", {"name": "X-Api-Key"})).text == "k123"
         assert (await ts.acall("demo.add", {"a": 2, "b": 2})).text == "4"
         assert (await ts.acall("demo.add_structured", {"a": 2, "b": 2})).structured == {"total": 4}
         with pytest.raises(ToolNotFoundError, match="Unknown tool: demo.nope"):

@@ -159,7 +159,8 @@ class MCPToolset:
 
     def __enter__(self) -> MCPToolset:
         self.connect()
-        self._entered += 1
+        with self._lock:
+            self._entered += 1
         return self
 
     def __exit__(
@@ -168,13 +169,13 @@ class MCPToolset:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._entered -= 1
-        if self._entered == 0:
+        if self._leave():
             self.close()
 
     async def __aenter__(self) -> MCPToolset:
         await self.aconnect()
-        self._entered += 1
+        with self._lock:
+            self._entered += 1
         return self
 
     async def __aexit__(
@@ -183,9 +184,14 @@ class MCPToolset:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._entered -= 1
-        if self._entered == 0:
+        if self._leave():
             await self.aclose()
+
+    def _leave(self) -> bool:
+        """Count one exit of a ``with`` block; true when it was the outermost."""
+        with self._lock:
+            self._entered -= 1
+            return self._entered == 0
 
     async def _connect_all(self, bridge: Bridge) -> dict[str, ServerConnection]:
         connections = {

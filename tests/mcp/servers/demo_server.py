@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
@@ -85,6 +85,13 @@ def pid() -> int:
 def getenv(name: str) -> str:
     """An environment variable of the server process ('<unset>' if absent)."""
     return os.environ.get(name, "<unset>")
+
+
+@server.tool()
+def header(name: str, ctx: Context) -> str:
+    """An HTTP request header of this call ('<none>' if absent or on stdio)."""
+    headers = ctx.headers or {}
+    return str(headers.get(name.lower(), "<none>"))
 
 
 @server.tool()
