@@ -77,11 +77,17 @@ def test_serve_http_round_trip(http_served: tuple[subprocess.Popen[str], str]) -
     assert proc.wait(WAIT) in (0, -signal.SIGTERM)
 
 
-async def test_aserve_in_process_with_a_free_port() -> None:
+async def test_aserve_in_process_with_a_free_port_and_a_tool_timeout() -> None:
     @tool
     def shout(text: str) -> str:
         """Upper-case the text."""
         return text.upper()
+
+    @tool
+    async def stall() -> str:
+        """Never answers in time."""
+        await anyio.sleep(30)
+        return "late"
 
     ready: list[str] = []
     got_url = anyio.Event()
@@ -92,10 +98,14 @@ async def test_aserve_in_process_with_a_free_port() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(
-            lambda: aserve([shout], transport="http", host="127.0.0.1", port=0, on_ready=on_ready)
+            lambda: aserve(
+                [shout, stall], transport="http", port=0, tool_timeout=0.3, on_ready=on_ready
+            )
         )
         with anyio.fail_after(WAIT):
             await got_url.wait()
         async with MCPToolset({"me": HttpServer(url=ready[0])}) as ts:
             assert (await ts.acall("me.shout", {"text": "hi"})).text == "HI"
+            stalled = await ts.acall("me.stall")
+            assert stalled.is_error and stalled.text == "Tool 'stall' timed out after 0.3 s"
         tg.cancel_scope.cancel()

@@ -26,7 +26,7 @@ def python_tools(executor: Any) -> list[Tool]:
         between them; without one, the code runs in a fresh interpreter.
         """
         result = await executor.aexecute(code, session_id=session_id)
-        return {k: v for k, v in dict(result).items() if _is_json_scalar(v)}
+        return dict(result)  # ExecResult is a JSON-ready Mapping
 
     async def python_close_session(session_id: str) -> str:
         """Close a Python session and free its interpreter (its variables are lost)."""
@@ -34,10 +34,6 @@ def python_tools(executor: Any) -> list[Tool]:
         return f"Session {session_id} closed"
 
     return [FunctionTool(python_execute), FunctionTool(python_close_session)]
-
-
-def _is_json_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def serve_main(

@@ -81,22 +81,23 @@ def _spec(tool: Tool) -> mt.Tool:
 async def _run_tool(
     tool: Tool, arguments: Mapping[str, Any], tool_timeout: float | None
 ) -> mt.CallToolResult:
+    limits = [x for x in (tool_timeout, tool.timeout) if x is not None]
+    limit = min(limits) if limits else None
     try:
         args = tool.validate(arguments)
         if tool.accepts_state:
             args["_state"] = {}
-        limit = min(x for x in (tool_timeout, tool.timeout, float("inf")) if x is not None)
-        with anyio.fail_after(limit if limit != float("inf") else None):
+        with anyio.move_on_after(limit) as scope:
             value = await tool.acall(**args)
     except ToolError as exc:
         return _error(exc.message)
-    except TimeoutError:
-        return _error(f"Tool '{tool.name}' timed out after {limit:g} s")
     except InfrastructureError as exc:
         return _error(exc.message)
     except Exception as exc:  # the tool's own failure: the client's model reads it
         logger.info("Tool %r raised %s", tool.name, type(exc).__name__)
         return _error(f"{type(exc).__name__}: {exc}")
+    if scope.cancelled_caught:
+        return _error(f"Tool '{tool.name}' timed out after {limit:g} s")
     return _result(value)
 
 
@@ -151,7 +152,8 @@ async def aserve(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        url = f"http://{host}:{sock.getsockname()[1]}{path}"
+        netloc = f"[{host}]" if ":" in host else host
+        url = f"http://{netloc}:{sock.getsockname()[1]}{path}"
         app = server.streamable_http_app(streamable_http_path=path, host=host)
         config = uvicorn.Config(app, log_level="warning", lifespan="on")
         http = uvicorn.Server(config)
