@@ -241,6 +241,7 @@ def test_lifecycle_nested_use_and_errors(demo_stdio: DemoFactory) -> None:
     [
         {"command": "/nonexistent/mcp-server"},
         {"command": sys.executable, "args": ["-c", "pass"]},
+        {"url": "http://127.0.0.1:9/mcp"},  # nothing listens on the discard port
     ],
 )
 def test_failed_connect_raises_and_cleans_up(
@@ -266,7 +267,8 @@ def test_connect_timeout_bounds_a_silent_server() -> None:
 def test_close_stops_every_server_process(
     demo_stdio: DemoFactory, time_stdio: dict[str, object]
 ) -> None:
-    with MCPToolset({"demo": demo_stdio(), "time": time_stdio}) as ts:
+    stubborn = demo_stdio(DEMO_LINGER="120")  # outlives stdin: needs the SIGTERM step
+    with MCPToolset({"demo": stubborn, "time": time_stdio}) as ts:
         pid = int(ts.call("demo.pid").text)
         assert psutil.pid_exists(pid)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -286,7 +288,8 @@ def test_interpreter_exit_without_close_stops_the_server() -> None:
         f"""
         import sys
         from toolservices.mcp import MCPToolset
-        ts = MCPToolset({{"demo": {{"command": sys.executable, "args": [{DEMO!r}]}}}})
+        server = {{"command": sys.executable, "args": [{DEMO!r}], "env": {{"DEMO_LINGER": "120"}}}}
+        ts = MCPToolset({{"demo": server}})
         ts.connect()
         print(ts.call("demo.pid").text, flush=True)
         """
@@ -299,5 +302,6 @@ def test_interpreter_exit_without_close_stops_the_server() -> None:
         check=True,
     )
     pid = int(out.stdout.strip())
-    # The child's own atexit handler already stopped and reaped the server.
+    # The server ignores its stdin closing; only the child's exit-time safety
+    # net (SIGTERM to the server's process group) can have stopped it.
     assert not psutil.pid_exists(pid)

@@ -92,6 +92,11 @@ class Bridge:
             if self._closed:
                 return
             self._closed = True
+        if threading.get_ident() == self.thread_id:
+            # Reached from the loop itself (a finalizer run by garbage collection
+            # there): waiting would deadlock, so only ask the servers to stop.
+            self._request_stop()
+            return
         try:
             self.portal.call(self._request_stop)
             self._supervisor.result(timeout=CLOSE_TIMEOUT)

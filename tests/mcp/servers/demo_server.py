@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -121,6 +122,9 @@ def main() -> None:
         anyio.run(_serve_http, options.port)
     else:
         server.run("stdio")
+        # DEMO_LINGER=<s>: a stubborn server that outlives its stdin, so only
+        # the client's SIGTERM/SIGKILL escalation can stop it.
+        time.sleep(float(os.environ.get("DEMO_LINGER", "0")))
     sys.exit(0)
 
 
