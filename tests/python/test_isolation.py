@@ -185,6 +185,14 @@ def _snippets(host: Host) -> dict[str, dict[str, Any]]:
                 f"print('SPAWNED')\n"
             )
         },
+        "unshare": {
+            "code": (
+                "import ctypes, os\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "rc = libc.unshare(0x10000000 | 0x40000000)  # CLONE_NEWUSER | CLONE_NEWNET\n"
+                "print('UNSHARE', rc, ctypes.get_errno())\n"
+            )
+        },
         "mp_lock": {"code": "import multiprocessing as mp\nprint('LOCK', mp.Lock())\n"},
         "private_tmp": {"code": (f"open('/tmp/{MARK}', 'w').write('x')\nprint('TMP written')\n")},
     }
@@ -267,6 +275,7 @@ VARIANTS = {
     "L1": {"bwrap": False, "seccomp": False, "landlock": False},
     "nonroot-L3": {},
     "nonroot-L2": {"bwrap": False},
+    "nonroot-L1": {"bwrap": False, "seccomp": False, "landlock": False},
 }
 
 
@@ -443,6 +452,20 @@ def test_private_tmp(run: Run) -> None:
     run.need("private_tmp")
     assert "TMP written" in run.out("private_tmp"), run.out("private_tmp")
     assert not run.host_tmp_marked
+
+
+def test_new_namespaces_denied(run: Run) -> None:
+    """Layer seccomp (unshare denied; at L3 bwrap's --disable-userns as well)."""
+    run.need("seccomp")
+    assert "UNSHARE -1 1" in run.out("unshare"), run.out("unshare")  # EPERM
+
+
+def test_fork_bomb_cap_is_the_configured_headroom(run: Run) -> None:
+    """Layer nproc_limit: at most about nproc (48) new tasks, far below the bomb's 200."""
+    run.need("nproc_limit")
+    out = run.out("fork_bomb")
+    # a few tasks of slack: the caller's own thread count moves between plan and session
+    assert int(out.split("FORKED")[1].split()[0]) <= LIMITS["nproc"] + 8
 
 
 def test_multiprocessing_locks_work_with_private_shm(run: Run) -> None:

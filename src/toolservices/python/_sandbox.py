@@ -324,6 +324,7 @@ def session_state(
     level: str = "L1",
     landlock_paths: dict[str, Any] | None = None,
     nproc: int | None = None,
+    nproc_hidden: int = 0,
     seccomp_hex: str | None = None,
 ) -> dict[str, Any]:
     """What each session applies to itself (serialised into the server's environment)."""
@@ -333,9 +334,11 @@ def session_state(
         "FSIZE": config.file_size,
         "NOFILE": config.open_files,
         "CORE": 0,
-        "NPROC": nproc,
+        "NPROC": None,
     }
     return {
+        "nproc_headroom": nproc,
+        "nproc_hidden": nproc_hidden,
         "level": level,
         "rlimits": rlimits,
         "landlock": landlock_paths,

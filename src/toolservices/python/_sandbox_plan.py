@@ -29,6 +29,7 @@ from toolservices.python._sandbox import (
 )
 from toolservices.python._sandbox_report import build_report
 from toolservices.python._sandbox_session import STATE_ENV, landlock_abi
+from toolservices.python._sandbox_session import uid_tasks as _uid_tasks_here
 from toolservices.python._seccomp import SeccompUnavailable, build_filter
 
 __all__ = ["build_plan"]
@@ -219,12 +220,11 @@ def _choose(
     fallbacks: list[dict[str, str]] = []
     skipped: dict[str, str] = {}
     ro_paths = _ro_paths(config, paths)
+    # RLIMIT_NPROC counts every task of the uid, so each session gets "tasks of the uid when
+    # it starts + nproc". A non-root caller's own tasks are invisible inside bwrap's PID
+    # namespace: count them here.
     nproc: int | None = config.nproc
-    caller_tasks = 0
-    if nproc is not None and uid is None:
-        # Non-root: RLIMIT_NPROC counts all of the caller's tasks, so leave them headroom.
-        caller_tasks = probe_mod.tasks_of_uid(os.getuid())
-        nproc += caller_tasks
+    hidden = _uid_tasks_here(os.getuid()) if uid is None and nproc is not None else 0
     for attempt in _attempts(config, fallbacks, skipped):
         inside_base = _INSIDE_BASE if attempt.bwrap else host_base
         state = session_state(
@@ -232,6 +232,7 @@ def _choose(
             level=attempt.level,
             landlock_paths=_landlock_state(attempt, config, ro_paths),
             nproc=nproc,
+            nproc_hidden=hidden if attempt.bwrap else 0,
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
@@ -271,7 +272,6 @@ def _choose(
             probe=result,
             uid=uid,
             nproc=nproc,
-            caller_tasks=caller_tasks,
             fallbacks=fallbacks,
             skipped=skipped,
             ro_paths=ro_paths,

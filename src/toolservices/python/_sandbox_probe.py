@@ -21,7 +21,6 @@ __all__ = [
     "pids_of_uid",
     "python_paths",
     "run_probe",
-    "tasks_of_uid",
 ]
 
 PROBE_TIMEOUT = 20.0  # a cold interpreter under bwrap on a loaded 2-core machine
@@ -135,17 +134,6 @@ def pids_of_uid(uid: int) -> list[int]:
         if uids and int(uids[0]) == uid and not status.get("State", "").startswith(("Z", "X")):
             found.append(int(pid))
     return found
-
-
-def tasks_of_uid(uid: int) -> int:
-    """Threads plus processes of ``uid``: what RLIMIT_NPROC counts."""
-    total = 0
-    for pid in pids_of_uid(uid):
-        try:
-            total += len(os.listdir(f"/proc/{pid}/task"))
-        except OSError:
-            continue
-    return total
 
 
 def run_probe(argv: list[str], env: dict[str, str]) -> dict[str, Any]:

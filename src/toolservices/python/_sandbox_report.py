@@ -61,7 +61,6 @@ def build_report(
     probe: dict[str, Any],
     uid: int | None,
     nproc: int | None,
-    caller_tasks: int,
     fallbacks: list[dict[str, str]],
     skipped: dict[str, str],
     ro_paths: list[str],
@@ -92,7 +91,7 @@ def build_report(
         "FSIZE": config.file_size,
         "NOFILE": config.open_files,
         "CORE": 0,
-        "NPROC": nproc,
+        "NPROC": None if nproc is None else f"tasks at session start + {nproc}",
     }
     layers["rlimits"] = _layer(
         True, ", ".join(f"{k}={v}" for k, v in limits.items() if v is not None) + " (hard = soft)"
@@ -121,18 +120,12 @@ def build_report(
         )
     if nproc is None:
         layers["nproc_limit"] = _layer(False, why="disabled (SandboxConfig(nproc=None))")
-    elif uid is not None:
-        layers["nproc_limit"] = _layer(
-            True,
-            f"RLIMIT_NPROC={nproc} on dedicated uid {uid} (shared by this executor's sessions)",
-        )
     else:
+        owner = f"dedicated uid {uid}" if uid is not None else f"the caller's uid {caller_uid}"
         layers["nproc_limit"] = _layer(
             True,
-            f"RLIMIT_NPROC={nproc} = {config.nproc} + the caller's {caller_tasks} tasks "
-            "(non-root: shared with every process of uid {caller_uid})".replace(
-                "{caller_uid}", str(caller_uid)
-            ),
+            f"RLIMIT_NPROC = tasks running when the session starts + {nproc}, on {owner}: "
+            "a fork bomb stops after that many new processes or threads",
         )
     host = _host_ns()
     inner = probe.get("ns", {})

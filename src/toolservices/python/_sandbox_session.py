@@ -229,6 +229,28 @@ def _add_path_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
+def uid_tasks(uid: int) -> int:
+    """Tasks (threads included) of ``uid`` among the processes this /proc shows.
+
+    One ``stat`` per process plus one read per matching process: a few hundred
+    microseconds inside a PID namespace, a few milliseconds on a busy host.
+    """
+    total = 0
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                total += int(fields[17])  # field 20, num_threads
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+    return total
+
+
 def _load_state() -> dict[str, Any] | None:
     global _state_cache
     if _state_cache is None:
@@ -260,7 +282,7 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
             )
         from toolservices.python._sandbox import session_state
 
-        state = session_state(config)
+        state = session_state(config, nproc=getattr(config, "nproc", None))
     os.environ.pop(STATE_ENV, None)
     if os.getsid(0) != os.getpid():
         try:
@@ -268,7 +290,13 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
         except PermissionError:  # already a process-group leader: keep its group
             pass
     set_no_new_privs()
-    apply_rlimits(state["rlimits"])
+    limits = dict(state["rlimits"])
+    headroom = state.get("nproc_headroom")
+    if headroom is not None:
+        # RLIMIT_NPROC counts every task of this uid: allow `headroom` more than exist now
+        # (plus those hidden from this /proc, e.g. the caller's own outside a PID namespace).
+        limits["NPROC"] = state.get("nproc_hidden", 0) + uid_tasks(os.getuid()) + headroom
+    apply_rlimits(limits)
     try:
         os.chdir(workdir)
     except OSError as exc:
