@@ -114,3 +114,15 @@ def test_remove_tree_is_iterative_and_never_follows_symlinks(tmp_path: os.PathLi
     remove_tree(top)
     assert not os.path.exists(top)
     assert os.path.exists(os.path.join(victim, "keep.txt"))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"bwrap": False}], ids=["auto", "no-bwrap"])
+def test_self_test_every_active_layer_holds(overrides: dict[str, object]) -> None:
+    """The live self-test behind `toolservices sandbox-check --self-test`."""
+    from toolservices.python._sandbox_check import format_self_test, self_test
+
+    result = self_test(SandboxConfig(**overrides))  # type: ignore[arg-type]
+    text = format_self_test(result)
+    assert result["ok"], text
+    assert {c["status"] for c in result["checks"]} <= {"held", "skipped"}
+    assert "held" in text
