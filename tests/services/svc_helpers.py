@@ -123,3 +123,13 @@ class BrokenInit:
 
     def ping(self) -> str:
         return "unreachable"
+
+
+class TakesReplicas:
+    """A constructor parameter named like the registry's own option."""
+
+    def __init__(self, num_replicas: int = 0) -> None:
+        self.num_replicas = num_replicas
+
+    def get(self) -> int:
+        return self.num_replicas

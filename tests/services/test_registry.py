@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from svc_helpers import BrokenInit, Closing, Counter, Sessions, new_namespace
+from svc_helpers import BrokenInit, Closing, Counter, Sessions, TakesReplicas, new_namespace
 
 from toolservices.errors import (
     InfrastructureError,
@@ -68,6 +68,13 @@ def test_bad_names_and_factories_are_user_errors(registry: ServiceRegistry) -> N
     with pytest.raises(UserError):
         registry.register("y", 42)
     assert registry.list() == []
+
+
+def test_num_replicas_clash_needs_explicit_options(registry: ServiceRegistry) -> None:
+    with pytest.raises(UserError, match="register_with_options"):
+        registry.register("x", TakesReplicas, num_replicas=2)
+    registry.register_with_options("x", TakesReplicas, actor_options={}, num_replicas=5)
+    assert registry.client("x").call("get") == 5
 
 
 def test_failed_constructor_leaves_nothing(registry: ServiceRegistry) -> None:

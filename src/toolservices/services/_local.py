@@ -29,6 +29,7 @@ from toolservices.services.base import (
     NUM_REPLICAS,
     ServiceClient,
     ServiceRegistry,
+    constructor_parameters,
     exists_error,
     not_found_error,
     replica_names,
@@ -91,8 +92,15 @@ class LocalServiceRegistry(ServiceRegistry):
         self, factory: Any, kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         ctor = dict(kwargs)
-        options = {NUM_REPLICAS: ctor.pop(NUM_REPLICAS)} if NUM_REPLICAS in ctor else {}
-        return ctor, options
+        if NUM_REPLICAS not in ctor:
+            return ctor, {}
+        if NUM_REPLICAS in constructor_parameters(factory):
+            raise UserError(
+                f"'{NUM_REPLICAS}' is both a registry option and a parameter of {factory!r}; "
+                "say which with register_with_options(name, factory, actor_options={...}, "
+                "**constructor_kwargs)"
+            )
+        return ctor, {NUM_REPLICAS: ctor.pop(NUM_REPLICAS)}
 
     def _register(
         self,

@@ -34,6 +34,7 @@ from toolservices.services.base import (
     REPLICA_SEPARATOR,
     ServiceClient,
     ServiceRegistry,
+    constructor_parameters,
     exists_error,
     not_found_error,
     replica_names,
@@ -46,6 +47,9 @@ _RESERVED_OPTIONS = frozenset({"name", "namespace", "get_if_exists"})
 
 #: How long ``reset`` lets each service run its ``close()`` before killing it.
 CLOSE_TIMEOUT = 10.0
+
+#: How long ``reset`` waits for actors to exit on their own before killing them.
+TERMINATE_GRACE = 5.0
 
 #: How long ``get_or_register`` waits for another worker's registration to finish.
 REGISTRATION_WAIT = 60.0
@@ -83,15 +87,6 @@ def _already_exists(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and "already taken" in str(exc)  # Ray < 2.4x
 
 
-def _constructor_parameters(factory: Any) -> set[str]:
-    cls = getattr(factory, "__ray_metadata__", None)
-    target = getattr(cls, "modified_class", factory)
-    try:
-        return set(inspect.signature(target).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
 class RayServiceRegistry(ServiceRegistry):
     """Services as named, detached Ray actors; ``get`` returns the actor handle.
 
@@ -122,7 +117,7 @@ class RayServiceRegistry(ServiceRegistry):
         names = ray_actor_option_names() | {NUM_REPLICAS}
         options = {k: v for k, v in kwargs.items() if k in names}
         ctor = {k: v for k, v in kwargs.items() if k not in names}
-        clash = sorted(set(options) & _constructor_parameters(factory))
+        clash = sorted(set(options) & constructor_parameters(factory))
         if clash:
             raise UserError(
                 f"{', '.join(map(repr, clash))}: both Ray actor option(s) and parameter(s) of "
@@ -283,6 +278,11 @@ class RayServiceRegistry(ServiceRegistry):
                 failures.append(
                     (closing[ref], TimeoutError(f"close() took over {CLOSE_TIMEOUT} s"))
                 )
+        # Ask each actor to exit after the calls it has already accepted, then kill
+        # whatever is still there: once reset() returns no call can reach an old actor.
+        exiting = [handle.__ray_terminate__.remote() for handle in handles.values()]
+        if exiting:
+            ray.wait(exiting, num_returns=len(exiting), timeout=TERMINATE_GRACE)
         for handle in handles.values():
             ray.kill(handle, no_restart=True)
         if failures:

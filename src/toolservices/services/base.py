@@ -10,10 +10,13 @@ and transforms never branch on it.
 from __future__ import annotations
 
 import abc
+import inspect
+import logging
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 from toolservices.errors import (
+    InfrastructureError,
     ServiceExistsError,
     ServiceNotFoundError,
     ServiceUnavailableError,
@@ -27,6 +30,8 @@ __all__ = [
     "ServiceClient",
     "ServiceRegistry",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: TorchRL's default namespace, kept so that workers of both libraries agree.
 DEFAULT_NAMESPACE = "torchrl_services"
@@ -44,6 +49,16 @@ def replica_names(name: str, num_replicas: int) -> list[str]:
     return [name] + [
         f"{name}{REPLICA_SEPARATOR}{i}of{num_replicas}" for i in range(1, num_replicas)
     ]
+
+
+def constructor_parameters(factory: Any) -> set[str]:
+    """Parameter names of ``factory`` (or of the class behind a ``@ray.remote`` class)."""
+    metadata = getattr(factory, "__ray_metadata__", None)
+    target = getattr(metadata, "modified_class", factory)
+    try:
+        return set(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def check_name(name: object) -> str:
@@ -174,16 +189,12 @@ class ServiceRegistry(abc.ABC):
 
         With ``raise_on_error=False`` close failures are logged instead of raised.
         """
-        from toolservices.errors import InfrastructureError
-
         try:
             self.reset()
         except InfrastructureError:
             if raise_on_error:
                 raise
-            import logging
-
-            logging.getLogger(__name__).warning(
+            _log.warning(
                 "errors while shutting down services of namespace %r", self.namespace, exc_info=True
             )
 
