@@ -4,8 +4,9 @@ For every family: a realistic response (a sentence of prose, then 1 or 4
 calls with nested / unicode arguments, written by the family's own
 ``render``) is parsed repeatedly; we report the median over several repeats
 of microseconds per response and calls per second. TorchRL 0.14.1's
-``XMLBlockParser`` and ``JSONCallParser`` run side by side on the same inputs
-for ``xml_block`` and ``json_envelope``.
+``XMLBlockParser`` and ``JSONCallParser`` run side by side (interleaved) on the
+same inputs for ``xml_block`` and ``json_envelope``. Times are CPU time of this
+process, so other load on a shared machine does not inflate them.
 
 Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]``
 """
@@ -68,24 +69,44 @@ def _calls_for(family: str, count: int) -> list[ToolCall]:
     return CALLS[:count]
 
 
-def _time_per_call(fn: Callable[[], Any], *, repeats: int, target: float) -> float:
-    """Median seconds per ``fn()`` over ``repeats`` runs of an auto-sized loop."""
+def _loops_for(fn: Callable[[], Any], target: float) -> int:
+    """How many calls of ``fn`` take about ``target`` seconds of CPU time."""
     loops = 1
     while True:
-        start = time.perf_counter()
-        for _ in range(loops):
-            fn()
-        if time.perf_counter() - start >= target / 5 or loops >= 1 << 20:
-            break
+        spent = _cpu_per_call(fn, loops) * loops
+        if spent >= target / 4 or loops >= 1 << 20:
+            return max(1, int(loops * target / max(spent, 1e-9)))
         loops *= 2
-    loops = max(1, int(loops * target / max(time.perf_counter() - start, 1e-9) / 5))
-    samples = []
+
+
+def _cpu_per_call(fn: Callable[[], Any], loops: int) -> float:
+    # CPU time of this process, not wall time: the benchmark machine is shared,
+    # and other processes' load must not count as parser time.
+    start = time.process_time()
+    for _ in range(loops):
+        fn()
+    return (time.process_time() - start) / loops
+
+
+def _median_per_call(fn: Callable[[], Any], *, repeats: int, target: float) -> float:
+    """Median CPU seconds per ``fn()`` over ``repeats`` runs of ~``target`` seconds."""
+    loops = _loops_for(fn, target)
+    return statistics.median(_cpu_per_call(fn, loops) for _ in range(repeats))
+
+
+def _side_by_side(
+    ours: Callable[[], Any], theirs: Callable[[], Any], *, repeats: int, target: float
+) -> tuple[float, float, float]:
+    """Interleaved runs of both; medians of each and of the per-run ratio."""
+    loops_ours, loops_theirs = _loops_for(ours, target), _loops_for(theirs, target)
+    mine, other, ratios = [], [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(loops):
-            fn()
-        samples.append((time.perf_counter() - start) / loops)
-    return statistics.median(samples)
+        a = _cpu_per_call(ours, loops_ours)
+        b = _cpu_per_call(theirs, loops_theirs)
+        mine.append(a)
+        other.append(b)
+        ratios.append(a / b)
+    return statistics.median(mine), statistics.median(other), statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     options.add_argument("--no-torchrl", action="store_true")
     args = options.parse_args(argv)
 
-    print(f"# parse throughput (median of {args.repeats} repeats; µs per response)")
+    print(f"# parse throughput (median of {args.repeats} repeats; CPU µs per response)")
     print(f"{'format':<16} {'1 call µs':>10} {'calls/s':>10} {'4 calls µs':>11} {'calls/s':>10}")
     inputs: dict[str, dict[int, str]] = {}
     for family in PARSERS:
@@ -108,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             inputs[family][count] = response
             result = parser(response)
             assert len(result.calls) == count and not result.errors, (family, result.errors)
-            seconds = _time_per_call(
+            seconds = _median_per_call(
                 lambda p=parser, r=response: p(r), repeats=args.repeats, target=args.target
             )
             row.append(f"{seconds * 1e6:>10.1f} {count / seconds:>10,.0f}")
@@ -121,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("\ntorchrl not installed: side-by-side comparison skipped")
         return 0
-    print("\n# side by side with TorchRL 0.14.1 (same inputs; µs per response)")
+    print("\n# side by side with TorchRL 0.14.1 (same inputs, interleaved; CPU µs per response)")
     print(f"{'format':<16} {'calls':>5} {'toolservices':>13} {'torchrl':>9} {'ours/torchrl':>13}")
     pairs = {"xml_block": XMLBlockParser(), "json_envelope": JSONCallParser()}
     for family, theirs in pairs.items():
@@ -131,16 +152,13 @@ def main(argv: list[str] | None = None) -> int:
             assert [c.tool for c in ours(response).calls] == [
                 c.tool for c in theirs(response)["calls"]
             ]
-            mine = _time_per_call(
-                lambda r=response, f=ours: f(r), repeats=args.repeats, target=args.target
+            mine, other, ratio = _side_by_side(
+                lambda r=response, f=ours: f(r),
+                lambda r=response, f=theirs: f(r),
+                repeats=args.repeats,
+                target=args.target,
             )
-            other = _time_per_call(
-                lambda r=response, f=theirs: f(r), repeats=args.repeats, target=args.target
-            )
-            print(
-                f"{family:<16} {count:>5} {mine * 1e6:>13.1f} {other * 1e6:>9.1f} "
-                f"{mine / other:>13.2f}"
-            )
+            print(f"{family:<16} {count:>5} {mine * 1e6:>13.1f} {other * 1e6:>9.1f} {ratio:>13.2f}")
     return 0
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,13 @@ from toolservices.parsing._json import (
     describe,
     dumps,
 )
-from toolservices.parsing.base import ParseError, ParseResult, ToolCall, response_text
+from toolservices.parsing.base import (
+    ParseError,
+    ParseResult,
+    ToolCall,
+    make_call_id,
+    response_text,
+)
 
 __all__ = [
     "JSONCallParser",
@@ -107,7 +114,7 @@ class JSONCallParser(SyntaxParser):
     def __call__(self, response: str | dict[str, Any]) -> ParseResult:
         if isinstance(response, Mapping) and ("message" in response or "tools" in response):
             found = Collector(self, "")
-            text = self._envelope(response, found)
+            text = self._envelope(response, found, None)
             return self._finish(ParseResult(text, found.calls, found.errors))
         return self._finish(self._parse(response_text(response)))
 
@@ -129,34 +136,42 @@ class JSONCallParser(SyntaxParser):
             return ParseResult(text, [], found.errors)
         if not isinstance(envelope, dict):
             return ParseResult(text, [], [])
-        message = self._envelope(envelope, found)
+        message = self._envelope(envelope, found, stripped)
         return ParseResult(message, found.calls, found.errors)
 
-    def _envelope(self, envelope: Mapping[str, Any], found: Collector) -> str:
+    def _envelope(self, envelope: Mapping[str, Any], found: Collector, source: str | None) -> str:
+        """Read one envelope; ``source`` (its JSON text, if any) seeds the call ids."""
         message = envelope.get("message")
         text = "" if message is None else message if isinstance(message, str) else dumps(message)
         tools = envelope.get("tools")
         if tools is None:
             return text
+        seed = None if source is None else hashlib.blake2b(source.encode()).hexdigest()
         if not isinstance(tools, list):
             found.error(f'"tools" must be a list of calls, got {describe(tools)}', dumps(tools))
             return text
         for entry in tools:
-            raw = dumps(entry)
-            if not isinstance(entry, Mapping):
-                found.error(f'each entry of "tools" must be an object, got {describe(entry)}', raw)
+            if not isinstance(entry, dict) and not isinstance(entry, Mapping):
+                found.error(
+                    f'each entry of "tools" must be an object, got {describe(entry)}', dumps(entry)
+                )
                 continue
             tool = entry.get("tool")
             if not isinstance(tool, str) or not tool:
-                found.error('each entry of "tools" needs a string "tool" (the tool name)', raw)
+                found.error(
+                    'each entry of "tools" needs a string "tool" (the tool name)', dumps(entry)
+                )
                 continue
             try:
                 args = decode_arguments(entry.get("args"))
             except ArgumentsError as error:
-                found.error(f'"args" of {tool!r}: {error.message}', raw, tool=tool)
+                found.error(f'"args" of {tool!r}: {error.message}', dumps(entry), tool=tool)
                 continue
             tag = entry.get("tag")
-            found.call(tool, args, tag=None if tag is None else str(tag), raw=raw)
+            call_id = ""
+            if seed is not None:  # hash the envelope once, not each entry re-serialised
+                call_id = make_call_id(len(found.calls), tool, args, raw=seed)
+            found.call(tool, args, tag=None if tag is None else str(tag), id=call_id)
         return text
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
