@@ -126,3 +126,30 @@ def test_self_test_every_active_layer_holds(overrides: dict[str, object]) -> Non
     assert result["ok"], text
     assert {c["status"] for c in result["checks"]} <= {"held", "skipped"}
     assert "held" in text
+
+
+def test_broken_bwrap_falls_back_with_its_error() -> None:
+    """A bwrap that cannot start (here /bin/false) is probed for real: L2, never silently."""
+    report = isolation_report(SandboxConfig(bwrap="/bin/false"))
+    assert report["level"] == "L2"
+    assert report["fallbacks"][0]["level"] == "L3"
+    assert report["layers"]["namespaces"]["active"] is False
+    assert "L3 failed" in report["layers"]["namespaces"]["why"]
+
+
+def test_missing_libseccomp_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: libseccomp cannot be removed from this machine for real."""
+    from toolservices.python import _sandbox_plan
+    from toolservices.python._seccomp import SeccompUnavailable
+
+    def unavailable(*, network: bool) -> bytes:
+        raise SeccompUnavailable("pyseccomp/libseccomp not importable: injected")
+
+    monkeypatch.setattr(_sandbox_plan, "build_filter", unavailable)
+    plan = plan_server_launch(SandboxConfig(bwrap=False, min_level="L2"), argv=["-c", "pass"])
+    try:
+        assert plan.level == "L2"  # Landlock alone still gives L2
+        seccomp = plan.report["layers"]["seccomp"]
+        assert seccomp["active"] is False and "injected" in seccomp["why"]
+    finally:
+        plan.close()

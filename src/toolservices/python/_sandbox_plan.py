@@ -66,7 +66,8 @@ _FIXED_ENV = {
 _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
-# Probe results by (level, config, python, uid-or-caller): the machine does not change.
+# Probe results by what was tried (level, layers, config, python, caller): the machine does
+# not change while we run.
 _probe_lock = threading.Lock()
 _probe_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
 
@@ -318,7 +319,16 @@ def _choose(
             [python, "-I", "-S", _SESSION_PY, "--probe"],
             uid,
         )
-        key = (attempt.level, config, python, uid is not None, os.getuid())
+        key = (
+            attempt.level,
+            attempt.bwrap,
+            attempt.seccomp_hex,
+            attempt.landlock is not None,
+            config,
+            python,
+            uid is not None,
+            os.getuid(),
+        )
         with _probe_lock:
             result = _probe_cache.get(key)
         if result is None:
