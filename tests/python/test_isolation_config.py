@@ -153,3 +153,25 @@ def test_missing_libseccomp_is_reported(monkeypatch: pytest.MonkeyPatch) -> None
         assert seccomp["active"] is False and "injected" in seccomp["why"]
     finally:
         plan.close()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"bwrap": False}], ids=["auto", "no-bwrap"])
+def test_network_true_reaches_loopback(overrides: dict[str, object]) -> None:
+    """network=True is a deliberate opt-out: the layer is off and loopback works."""
+    import socket
+
+    from toolservices.python._sandbox_selftest import run_snippets
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        code = f"import socket; socket.create_connection(('127.0.0.1', {port}), 5); print('OK')"
+        config = SandboxConfig(network=True, **overrides)  # type: ignore[arg-type]
+        report, results = run_snippets(config, {"tcp": {"code": code}})
+        assert report["layers"]["network"]["active"] is False
+        assert "network=True" in report["layers"]["network"]["why"]
+        assert "OK" in results["tcp"]["output"], results["tcp"]["output"]
+    finally:
+        listener.close()
