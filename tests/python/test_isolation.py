@@ -193,6 +193,23 @@ def _snippets(host: Host) -> dict[str, dict[str, Any]]:
                 "print('UNSHARE', rc, ctypes.get_errno())\n"
             )
         },
+        "ancestors_environ": {
+            "code": (
+                "import os\n"
+                "pid = os.getppid()\n"
+                "while pid > 1:\n"
+                "    try:\n"
+                "        env = open(f'/proc/{pid}/environ', 'rb').read()\n"
+                "        print('LEAK' if b'SANDBOX_TEST_SECRET' in env else 'clean', pid)\n"
+                "    except OSError as exc:\n"
+                "        print('DENIED', pid, exc.errno)\n"
+                "    try:\n"
+                "        status = open(f'/proc/{pid}/status').read()\n"
+                "    except OSError:\n"
+                "        break\n"
+                "    pid = int(status.split('PPid:')[1].split()[0])\n"
+            )
+        },
         "mp_lock": {"code": "import multiprocessing as mp\nprint('LOCK', mp.Lock())\n"},
         "private_tmp": {"code": (f"open('/tmp/{MARK}', 'w').write('x')\nprint('TMP written')\n")},
     }
@@ -452,6 +469,18 @@ def test_private_tmp(run: Run) -> None:
     run.need("private_tmp")
     assert "TMP written" in run.out("private_tmp"), run.out("private_tmp")
     assert not run.host_tmp_marked
+
+
+def test_ancestors_environment_unreadable(run: Run) -> None:
+    """Layers namespaces / landlock (ptrace scoping) / uid_drop: no ancestor's environ leaks.
+
+    The unprivileged driver has SANDBOX_TEST_SECRET in its own environment and the same
+    uid as its sessions: only a PID namespace or Landlock keeps it out of reach.
+    """
+    if run.variant == "nonroot-L1":
+        pytest.skip("L1 as non-root: processes of the same uid can read each other's /proc")
+    out = run.out("ancestors_environ")
+    assert "LEAK" not in out, out
 
 
 def test_new_namespaces_denied(run: Run) -> None:
