@@ -172,3 +172,26 @@ def test_call_objects() -> None:
 def test_toolcall_keeps_torchrl_positional_order() -> None:
     call = ToolCall("add", {"a": 1}, "T")
     assert (call.tool, call.args, call.tag, call.id, call.raw) == ("add", {"a": 1}, "T", "", None)
+
+
+def test_messages_with_structured_tool_calls_are_read_as_is() -> None:
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_abc",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            },
+            {"id": "call_def", "type": "function", "function": {"name": "f", "arguments": "{"}},
+        ],
+    }
+    for family in ("hermes", "qwen3_coder", "json_envelope"):
+        result = get_parser(family)(message)  # type: ignore[arg-type]
+        assert [(c.tool, c.args, c.id) for c in result.calls] == [
+            ("get_weather", {"city": "Paris"}, "call_abc")
+        ]
+        assert result.text == ""
+        [error] = result.errors
+        assert error.kind == "truncated" and "'f'" in error.message

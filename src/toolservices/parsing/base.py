@@ -139,9 +139,35 @@ def response_text(response: str | Mapping[str, Any] | None) -> str:
     return ""
 
 
+def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
+    """Read ``message["tool_calls"]`` (OpenAI shape), with the shared JSON policy."""
+    from toolservices.parsing._json import ArgumentsError, call_from_object
+
+    calls: list[ToolCall] = []
+    errors: list[ParseError] = []
+    for entry in message["tool_calls"]:
+        try:
+            name, args, call_id = call_from_object(entry)
+        except ArgumentsError as error:
+            raw = json.dumps(entry, default=str)[:2000]
+            expected = '{"id": "...", "type": "function", "function": {"name", "arguments"}}'
+            errors.append(
+                ParseError(
+                    f"Could not read the tool call: {error.message}. Expected: {expected}",
+                    raw,
+                    kind="truncated" if error.truncated else "invalid_arguments",
+                )
+            )
+            continue
+        calls.append(ToolCall(name, args, None, call_id))
+    return ParseResult(response_text(message).strip(), calls, errors)
+
+
 class ToolParser:
     """Base class of the parser families.
 
+    A chat message dict that already carries OpenAI-style ``tool_calls``
+    (a server parsed them) is read as is, whatever the family.
     Subclasses implement :meth:`_parse` (text -> calls and errors, plus the
     visible text) and :meth:`render` (calls -> the family's own syntax), so
     that every format round-trips. ``tools`` (OpenAI-style specs or a
@@ -157,6 +183,9 @@ class ToolParser:
         self.schemas = ToolSchemas.from_tools(tools)
 
     def __call__(self, response: str | dict[str, Any]) -> ParseResult:
+        if isinstance(response, Mapping) and isinstance(response.get("tool_calls"), list):
+            # An OpenAI-style message whose calls a server already parsed.
+            return self._finish(_structured_calls(response))
         return self._finish(self._parse(response_text(response)))
 
     def _finish(self, result: ParseResult) -> ParseResult:

@@ -32,7 +32,6 @@ from toolservices.parsing.base import (
     ParseResult,
     ToolCall,
     make_call_id,
-    response_text,
 )
 
 __all__ = [
@@ -116,7 +115,7 @@ class JSONCallParser(SyntaxParser):
             found = Collector(self, "")
             text = self._envelope(response, found, None)
             return self._finish(ParseResult(text, found.calls, found.errors))
-        return self._finish(self._parse(response_text(response)))
+        return super().__call__(response)
 
     def _parse(self, text: str) -> ParseResult:
         found = Collector(self, text)
