@@ -210,6 +210,16 @@ def _snippets(host: Host) -> dict[str, dict[str, Any]]:
                 "    pid = int(status.split('PPid:')[1].split()[0])\n"
             )
         },
+        "siblings": {
+            "code": (
+                "import os\n"
+                "base = os.path.dirname(os.getcwd())\n"
+                "try:\n"
+                "    print('LISTED', os.listdir(base))\n"
+                "except OSError as exc:\n"
+                "    print('DENIED', exc.errno)\n"
+            )
+        },
         "mp_lock": {"code": "import multiprocessing as mp\nprint('LOCK', mp.Lock())\n"},
         "private_tmp": {"code": (f"open('/tmp/{MARK}', 'w').write('x')\nprint('TMP written')\n")},
     }
@@ -481,6 +491,12 @@ def test_ancestors_environment_unreadable(run: Run) -> None:
         pytest.skip("L1 as non-root: processes of the same uid can read each other's /proc")
     out = run.out("ancestors_environ")
     assert "LEAK" not in out, out
+
+
+def test_other_sessions_workdirs_unreachable(run: Run) -> None:
+    """Layer landlock: a session cannot list the base that holds the other sessions' dirs."""
+    run.need("landlock")
+    assert "DENIED 13" in run.out("siblings"), run.out("siblings")
 
 
 def test_new_namespaces_denied(run: Run) -> None:
