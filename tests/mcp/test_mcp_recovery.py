@@ -121,3 +121,18 @@ async def test_server_that_keeps_dying_is_given_up_after_bounded_restarts(
         with pytest.raises(MCPConnectionError, match=r"unavailable \(failed\)") as info:
             await ts.acall("demo.pid")
         assert not info.value.retryable
+
+
+async def test_http_server_restarted_while_idle_gets_a_new_session_transparently(
+    http_demo_factory: Callable[..., Any],
+) -> None:
+    server = http_demo_factory()
+    async with MCPToolset({"demo": HttpServer(url=server.url)}, timeout=20.0) as ts:
+        first_pid = int((await ts.acall("demo.pid")).text)
+        server.kill()
+        http_demo_factory(server.port)
+        # The new server answers our old session id with HTTP 404; the refused
+        # call is sent again on a fresh session, so the caller sees no error.
+        assert (await ts.acall("demo.add", {"a": 2, "b": 2})).text == "4"
+        assert int((await ts.acall("demo.pid")).text) != first_pid
+        assert ts.status()["demo"]["restarts"] == 1

@@ -110,7 +110,8 @@ class ServerConnection:
         failures = 0  # consecutive attempts that did not give a healthy connection
         try:
             while not self._closing.is_set():
-                cause: BaseException | str
+                connected_at: float | None = None
+                cause: BaseException | str = "the connection was lost right after it was made"
                 try:
                     async with AsyncExitStack() as stack:
                         session, tools = await self._open(stack)
@@ -123,27 +124,26 @@ class ServerConnection:
                             task_status.started()
                         await self._lost.wait()
                         self._session = None
-                        if not self._closing.is_set():
-                            self._set_state(ServerState.RECONNECTING)
-                    if self._closing.is_set():
-                        break
-                    self.restarts += 1
-                    logger.warning("MCP server %r: connection lost, reconnecting", self.name)
-                    if self._served or anyio.current_time() - connected_at >= STABLE_AFTER:
-                        failures = 0
-                        continue  # a healthy connection died: reconnect at once
-                    cause = "the connection was lost again right after it was made"
-                # Any failure to open, initialise or list is a failed attempt;
-                # its cause is kept, reported on the first connect, and counted.
+                # Any failure to open, initialise or list is a failed attempt (and
+                # a transport may also raise while tearing a dead connection down);
+                # the cause is kept, reported on the first connect, and counted.
                 except Exception as exc:
                     self._session = None
-                    self.last_error = exc
+                    self.last_error = cause = exc
                     if not started:
                         raise MCPConnectionError(
                             f"Could not connect to MCP server '{self.name}': {_describe(exc)}",
                             retryable=False,
                         ) from exc
-                    cause = exc
+                if self._closing.is_set():
+                    break
+                self._set_state(ServerState.RECONNECTING)
+                if connected_at is not None:
+                    self.restarts += 1
+                    logger.warning("MCP server %r: connection lost, reconnecting", self.name)
+                    if self._served or anyio.current_time() - connected_at >= STABLE_AFTER:
+                        failures = 0
+                        continue  # a healthy connection died: reconnect at once
                 failures += 1
                 if failures > self.max_restarts:
                     logger.error(
@@ -154,7 +154,6 @@ class ServerConnection:
                     )
                     self._set_state(ServerState.FAILED)
                     return
-                self._set_state(ServerState.RECONNECTING)
                 delay = min(self.backoff * 2 ** (failures - 1), MAX_BACKOFF)
                 with anyio.move_on_after(delay):
                     await self._closing.wait()
@@ -170,9 +169,15 @@ class ServerConnection:
         self._lost.set()
 
     def mark_lost(self, generation: int) -> None:
-        """Report that the connection of ``generation`` is dead."""
-        if generation == self._generation:
+        """Report that the connection of ``generation`` is dead.
+
+        New calls stop using it at once and wait for the runner's next one.
+        """
+        if generation == self._generation and not self._lost.is_set():
             self._lost.set()
+            self._session = None
+            if not self._closing.is_set():
+                self._set_state(ServerState.RECONNECTING)
 
     async def _open(self, stack: AsyncExitStack) -> tuple[ClientSession, dict[str, mt.Tool]]:
         self._generation += 1
@@ -253,22 +258,32 @@ class ServerConnection:
         """Call ``tool``; map every failure to one of the library's error types."""
         qualified = f"{self.name}.{tool}"
         deadline = anyio.current_time() + timeout
-        with anyio.move_on_after(timeout) as waiting:
-            session, generation = await self._ready_session()
-        if waiting.cancelled_caught:
-            raise MCPConnectionError(
-                f"MCP server '{self.name}' did not become ready within {timeout:g}s "
-                f"(state: {self.state.value})",
-                retryable=True,
-            )
-        remaining = max(deadline - anyio.current_time(), 0.001)
-        try:
-            result = await session.call_tool(tool, args, read_timeout_seconds=remaining)
-        except MCPError as exc:
-            raise self._call_error(exc, tool, generation, timeout) from exc
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self.mark_lost(generation)
-            raise self._lost_error(qualified) from exc
+        resent = False
+        while True:
+            with anyio.move_on_after(max(deadline - anyio.current_time(), 0)) as waiting:
+                session, generation = await self._ready_session()
+            if waiting.cancelled_caught:
+                raise MCPConnectionError(
+                    f"MCP server '{self.name}' did not become ready within {timeout:g}s "
+                    f"(state: {self.state.value})",
+                    retryable=True,
+                )
+            remaining = max(deadline - anyio.current_time(), 0.001)
+            try:
+                result = await session.call_tool(tool, args, read_timeout_seconds=remaining)
+            except MCPError as exc:
+                if self._session_unknown(exc) and not resent:
+                    # The HTTP server no longer knows our session (it restarted
+                    # or expired it: HTTP 404). The call was refused, not run,
+                    # so open a new session and send it once more.
+                    resent = True
+                    self.mark_lost(generation)
+                    continue
+                raise self._call_error(exc, tool, generation, timeout) from exc
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                self.mark_lost(generation)
+                raise self._lost_error(qualified) from exc
+            break
         if not isinstance(result, mt.CallToolResult):
             raise ToolExecutionError(f"MCP tool '{qualified}' returned an unsupported result")
         if generation == self._generation:
@@ -276,6 +291,15 @@ class ServerConnection:
         if result.is_error and tool not in self.tools:
             raise self._not_found(tool)
         return MCPResult.from_mcp(self.name, tool, result)
+
+    def _session_unknown(self, exc: MCPError) -> bool:
+        """Whether an HTTP server rejected the request because our session is gone.
+
+        The SDK reports both spellings of the HTTP 404 ("Session not found" in
+        the server's JSON-RPC body, "Session terminated" otherwise) as
+        ``INVALID_REQUEST``, which a well-formed ``tools/call`` never earns.
+        """
+        return isinstance(self.config, HttpServer) and exc.code == mt.INVALID_REQUEST
 
     def _call_error(self, exc: MCPError, tool: str, generation: int, timeout: float) -> Exception:
         qualified = f"{self.name}.{tool}"

@@ -109,6 +109,7 @@ async def _serve_http(port: int) -> None:
     sock.bind(("127.0.0.1", port))
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    sock.listen(128)  # accept (queue) connections before announcing the port
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     await uvicorn.Server(config).serve(sockets=[sock])
 
