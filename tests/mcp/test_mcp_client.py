@@ -305,3 +305,14 @@ def test_interpreter_exit_without_close_stops_the_server() -> None:
     # The server ignores its stdin closing; only the child's exit-time safety
     # net (SIGTERM to the server's process group) can have stopped it.
     assert not psutil.pid_exists(pid)
+
+
+async def test_close_fails_calls_in_flight_as_not_retryable(demo_stdio: DemoFactory) -> None:
+    ts = await MCPToolset({"demo": demo_stdio()}).aconnect()
+    task = asyncio.ensure_future(ts.acall("demo.sleep", {"seconds": 30}))
+    done, _ = await asyncio.wait([task], timeout=0.3)
+    assert not done
+    await ts.aclose()
+    with pytest.raises(MCPConnectionError, match="shut down during the call") as info:
+        await asyncio.wait_for(task, PROCESS_WAIT)
+    assert not info.value.retryable

@@ -304,6 +304,11 @@ class ServerConnection:
     def _call_error(self, exc: MCPError, tool: str, generation: int, timeout: float) -> Exception:
         qualified = f"{self.name}.{tool}"
         if exc.code == mt.CONNECTION_CLOSED:
+            if self._closing.is_set():
+                return MCPConnectionError(
+                    f"MCP server '{self.name}' was shut down during the call to '{qualified}'",
+                    retryable=False,
+                )
             self.mark_lost(generation)
             return self._lost_error(qualified)
         if exc.code == mt.REQUEST_TIMEOUT:
@@ -327,6 +332,9 @@ class ServerConnection:
 
 
 async def _list_all_tools(session: ClientSession) -> list[mt.Tool]:
+    capabilities = session.server_capabilities
+    if capabilities is not None and capabilities.tools is None:
+        return []  # a server of prompts or resources only
     tools: list[mt.Tool] = []
     cursor: str | None = None
     while True:
