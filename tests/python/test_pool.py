@@ -153,7 +153,7 @@ def test_fork_server_loss_is_recovered(sid: str) -> None:
             p
             for p in [launched, *launched.children(recursive=True)]
             if p.name().startswith("python")
-            and "toolservices.python._forkserver" in " ".join(p.cmdline())
+            and "_forkserver.py" in " ".join(p.cmdline())
             and not p.parent().name().startswith("python")
         ]
         fork_server.send_signal(signal.SIGKILL)

@@ -9,9 +9,9 @@ two memfds holding its output, and the next sequence number.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -26,7 +26,9 @@ from typing import Any
 import anyio
 
 from toolservices.errors import InfrastructureError
-from toolservices.python._frames import AsyncChannel, Frame, Kind, PeerClosed, ProtocolViolation
+from toolservices.python._channel import AsyncChannel
+from toolservices.python._frames import Frame, Kind, PeerClosed, ProtocolViolation
+from toolservices.python._layers import fast_tmp_dir
 from toolservices.python._result import ExceptionInfo, ExecResult
 
 __all__ = ["ForkServerClient", "SessionHandle", "SessionLost"]
@@ -41,6 +43,7 @@ KILL_TIMEOUT = 10.0
 SERVER_EXIT_GRACE = 2.0
 MAX_META = 1 << 20
 _SRC_ROOT = str(Path(__file__).resolve().parents[2])
+_SERVER_SCRIPT = str(Path(__file__).resolve().with_name("_forkserver.py"))
 
 
 class SessionLost(Exception):
@@ -107,8 +110,9 @@ class ForkServerClient:
         # the plan may own the workdir base (a mount inside bubblewrap): it names it
         placeholder = getattr(self.layers, "WORKDIR_BASE_PLACEHOLDER", None)
         if placeholder is None:
-            self._own_base = tempfile.mkdtemp(prefix="toolservices-py-")
-        argv = ["-m", "toolservices.python._forkserver", "--fd", str(theirs.fileno())]
+            self._own_base = tempfile.mkdtemp(prefix="toolservices-py-", dir=fast_tmp_dir())
+        # by path with -s: the server loads only the stdlib and _frames/_worker (see _frames)
+        argv = ["-s", _SERVER_SCRIPT, "--fd", str(theirs.fileno())]
         argv += ["--base", placeholder or self._own_base]
         try:
             # kept referenced until the server is reaped: closing it sweeps the sandbox uid
@@ -139,13 +143,13 @@ class ForkServerClient:
         config = {
             "base": "",  # the server takes it from its argv
             "max_output": self.max_output,
-            "sandbox": self.sandbox,
             "preload": list(self.preload),
-            "layers": self.layers.__name__,
+            # the half of the isolation layers that runs in each session (stdlib only)
+            "session_module": inspect.getsourcefile(self.layers.enter_session),
         }
         try:
             with anyio.fail_after(SERVER_START_TIMEOUT):
-                await self.chan.send(Kind.CONFIG, 0, pickle.dumps(config))
+                await self.chan.send(Kind.CONFIG, 0, json.dumps(config).encode())
                 frame = await self.chan.recv()
             if frame.kind != Kind.READY:
                 raise ProtocolViolation(f"expected READY, got kind {frame.kind}")

@@ -3,11 +3,13 @@
 Same interface as :mod:`toolservices.python._sandbox` (``SandboxConfig``,
 ``plan_server_launch``, ``enter_session``, ``isolation_report``) but only the
 "always" layer: an allowlisted environment, its own session, rlimits and a
-private working directory.
+private working directory. Imports only the standard library: the fork
+server loads it by path for ``enter_session``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from collections.abc import Callable
@@ -23,6 +25,7 @@ __all__ = [
     "session_env",
 ]
 
+STATE_ENV = "TOOLSERVICES_FALLBACK_LIMITS"
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -68,9 +71,12 @@ def session_env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
 
 
 def plan_server_launch(config: SandboxConfig, *, python: str, argv: list[str]) -> LaunchPlan:
+    env = session_env(config.extra_env)
+    # the server's sessions read their limits from here (the server never sees the config)
+    env[STATE_ENV] = json.dumps({str(res): value for res, value in _limits(config).items()})
     return LaunchPlan(
         argv=[python, *argv],
-        env=session_env(config.extra_env),
+        env=env,
         preexec_fn=None,  # the executor starts it with start_new_session=True
         pass_fds=(),
         report=isolation_report(config),
@@ -93,8 +99,13 @@ def _limits(config: SandboxConfig) -> dict[int, int]:
 
 def enter_session(config: SandboxConfig | None, *, workdir: str) -> None:
     """Apply the rlimits and move into the working directory (in the session child)."""
-    config = config or SandboxConfig()
-    for res, value in _limits(config).items():
+    if config is not None:
+        limits = _limits(config)
+    else:
+        state = os.environ.get(STATE_ENV)
+        limits = {int(k): v for k, v in json.loads(state).items()} if state else {}
+    os.environ.pop(STATE_ENV, None)
+    for res, value in limits.items():
         resource.setrlimit(res, (value, value))
     os.chdir(workdir)
 

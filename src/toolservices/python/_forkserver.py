@@ -1,7 +1,8 @@
 """The fork server: a lean interpreter that forks sessions on request.
 
-Run as ``python -m toolservices.python._forkserver --fd N`` by the parent,
-never forked from it (the trainer may have imported torch; forking it is
+Run as ``python -s .../toolservices/python/_forkserver.py --fd N --base DIR``
+by the parent (by path, so that only the standard library and the three
+server-side modules are loaded, not the package), never forked from it (the trainer may have imported torch; forking it is
 slower than a cold start). It imports the configured modules once, then
 answers framed requests on its control socket one at a time:
 
@@ -23,9 +24,9 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.util
 import json
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -35,12 +36,31 @@ import tempfile
 import traceback
 from typing import Any, NoReturn
 
-from toolservices.python._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
-from toolservices.python._worker import die_with_parent, serve_session, set_subreaper
+try:  # a package module in the parent, a top-level one in the server (run by path)
+    from ._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
+    from ._worker import die_with_parent, serve_session, set_subreaper
+except ImportError:
+    from _frames import Frame, Kind, PeerClosed, recv_frame, send_frame  # type: ignore[no-redef]
+    from _worker import (  # type: ignore[no-redef]
+        die_with_parent,
+        serve_session,
+        set_subreaper,
+    )
 
 __all__ = ["children_of", "main", "remove_tree"]
 
 MAX_CONTROL = 1 << 24
+
+
+def _load_by_path(name: str, path: str) -> Any:
+    """Import one stdlib-only module from its file (the isolation layers' session half)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def children_of(pid: int) -> list[int]:
@@ -104,8 +124,7 @@ class ForkServer:
         self.ctrl = ctrl
         self.base: str = config["base"]
         self.max_output: int = config["max_output"]
-        self.sandbox = config["sandbox"]
-        self.layers = importlib.import_module(config["layers"])
+        self.layers = _load_by_path("_toolservices_session_layers", config["session_module"])
         self.sessions: dict[str, int] = {}  # live session: workdir -> pid
         # A fresh session gets a "lineage" directory and works in <lineage>/w0; the
         # isolation layers grant writes beneath the lineage, so the copies made by
@@ -213,7 +232,8 @@ class ForkServer:
             self.selector.close()
             for sock in (self.ctrl, self.wake_r, self.wake_w):
                 sock.close()
-            self.layers.enter_session(self.sandbox, workdir=lineage)
+            # the launch plan put everything the layers need in our environment
+            self.layers.enter_session(None, workdir=lineage)
             os.chdir(workdir)
             os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
         except BaseException as exc:  # tell the parent why this session cannot start
@@ -298,11 +318,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", required=True, help="directory for the sessions' workdirs")
     args = parser.parse_args(argv)
     ctrl = socket.socket(fileno=args.fd)
-    # the parent is trusted: its configuration (including the sandbox settings) is pickled
     first = recv_frame(ctrl, max_body=MAX_CONTROL)
     if first.kind != Kind.CONFIG:
         sys.exit(f"expected CONFIG, got frame kind {first.kind}")
-    config = pickle.loads(first.body)
+    config = first.json()
     config["base"] = args.base  # the launch plan may have mapped it (e.g. inside bwrap)
     failed: dict[str, str] = {}
     for name in config["preload"]:

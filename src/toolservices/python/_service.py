@@ -33,8 +33,9 @@ import anyio
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
+from toolservices.python._channel import AsyncChannel
 from toolservices.python._client import ForkServerClient, SessionHandle, SessionLost
-from toolservices.python._frames import AsyncChannel, Kind, ProtocolViolation
+from toolservices.python._frames import Kind, ProtocolViolation
 from toolservices.python._layers import default_config, layers_module
 from toolservices.python._result import ExecResult
 
@@ -44,8 +45,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: how many evicted session ids are remembered (to tell their next call its state is gone)
 EVICTED_MEMORY = 65536
-#: forked interpreters kept ready for calls without a session id
-SPARES = 2
 #: the FORK request: n forks of a warm interpreter take milliseconds each
 FORK_TIMEOUT = 30.0
 
@@ -69,6 +68,18 @@ class PythonExecutorService:
     from a separate fork server that has already imported ``preload``, so a
     new one costs milliseconds. Usable as a plain object (sync or async) and
     as a Ray actor: construction starts nothing; the first call does.
+
+    * ``pool_size``: calls executing at once (TorchRL's meaning); other calls queue.
+    * ``timeout``: default wall-clock limit per call, in seconds.
+    * ``max_sessions``: live sessions kept; beyond it the least recently used
+      idle one is evicted (its next call reports ``restarted``).
+    * ``preload``: modules the fork server imports once (e.g. ``("numpy",)``).
+    * ``sandbox``: the isolation settings (``SandboxConfig``); see
+      :func:`~toolservices.python.isolation_report`.
+    * ``max_output``: bytes kept of stdout and of stderr per call.
+    * ``max_queue``: calls allowed to wait; beyond it :class:`ExecutorBusyError`.
+    * ``spares``: interpreters forked ahead of need, so that a fresh-process
+      run or a new session does not wait for a fork.
     """
 
     def __init__(
@@ -81,6 +92,7 @@ class PythonExecutorService:
         sandbox: Any = None,
         max_output: int = 256 * 1024,
         max_queue: int = 4096,
+        spares: int = 2,
     ) -> None:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
@@ -88,14 +100,15 @@ class PythonExecutorService:
             raise UserError(f"timeout must be positive, got {timeout}")
         if max_sessions < pool_size:
             raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
-        if max_output < 1 or max_queue < 1:
-            raise UserError("max_output and max_queue must be positive")
+        if max_output < 1 or max_queue < 1 or spares < 0:
+            raise UserError("max_output and max_queue must be positive, spares >= 0")
         self.pool_size = pool_size
         self.timeout = float(timeout)
         self.max_sessions = max_sessions
         self.preload = tuple(preload)
         self.max_output = max_output
         self.max_queue = max_queue
+        self.spares = spares
         self._layers: ModuleType = layers_module()
         self.sandbox = sandbox if sandbox is not None else default_config(self._layers)
         self._start_lock = threading.Lock()
@@ -129,6 +142,7 @@ class PythonExecutorService:
             "sandbox": self.sandbox,
             "max_output": self.max_output,
             "max_queue": self.max_queue,
+            "spares": self.spares,
         }
 
     # --- sync faces --------------------------------------------------------------
@@ -249,7 +263,8 @@ class PythonExecutorService:
                 await server.stop()
                 raise UserError(f"cannot preload modules in the Python sessions: {failed}")
             self._server = server
-            self._limiter = anyio.CapacityLimiter(self.pool_size)
+            if self._limiter is None:  # kept across fork-server restarts (calls hold tokens)
+                self._limiter = anyio.CapacityLimiter(self.pool_size)
             self._finalizer = weakref.finalize(self, _last_resort_stop, server)
             self._watcher = asyncio.get_running_loop().create_task(self._watch(server))
             self._schedule_refill()
@@ -290,13 +305,13 @@ class PythonExecutorService:
         task.add_done_callback(self._background.discard)
 
     def _schedule_refill(self) -> None:
-        if not self._refilling and len(self._spares) < SPARES and not self._closed:
+        if not self._refilling and len(self._spares) < self.spares and not self._closed:
             self._refilling = True
             self._spawn_background(self._refill())
 
     async def _refill(self) -> None:
         try:
-            while len(self._spares) < SPARES and not self._closed:
+            while len(self._spares) < self.spares and not self._closed:
                 server = self._server
                 if server is None or not server.alive:
                     return
@@ -319,6 +334,12 @@ class PythonExecutorService:
             if server.alive or self._closed:
                 raise
         return await (await self._ensure_started()).spawn()
+
+    async def _take_spare(self) -> SessionHandle:
+        """A ready interpreter: a pre-forked spare if there is one (and order another)."""
+        handle = self._spares.pop() if self._spares else await self._spawn()
+        self._schedule_refill()
+        return handle
 
     async def _discard(self, handle: SessionHandle) -> None:
         try:
@@ -365,10 +386,14 @@ class PythonExecutorService:
 
     async def _run_fresh(self, server: ForkServerClient, code: str, timeout: float) -> ExecResult:
         self._counters["fresh_calls"] += 1
-        handle = self._spares.pop() if self._spares else await self._spawn()
-        self._schedule_refill()
+        handle = await self._take_spare()
         try:
-            return await handle.run(code, timeout=timeout, fresh=True)
+            try:
+                return await handle.run(code, timeout=timeout, fresh=True)
+            except SessionLost:  # a spare that died while waiting: take a new one
+                await self._discard(handle)
+                handle = await self._spawn()
+                return await handle.run(code, timeout=timeout, fresh=True)
         finally:
             if not handle.dead:
                 self._spawn_background(self._discard(handle))
@@ -411,19 +436,33 @@ class PythonExecutorService:
             slot = self._slot_for(session_id)
             slot.pending += 1
             try:
-                async with slot.lock:
+                # the uncontended case takes no trip through the event loop
+                try:
+                    slot.lock.acquire_nowait()
+                except anyio.WouldBlock:
+                    await slot.lock.acquire()
+                try:
                     if slot.closed:  # closed or evicted while we waited: look it up again
                         continue
-                    async with self._limiter:
+                    limiter = self._limiter
+                    try:
+                        limiter.acquire_nowait()
+                    except anyio.WouldBlock:
+                        await limiter.acquire()
+                    try:
                         self._queued -= 1
                         return await self._run_in_slot(slot, code, timeout)
+                    finally:
+                        limiter.release()
+                finally:
+                    slot.lock.release()
             finally:
                 slot.pending -= 1
 
     async def _run_in_slot(self, slot: _Slot, code: str, timeout: float) -> ExecResult:
         restarted = slot.lost
         if slot.handle is None or slot.handle.dead:
-            slot.handle = await self._spawn()
+            slot.handle = await self._take_spare()
         try:
             result = await slot.handle.run(code, timeout=timeout, fresh=False)
         except SessionLost:

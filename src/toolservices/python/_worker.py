@@ -28,7 +28,10 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from toolservices.python._frames import Frame, Kind, recv_frame, send_frame
+try:  # a package module in the parent, a top-level one in the fork server (see _frames)
+    from ._frames import Frame, Kind, recv_frame, send_frame
+except ImportError:
+    from _frames import Frame, Kind, recv_frame, send_frame  # type: ignore[no-redef]
 
 __all__ = ["serve_session", "set_subreaper"]
 
@@ -36,6 +39,7 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
 MAX_EXC_MESSAGE = 2000
+COMPILE_CACHE = 128
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -94,6 +98,8 @@ class _Worker:
         self.max_output = max_output
         self.pid = os.getpid()
         self.calls = 0
+        self._compiled: dict[str, types.CodeType] = {}
+        self._dirty = (True, True)
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         module = types.ModuleType("__main__")
         module.__dict__["__builtins__"] = __builtins__
@@ -120,16 +126,18 @@ class _Worker:
 
     def _own_fds_intact(self) -> bool:
         try:
-            ids = (os.fstat(self.out_fd).st_ino, os.fstat(self.err_fd).st_ino)
+            out, err = os.fstat(self.out_fd), os.fstat(self.err_fd)
         except OSError:
             return False
-        return ids == self.ids
+        self._dirty = (out.st_size > 0, err.st_size > 0)
+        return (out.st_ino, err.st_ino) == self.ids
 
     def _reset_stdio(self) -> None:
         """Undo whatever the previous call did to stdin/stdout/stderr."""
-        for fd in (self.out_fd, self.err_fd):
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
+        for fd, dirty in zip((self.out_fd, self.err_fd), self._dirty, strict=True):
+            if dirty:
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
         os.dup2(self.devnull, 0)
         os.dup2(self.out_fd, 1)
         os.dup2(self.err_fd, 2)
@@ -150,15 +158,11 @@ class _Worker:
         if not self._own_fds_intact():
             return {"fatal": "the output capture files were closed or replaced"}
         self._reset_stdio()
-        self.calls += 1
-        filename = f"<cell-{self.calls}>"
-        lines = code.splitlines(keepends=True)
-        linecache.cache[filename] = (len(code), None, lines, filename)
         exc_info: dict[str, str] | None = None
         rc = 0
         start = time.perf_counter()
         try:
-            exec(compile(code, filename, "exec"), self.globals)
+            exec(self._compile(code), self.globals)
         except SystemExit as exc:
             rc = self._exit_code(exc)
             exc_info = {"type": "SystemExit", "message": _safe_str(exc)}
@@ -179,6 +183,19 @@ class _Worker:
         if fatal:
             meta["fatal"] = fatal
         return meta
+
+    def _compile(self, code: str) -> types.CodeType:
+        """Compile as a module (cached: RL rollouts resend the same snippets)."""
+        cached = self._compiled.pop(code, None)
+        if cached is None:
+            self.calls += 1
+            filename = f"<cell-{self.calls}>"
+            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+            cached = compile(code, filename, "exec")
+            while len(self._compiled) >= COMPILE_CACHE:
+                self._compiled.pop(next(iter(self._compiled)))
+        self._compiled[code] = cached  # most recently used last
+        return cached
 
     def _exit_code(self, exc: SystemExit) -> int:
         code = exc.code
@@ -226,7 +243,7 @@ class _Worker:
         server = os.getppid()  # the fork server: the copies' parent once the middle is gone
         set_subreaper(False)
         try:
-            for index, (fd, workdir) in enumerate(zip(chans, workdirs)):
+            for index, (fd, workdir) in enumerate(zip(chans, workdirs, strict=True)):
                 middle = os.fork()
                 if middle == 0:
                     # the copy learns that the middle process is gone (and that it now

@@ -1,0 +1,221 @@
+"""Python execution: toolservices vs TorchRL 0.14.1, side by side in one process.
+
+Run: .venv/bin/python benchmarks/bench_python.py [--quick]
+
+Measures warm ``print(1)`` round trips, a 100-line print, fresh-process
+execution, session start, ``fork_session`` and pool throughput on CPU-bound
+snippets (pool of 1 vs 2). Prints medians (p50) and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _util import fmt_time, measure, median, percentile  # noqa: E402
+
+from toolservices import _portal  # noqa: E402
+from toolservices.python import PythonExecutorService, isolation_report  # noqa: E402
+
+PRINT_100 = "for i in range(100):\n    print(i)"
+CPU = "s = 0\nfor i in range(1_500_000):\n    s += i * i\nprint(s)"
+
+
+def row(name: str, ours: float, theirs: float | None, target: str = "") -> None:
+    ratio = f"{theirs / ours:8.1f}x" if theirs else "       -"
+    other = fmt_time(theirs) if theirs else "-"
+    print(f"| {name:<38} | {fmt_time(ours):>10} | {other:>10} | {ratio} | {target}")
+
+
+def torchrl_classes() -> tuple[Any, Any] | None:
+    try:
+        from torchrl.envs.llm.transforms.tools import (
+            PersistentPythonProcess,
+            PythonExecutorService as TorchRLService,
+        )
+    except ImportError:
+        return None
+    return PersistentPythonProcess, TorchRLService
+
+
+def core_round_trip(svc: PythonExecutorService, sid: str, n: int) -> list[float]:
+    """Round trips measured on the service's own loop (no thread hop)."""
+
+    async def run() -> list[float]:
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await svc._execute("print(1)", sid, None)
+            samples.append(time.perf_counter() - started)
+        return samples
+
+    return _portal.run_sync(run)
+
+
+def throughput(execute: Callable[[str, str], Any], jobs: int, workers: int) -> float:
+    """Seconds to run ``jobs`` CPU-bound snippets from ``workers`` threads."""
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda k: execute(CPU, f"cpu-{k}"), range(jobs)))
+    elapsed = time.perf_counter() - started
+    assert all(r["success"] for r in results), results
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    reps = 50 if args.quick else 300
+    report = isolation_report()
+    print(f"isolation level of the sessions: {report.get('level')}")
+    print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}")
+    print()
+    print(f"| {'measure (p50)':<38} | {'ours':>10} | {'TorchRL':>10} |  speedup | target")
+    print(f"|{'-' * 40}|{'-' * 12}|{'-' * 12}|{'-' * 10}|-------")
+
+    torchrl = torchrl_classes()
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # it logs every line at INFO
+    svc = PythonExecutorService(pool_size=2, timeout=30)
+    theirs_proc = torchrl[0]() if torchrl else None
+    try:
+        svc.execute("pass", session_id="warm")
+
+        # warm print(1) round trip
+        ours_rt = measure(lambda: svc.execute("print(1)", session_id="warm"), repeats=reps)
+        core = core_round_trip(svc, "warm", reps)
+        theirs_rt = (
+            measure(lambda: theirs_proc.execute("print(1)"), repeats=max(10, reps // 10))
+            if theirs_proc
+            else None
+        )
+        row(
+            "warm print(1), sync execute()",
+            median(ours_rt),
+            median(theirs_rt) if theirs_rt else None,
+            "< 0.15 ms",
+        )
+        row("warm print(1), on the service loop", median(core), None, "< 0.15 ms")
+        print(
+            f"|   (sync p90 {fmt_time(percentile(ours_rt, 90))}, loop p90 "
+            f"{fmt_time(percentile(core, 90))})"
+        )
+
+        # 100-line print
+        ours_100 = measure(lambda: svc.execute(PRINT_100, session_id="warm"), repeats=reps // 2)
+        theirs_100 = (
+            measure(lambda: theirs_proc.execute(PRINT_100), repeats=3, warmup=1)
+            if theirs_proc
+            else None
+        )
+        row(
+            "100-line print", median(ours_100), median(theirs_100) if theirs_100 else None, "< 1 ms"
+        )
+
+        # fresh-process execution (no session)
+        ours_fresh = measure(lambda: svc.execute("print(1)"), repeats=reps // 3)
+        theirs_fresh = None
+        if torchrl:
+            from torchrl.envs.llm.transforms.tools import PythonInterpreter
+
+            interp = PythonInterpreter(persistent=False)
+            theirs_fresh = measure(
+                lambda: interp._execute_python_code("print(1)", 0), repeats=10, warmup=1
+            )
+        row(
+            "fresh-process print(1)",
+            median(ours_fresh),
+            median(theirs_fresh) if theirs_fresh else None,
+            "< 5 ms",
+        )
+
+        # session start: first call in a new session
+        def new_session() -> None:
+            sid = uuid.uuid4().hex
+            svc.execute("print(1)", session_id=sid)
+            svc.close_session(sid)
+
+        ours_start = measure(new_session, repeats=reps // 5)
+
+        def torchrl_start() -> None:
+            assert torchrl is not None
+            proc = torchrl[0]()
+            proc.execute("print(1)")
+            proc.cleanup()
+
+        theirs_start = measure(torchrl_start, repeats=5, warmup=1) if torchrl else None
+        row(
+            "session start + first print(1) + close",
+            median(ours_start),
+            median(theirs_start) if theirs_start else None,
+        )
+
+        # fork_session
+        svc.execute("import json\ndata = list(range(100_000))", session_id="src")
+
+        def fork_one() -> None:
+            (copy,) = svc.fork_session("src", 1)
+            svc.close_session(copy)
+
+        def fork_eight() -> None:
+            for copy in svc.fork_session("src", 8):
+                svc.close_session(copy)
+
+        row("fork_session(src, 1) + close", median(measure(fork_one, repeats=reps // 5)), None)
+        eight = median(measure(fork_eight, repeats=max(3, reps // 30)))
+        row("fork_session(src, 8) + close, per copy", eight / 8, None)
+    finally:
+        svc.close()
+        if theirs_proc:
+            theirs_proc.cleanup()
+
+    # pool throughput, CPU-bound: pool of 1 vs pool of 2
+    jobs = 8
+    print()
+    with (
+        PythonExecutorService(pool_size=1, timeout=60) as one,
+        PythonExecutorService(pool_size=2, timeout=60) as two,
+    ):
+        for svc_ in (one, two):
+            svc_.execute("pass")
+
+        def ours_exec(svc_: PythonExecutorService) -> Callable[[str, str], Any]:
+            return lambda code, sid: svc_.execute(code, session_id=sid)
+
+        t1 = median([throughput(ours_exec(one), jobs, 4) for _ in range(3)])
+        t2 = median([throughput(ours_exec(two), jobs, 4) for _ in range(3)])
+    print(
+        f"pool throughput, {jobs} CPU-bound snippets: pool 1 {fmt_time(t1)}, pool 2 {fmt_time(t2)}"
+        f" -> {t1 / t2:.2f}x (target >= 1.8x)"
+    )
+    if torchrl:
+        svc1, svc2 = torchrl[1](pool_size=1), torchrl[1](pool_size=2)
+        try:
+            for s in (svc1, svc2):
+                s.execute("pass")
+
+            def theirs_exec(s: Any) -> Callable[[str, str], Any]:
+                return lambda code, sid: s.execute(code)
+
+            r1 = median([throughput(theirs_exec(svc1), jobs, 4) for _ in range(2)])
+            r2 = median([throughput(theirs_exec(svc2), jobs, 4) for _ in range(2)])
+            print(
+                f"TorchRL PythonExecutorService: pool 1 {fmt_time(r1)}, pool 2 {fmt_time(r2)}"
+                f" -> {r1 / r2:.2f}x"
+            )
+        finally:
+            svc1.cleanup()
+            svc2.cleanup()
+
+
+if __name__ == "__main__":
+    main()
