@@ -98,3 +98,31 @@ def test_get_or_register_executor(backend: str, namespace: str) -> None:
     finally:
         first.shutdown()
     assert second.list() == []
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("how", ["reset", "actor killed"])
+def test_no_interpreter_outlives_its_ray_actor(
+    ray_started: dict[str, Any], namespace: str, how: str
+) -> None:
+    import os
+
+    import psutil
+    import ray
+
+    registry = get_services("ray", namespace=namespace)
+    try:
+        handle = registry.register("python", PythonExecutorService, pool_size=1, num_cpus=0)
+        assert registry.client("python").call("execute", "print(1)", session_id="s")["success"]
+        actor_pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+        actor = psutil.Process(actor_pid)
+        processes = [actor, *actor.children(recursive=True)]
+        assert len(processes) > 1  # the interpreter(s)
+        if how == "reset":
+            registry.reset()
+        else:
+            ray.kill(handle, no_restart=True)
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        assert alive == []
+    finally:
+        registry.reset()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections import Counter as Tally
 from pathlib import Path
@@ -23,6 +25,20 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_default_backend_is_local() -> None:
     assert isinstance(get_services(), LocalServiceRegistry)
+
+
+def test_local_backend_does_not_import_ray() -> None:
+    code = (
+        "import sys\n"
+        "from toolservices import get_services\n"
+        "s = get_services(namespace='n')\n"
+        "s.register('c', dict)\n"
+        "s.reset()\n"
+        "print('ray' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
 
 def test_unknown_backend_names_the_valid_ones() -> None:
