@@ -96,10 +96,8 @@ def scan_tagged(text: str, found: Collector, open_tag: str, close_tag: str) -> N
         found.cut(block.start, block.end)
 
 
-def _object(call: ToolCall, args_key: str, *, name_first: bool = True) -> dict[str, Any]:
-    if name_first:
-        return {"name": call.tool, args_key: call.args}
-    return {args_key: call.args, "name": call.tool}
+def _object(call: ToolCall, args_key: str) -> dict[str, Any]:
+    return {"name": call.tool, args_key: call.args}
 
 
 class TaggedJSONParser(SyntaxParser):
@@ -190,11 +188,17 @@ class MarkerJSONParser(SyntaxParser):
     args_key: ClassVar[str] = "arguments"
     #: Render one marker per call, or one marker and a JSON array.
     render_array: ClassVar[bool] = True
+    #: What :meth:`render` writes before the JSON (default: the first marker).
+    render_prefix: ClassVar[str] = ""
+    _pattern: ClassVar[re.Pattern[str]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._pattern = re.compile("|".join(map(re.escape, cls.markers)))
 
     def _scan(self, text: str, found: Collector) -> None:
-        pattern = re.compile("|".join(map(re.escape, self.markers)))
         pos = 0
-        while (match := pattern.search(text, pos)) is not None:
+        while (match := self._pattern.search(text, pos)) is not None:
             try:
                 value, end = raw_decode(text, match.end())
                 items = value if isinstance(value, list) else [value]
@@ -209,7 +213,7 @@ class MarkerJSONParser(SyntaxParser):
             pos = end
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        marker = self.markers[0]
+        marker = self.render_prefix or self.markers[0]
         objects = [_object(call, self.args_key) for call in calls]
         if self.render_array:
             out = f"{marker}{dumps(objects)}"
@@ -232,11 +236,8 @@ class Granite20bFCParser(MarkerJSONParser):
     name = "granite-20b-fc"
     markers = ("<function_call>",)
     render_array = False
+    render_prefix = "<function_call> "
     syntax = '<function_call> {"name": "TOOL_NAME", "arguments": {"arg": "value"}}'
-
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        out = "\n".join(f"<function_call> {dumps(_object(c, 'arguments'))}" for c in calls)
-        return f"{text}\n{out}" if text else out
 
 
 class Phi4MiniParser(MarkerJSONParser):

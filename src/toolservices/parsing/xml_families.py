@@ -47,21 +47,17 @@ def _join(text: str, out: str) -> str:
     return f"{text}\n{out}" if text else out
 
 
-class _Sections:
-    """Split ``body`` at each opening match; each section ends at ``close`` if present."""
-
-    @staticmethod
-    def split(body: str, opening: re.Pattern[str], close: str) -> list[tuple[str, str, bool]]:
-        matches = list(opening.finditer(body))
-        sections: list[tuple[str, str, bool]] = []
-        for index, match in enumerate(matches):
-            limit = matches[index + 1].start() if index + 1 < len(matches) else len(body)
-            inner = body[match.end() : limit]
-            end = inner.find(close)
-            sections.append(
-                (match.group(1).strip(), inner if end == -1 else inner[:end], end != -1)
-            )
-        return sections
+def _sections(body: str, opening: re.Pattern[str], close: str) -> list[tuple[str, str, bool]]:
+    """``(name, inner text, closed)`` per opening match; a section ends at ``close``
+    or, when the model forgot it, at the next opening."""
+    matches = list(opening.finditer(body))
+    sections: list[tuple[str, str, bool]] = []
+    for index, match in enumerate(matches):
+        limit = matches[index + 1].start() if index + 1 < len(matches) else len(body)
+        inner = body[match.end() : limit]
+        end = inner.find(close)
+        sections.append((match.group(1).strip(), inner if end == -1 else inner[:end], end != -1))
+    return sections
 
 
 class _ParamParser(SyntaxParser):
@@ -82,7 +78,7 @@ class _ParamParser(SyntaxParser):
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, self.open_tag, self.close_tag):
             raw = text[block.start : block.end]
-            sections = _Sections.split(block.body(text), self.section_re, self.section_close)
+            sections = _sections(block.body(text), self.section_re, self.section_close)
             if not sections:
                 what = f"inside {self.open_tag} write {self.inner_hint}"
                 if not block.closed:
