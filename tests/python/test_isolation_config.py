@@ -56,11 +56,16 @@ def test_l0_needs_allow_unsafe() -> None:
         SandboxConfig(min_level="L0")
 
 
-def test_config_is_frozen_and_hashable() -> None:
+def test_config_is_frozen_hashable_and_picklable() -> None:
+    """Hashable (probe cache key) and picklable (it is sent to the fork server)."""
+    import pickle
+
     config = SandboxConfig(extra_env={"A": "1"})
     assert hash(config) == hash(SandboxConfig(extra_env={"A": "1"}))
     with pytest.raises(TypeError):
         config.extra_env["B"] = "2"  # type: ignore[index]
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy == config and hash(copy) == hash(config)
 
 
 def test_report_lists_every_layer_with_a_reason() -> None:

@@ -153,6 +153,10 @@ class _FrozenEnv(dict[str, str]):
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(sorted(self.items())))
 
+    def __reduce__(self) -> tuple[type[_FrozenEnv], tuple[dict[str, str]]]:
+        # rebuild through __init__: the default dict-subclass pickling calls __setitem__
+        return (_FrozenEnv, (dict(self),))
+
     def _readonly(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("SandboxConfig.extra_env is read-only")
 
