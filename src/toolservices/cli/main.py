@@ -30,7 +30,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--mcp", action="store_true", required=True, help="serve as an MCP server")
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    serve.add_argument("--path", default="/mcp", help="HTTP endpoint path")
+    serve.add_argument("--pool-size", type=int, default=4, help="Python calls running at once")
+    serve.add_argument("--timeout", type=float, default=10.0, help="seconds per Python call")
     return parser
 
 
@@ -53,7 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from toolservices.mcp import serve_main
 
-        return serve_main(transport=args.transport, host=args.host, port=args.port)
+        return serve_main(
+            transport=args.transport,
+            host=args.host,
+            port=args.port,
+            path=args.path,
+            pool_size=args.pool_size,
+            timeout=args.timeout,
+        )
     raise AssertionError(f"unhandled command {args.command}")
 
 
