@@ -180,3 +180,15 @@ def test_network_true_reaches_loopback(overrides: dict[str, object]) -> None:
         assert "OK" in results["tcp"]["output"], results["tcp"]["output"]
     finally:
         listener.close()
+
+
+def test_cpu_seconds_stops_a_busy_loop() -> None:
+    """Layer rlimits (RLIMIT_CPU = 1 s): a busy loop is killed by the kernel (SIGXCPU)."""
+    from toolservices.python._sandbox_selftest import run_snippets
+
+    _, results = run_snippets(
+        SandboxConfig(cpu_seconds=1), {"burn": {"code": "while True:\n    pass", "timeout": 20.0}}
+    )
+    burn = results["burn"]
+    assert not burn["timed_out"], burn
+    assert burn["status"] in (-24, -9), burn  # SIGXCPU at the soft limit, SIGKILL at the hard
