@@ -7,8 +7,8 @@ the machine even if an isolation layer were missing.
 from __future__ import annotations
 
 import pytest
-
 from tests.python.conftest import wait_until_gone
+
 from toolservices.python import ExecResult, PythonExecutorService
 
 

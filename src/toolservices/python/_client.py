@@ -119,7 +119,7 @@ class ForkServerClient:
             self.plan = self.layers.plan_server_launch(self.sandbox, python=self.python, argv=argv)
             plan = self.plan
             self.report = dict(plan.report)
-            self._errlog = tempfile.TemporaryFile()
+            self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server lives
             # started from the event-loop thread, which lives as long as the service
             # (bubblewrap's --die-with-parent follows the starting thread)
             self.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns in milliseconds
@@ -257,10 +257,10 @@ class ForkServerClient:
             plan, self.plan = self.plan, None
             if plan is not None and hasattr(plan, "close"):
                 await anyio.to_thread.run_sync(plan.close)
-            if self._own_base and os.path.isdir(self._own_base):
+            if self._own_base:
                 from toolservices.python._forkserver import remove_tree
 
-                remove_tree(self._own_base)
+                remove_tree(self._own_base)  # on tmpfs: microseconds
                 self._own_base = ""
 
 
@@ -336,7 +336,7 @@ class SessionHandle:
                 os.close(fd)
         self.out_fd = self.err_fd = -1
 
-    async def run(self, code: str, *, timeout: float, fresh: bool) -> ExecResult:
+    async def run(self, code: str, *, limit: float, fresh: bool) -> ExecResult:
         """Run one snippet; on timeout, crash or protocol violation the tree is killed."""
         if self.dead or self.chan.has_stray_data():
             raise SessionLost("the interpreter sent unsolicited data or is gone")
@@ -347,11 +347,11 @@ class SessionHandle:
         frame: Frame | None = None
         problem = ""
         try:
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(limit):
                 await self.chan.send(Kind.EXEC, seq, code.encode("utf-8", "surrogatepass"))
                 frame = await self.chan.recv()
             if frame is None:
-                return await self._killed(start, timeout=timeout, fresh=fresh)
+                return await self._killed(start, limit=limit, fresh=fresh)
             if frame.kind != Kind.RESULT or frame.seq != seq or frame.fds:
                 raise ProtocolViolation(f"unexpected frame kind {frame.kind} seq {frame.seq}")
             meta = frame.json()
@@ -393,7 +393,7 @@ class SessionHandle:
         )
 
     async def _killed(
-        self, start: float, *, timeout: float | None = None, problem: str = "", fresh: bool
+        self, start: float, *, limit: float | None = None, problem: str = "", fresh: bool
     ) -> ExecResult:
         """The call did not complete normally: kill the tree, keep its partial output."""
         with anyio.CancelScope(shield=True):
@@ -408,11 +408,11 @@ class SessionHandle:
         lost = (
             "" if fresh else " The interpreter was restarted: variables defined earlier are lost."
         )
-        if timeout is not None:
+        if limit is not None:
             exception = ExceptionInfo(
-                type="TimeoutError", message=f"execution exceeded the {timeout:g} s time limit"
+                type="TimeoutError", message=f"execution exceeded the {limit:g} s time limit"
             )
-            note = f"TimeoutError: execution exceeded the {timeout:g} s time limit and was killed."
+            note = f"TimeoutError: execution exceeded the {limit:g} s time limit and was killed."
             rc = -1
         else:
             what = problem or f"the interpreter {_describe_status(status)}"
@@ -423,13 +423,13 @@ class SessionHandle:
             stderr += "\n"
         return ExecResult(
             # os._exit(0) is a clean exit, not a failure; anything else is
-            success=timeout is None and not problem and status == 0,
+            success=limit is None and not problem and status == 0,
             stdout=stdout,
             stderr=stderr + note + lost + "\n",
             returncode=rc,
             exception=exception,
             duration=time.perf_counter() - start,
-            timed_out=timeout is not None,
+            timed_out=limit is not None,
             truncated=cut_out or cut_err,
             restarted=not fresh,
         )

@@ -1,9 +1,10 @@
 """The fork server: a lean interpreter that forks sessions on request.
 
-Run as ``python -s .../toolservices/python/_forkserver.py --fd N --base DIR``
-by the parent (by path, so that only the standard library and the three
-server-side modules are loaded, not the package), never forked from it (the trainer may have imported torch; forking it is
-slower than a cold start). It imports the configured modules once, then
+Run as ``python -s <package dir>/python/_forkserver.py --fd N --base DIR``
+by the parent (by path, so that only the standard library and the
+server-side modules are loaded, not the package), never forked from it (the
+trainer may have imported torch; forking it is slower than a cold start). It
+imports the configured modules once, then
 answers framed requests on its control socket one at a time:
 
 * ``SPAWN`` (with the session's channel end attached): make a private working

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: how many evicted session ids are remembered (to tell their next call its state is gone)
 EVICTED_MEMORY = 65536
+#: the warm-up call of a new spare interpreter ("pass")
+SPAWN_WARMUP_TIMEOUT = 10.0
 #: the FORK request: n forks of a warm interpreter take milliseconds each
 FORK_TIMEOUT = 30.0
 
@@ -198,7 +200,11 @@ class PythonExecutorService:
     # --- async faces ----------------------------------------------------------------
 
     async def aexecute(
-        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the per-call limit, as in execute()
     ) -> ExecResult:
         """Run ``code`` in session ``session_id`` (created on first use) or a fresh interpreter.
 
@@ -316,8 +322,10 @@ class PythonExecutorService:
                 if server is None or not server.alive:
                     return
                 spare = await server.spawn()
-                if self._closed or server is not self._server:
-                    spare.abandon()
+                # one throw-away call faults in the pages a first call touches
+                warm = await spare.run("pass", limit=SPAWN_WARMUP_TIMEOUT, fresh=True)
+                if self._closed or server is not self._server or not warm.success:
+                    await self._discard(spare)
                     return
                 self._spares.append(spare)
         except InfrastructureError as exc:
@@ -337,9 +345,7 @@ class PythonExecutorService:
 
     async def _take_spare(self) -> SessionHandle:
         """A ready interpreter: a pre-forked spare if there is one (and order another)."""
-        handle = self._spares.pop() if self._spares else await self._spawn()
-        self._schedule_refill()
-        return handle
+        return self._spares.pop() if self._spares else await self._spawn()
 
     async def _discard(self, handle: SessionHandle) -> None:
         try:
@@ -356,7 +362,10 @@ class PythonExecutorService:
         self._queued += 1
 
     async def _execute(
-        self, code: str, session_id: str | None, timeout: float | None
+        self,
+        code: str,
+        session_id: str | None,
+        timeout: float | None,  # noqa: ASYNC109 - the caller's per-call limit, checked here
     ) -> ExecResult:
         if not isinstance(code, str):
             raise UserError(f"code must be a str, got {type(code).__name__}")
@@ -384,19 +393,21 @@ class PythonExecutorService:
         self._counters["failures"] += not result.success
         return result
 
-    async def _run_fresh(self, server: ForkServerClient, code: str, timeout: float) -> ExecResult:
+    async def _run_fresh(self, server: ForkServerClient, code: str, limit: float) -> ExecResult:
         self._counters["fresh_calls"] += 1
         handle = await self._take_spare()
         try:
             try:
-                return await handle.run(code, timeout=timeout, fresh=True)
+                return await handle.run(code, limit=limit, fresh=True)
             except SessionLost:  # a spare that died while waiting: take a new one
                 await self._discard(handle)
                 handle = await self._spawn()
-                return await handle.run(code, timeout=timeout, fresh=True)
+                return await handle.run(code, limit=limit, fresh=True)
         finally:
+            # clean-up and the next spare after the call, not competing with it for the CPU
             if not handle.dead:
                 self._spawn_background(self._discard(handle))
+            self._schedule_refill()
 
     def _slot_for(self, session_id: str) -> _Slot:
         slot = self._slots.get(session_id)
@@ -430,7 +441,7 @@ class PythonExecutorService:
             self._spawn_background(self._discard(victim.handle))
             victim.handle = None
 
-    async def _run_session(self, session_id: str, code: str, timeout: float) -> ExecResult:
+    async def _run_session(self, session_id: str, code: str, limit: float) -> ExecResult:
         assert self._limiter is not None
         while True:
             slot = self._slot_for(session_id)
@@ -451,7 +462,7 @@ class PythonExecutorService:
                         await limiter.acquire()
                     try:
                         self._queued -= 1
-                        return await self._run_in_slot(slot, code, timeout)
+                        return await self._run_in_slot(slot, code, limit)
                     finally:
                         limiter.release()
                 finally:
@@ -459,17 +470,19 @@ class PythonExecutorService:
             finally:
                 slot.pending -= 1
 
-    async def _run_in_slot(self, slot: _Slot, code: str, timeout: float) -> ExecResult:
+    async def _run_in_slot(self, slot: _Slot, code: str, limit: float) -> ExecResult:
         restarted = slot.lost
         if slot.handle is None or slot.handle.dead:
             slot.handle = await self._take_spare()
         try:
-            result = await slot.handle.run(code, timeout=timeout, fresh=False)
+            result = await slot.handle.run(code, limit=limit, fresh=False)
         except SessionLost:
             await self._discard(slot.handle)
             slot.handle = await self._spawn()
             restarted = True
-            result = await slot.handle.run(code, timeout=timeout, fresh=False)
+            result = await slot.handle.run(code, limit=limit, fresh=False)
+        finally:
+            self._schedule_refill()
         slot.lost = False
         if result.restarted:
             slot.handle = None
@@ -563,7 +576,7 @@ async def _fork_handles(
                 frame = await src.chan.recv()
                 if frame.kind != Kind.FORKED or frame.seq != seq:
                     raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
-                for (ours, _), workdir in zip(pairs, workdirs):
+                for (ours, _), workdir in zip(pairs, workdirs, strict=True):
                     handle = SessionHandle(server, AsyncChannel(ours, max_body=1 << 20), workdir)
                     handles.append(handle)
                     handle._accept_hello(await handle.chan.recv())

@@ -66,7 +66,7 @@ class _CappedFd(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b: Any) -> int:  # type: ignore[override]
+    def write(self, b: Any) -> int:
         data = memoryview(b).cast("B")
         n = len(data)
         room = self.cap - self.written
