@@ -77,7 +77,9 @@ class Collector:
     ) -> None:
         self.calls.append(ToolCall(tool, args, tag, id, raw))
 
-    def error(self, what: str, raw: str = "", *, kind: str = "", tool: str | None = None) -> None:
+    def error(
+        self, what: str, raw: str = "", *, kind: str = "invalid_syntax", tool: str | None = None
+    ) -> None:
         """Record a parse error; the family's expected syntax is appended.
 
         At most :data:`MAX_ERRORS` are kept (the model reads them; hostile
@@ -93,7 +95,7 @@ class Collector:
         self.errors.append(error)
 
     def arguments_error(self, error: ArgumentsError, raw: str, *, tool: str | None = None) -> None:
-        self.error(error.message, raw, kind="truncated" if error.truncated else "", tool=tool)
+        self.error(error.message, raw, kind=error.kind, tool=tool)
 
     def result(self, **meta: Any) -> ParseResult:
         if self.dropped:
@@ -108,12 +110,8 @@ class SyntaxParser(ToolParser):
     syntax: ClassVar[str] = ""
 
     def make_error(
-        self, what: str, raw: str = "", *, kind: str = "", tool: str | None = None
+        self, what: str, raw: str = "", *, kind: str = "invalid_syntax", tool: str | None = None
     ) -> ParseError:
-        if not kind:
-            kind = "truncated" if "truncated" in what else "invalid_syntax"
-            if "JSON" in what and kind != "truncated":
-                kind = "invalid_json"
         message = f"Could not parse the tool call: {what}. Expected syntax: {self.syntax}"
         if len(raw) > 2000:
             raw = raw[:2000]

@@ -41,14 +41,18 @@ _JSON_STARTS = frozenset('{["-0123456789tfnNI')
 class ArgumentsError(ValueError):
     """Arguments or a call object that cannot be used; the text is for the model.
 
-    ``truncated`` is true when the JSON stopped before it was complete
-    (the generation most likely hit its length limit).
+    ``truncated`` is true when the text stopped before the call was complete
+    (the generation most likely hit its length limit); ``kind`` becomes the
+    :attr:`ParseError.kind <toolservices.parsing.ParseError.kind>` label.
     """
 
-    def __init__(self, message: str, *, truncated: bool = False) -> None:
+    def __init__(
+        self, message: str, *, truncated: bool = False, kind: str = "invalid_json"
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.truncated = truncated
+        self.kind = "truncated" if truncated else kind
 
 
 class NestingError(ArgumentsError):
@@ -163,7 +167,9 @@ def call_from_object(
     The id is ``""`` when the object carries none.
     """
     if not isinstance(obj, Mapping):
-        raise ArgumentsError(f"each tool call must be a JSON object, got {describe(obj)}")
+        raise ArgumentsError(
+            f"each tool call must be a JSON object, got {describe(obj)}", kind="invalid_syntax"
+        )
     call_id = obj.get("id")
     inner = obj.get("function")
     if isinstance(inner, Mapping) and "name" in inner:
@@ -171,7 +177,9 @@ def call_from_object(
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         keys = ", ".join(map(repr, obj)) or "none"
-        raise ArgumentsError(f'the call object needs a string "name" (keys found: {keys})')
+        raise ArgumentsError(
+            f'the call object needs a string "name" (keys found: {keys})', kind="invalid_syntax"
+        )
     raw_args: Any = None
     for key in args_keys:
         if key in obj:
@@ -180,5 +188,7 @@ def call_from_object(
     try:
         args = decode_arguments(raw_args)
     except ArgumentsError as error:
-        raise ArgumentsError(f"tool {name!r}: {error.message}", truncated=error.truncated) from None
+        raise ArgumentsError(
+            f"tool {name!r}: {error.message}", truncated=error.truncated, kind=error.kind
+        ) from None
     return name.strip(), args, call_id if isinstance(call_id, str) else ""

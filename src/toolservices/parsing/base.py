@@ -73,7 +73,9 @@ class ParseError:
     raw: str = ""
     #: The tool name when it could be recovered.
     tool: str | None = None
-    #: A short label: ``invalid_json``, ``unterminated``, ``invalid_syntax``...
+    #: A short label: ``invalid_json`` (bad JSON or arguments that are not an
+    #: object), ``invalid_syntax`` (the call syntax itself is wrong),
+    #: ``truncated`` (the output stops inside a call), ``invalid_arguments``.
     kind: str = "invalid_syntax"
 
 

@@ -164,7 +164,12 @@ class JSONCallParser(SyntaxParser):
             try:
                 args = decode_arguments(entry.get("args"))
             except ArgumentsError as error:
-                found.error(f'"args" of {tool!r}: {error.message}', dumps(entry), tool=tool)
+                found.error(
+                    f'"args" of {tool!r}: {error.message}',
+                    dumps(entry),
+                    kind=error.kind,
+                    tool=tool,
+                )
                 continue
             tag = entry.get("tag")
             call_id = ""

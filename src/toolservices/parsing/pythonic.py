@@ -19,6 +19,12 @@ from toolservices.parsing.base import ToolCall
 
 __all__ = ["Llama4PythonicParser", "Olmo3Parser", "PythonicParser", "python_literal"]
 
+
+def _problem(message: str) -> ArgumentsError:
+    """A Python-syntax problem (the call is not written as the family expects)."""
+    return ArgumentsError(message, kind="invalid_syntax")
+
+
 _NAMED_CONSTANTS: dict[str, Any] = {
     "True": True,
     "False": False,
@@ -41,7 +47,7 @@ def _literal(node: ast.AST) -> Any:
         return [_literal(item) for item in node.elts]
     if isinstance(node, ast.Dict):
         if any(key is None for key in node.keys):
-            raise ArgumentsError("'**' unpacking is not allowed inside a dict value")
+            raise _problem("'**' unpacking is not allowed inside a dict value")
         return {
             _key(key): _literal(value) for key, value in zip(node.keys, node.values, strict=True)
         }
@@ -54,7 +60,7 @@ def _literal(node: ast.AST) -> Any:
     ):
         return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
     shown = ast.unparse(node)
-    raise ArgumentsError(
+    raise _problem(
         f"{shown[:40]!r} is not a literal value (use strings in quotes, numbers, True/False, "
         "None, lists or dicts)"
     )
@@ -63,7 +69,7 @@ def _literal(node: ast.AST) -> Any:
 def _key(node: ast.AST | None) -> Any:
     value = _literal(node) if node is not None else None
     if isinstance(value, list | dict):
-        raise ArgumentsError("dict keys must be strings or numbers")
+        raise _problem("dict keys must be strings or numbers")
     return value
 
 
@@ -88,20 +94,20 @@ def _dotted(node: ast.AST) -> str | None:
 
 def _call(node: ast.AST) -> tuple[str, dict[str, Any]]:
     if not isinstance(node, ast.Call):
-        raise ArgumentsError(f"{ast.unparse(node)[:40]!r} is not a function call")
+        raise _problem(f"{ast.unparse(node)[:40]!r} is not a function call")
     name = _dotted(node.func)
     if name is None:
-        raise ArgumentsError(f"{ast.unparse(node.func)[:40]!r} is not a tool name")
+        raise _problem(f"{ast.unparse(node.func)[:40]!r} is not a tool name")
     if node.args:
-        raise ArgumentsError(f"{name}(): pass arguments by keyword only, e.g. {name}(arg=value)")
+        raise _problem(f"{name}(): pass arguments by keyword only, e.g. {name}(arg=value)")
     args: dict[str, Any] = {}
     for keyword in node.keywords:
         if keyword.arg is None:
-            raise ArgumentsError(f"{name}(): '**' unpacking is not allowed")
+            raise _problem(f"{name}(): '**' unpacking is not allowed")
         try:
             args[keyword.arg] = _literal(keyword.value)
         except ArgumentsError as error:
-            raise ArgumentsError(f"{name}(), argument {keyword.arg!r}: {error.message}") from None
+            raise _problem(f"{name}(), argument {keyword.arg!r}: {error.message}") from None
     return name, args
 
 
@@ -109,9 +115,9 @@ def _parse_python(source: str, mode: str) -> ast.AST:
     try:
         return ast.parse(source, mode=mode)
     except SyntaxError as error:
-        raise ArgumentsError(f"invalid Python syntax ({error.msg})") from None
+        raise _problem(f"invalid Python syntax ({error.msg})") from None
     except (RecursionError, MemoryError, ValueError):
-        raise ArgumentsError("invalid Python syntax (nested too deeply)") from None
+        raise _problem("invalid Python syntax (nested too deeply)") from None
 
 
 def _list_end(text: str, start: int) -> int | None:
@@ -235,7 +241,7 @@ class Olmo3Parser(SyntaxParser):
                     _call(stmt.value if isinstance(stmt, ast.Expr) else stmt) for stmt in tree.body
                 ]
                 if not calls:
-                    raise ArgumentsError("the block holds no call")
+                    raise _problem("the block holds no call")
             except ArgumentsError as error:
                 if not block.closed:
                     error = ArgumentsError(

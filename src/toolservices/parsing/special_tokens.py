@@ -59,13 +59,11 @@ class DeepSeekV3Parser(SyntaxParser):
         for block in iter_blocks(text, _DS_CALLS_BEGIN, _DS_CALLS_END):
             raw = text[block.start : block.end]
             pieces, complete = _section_calls(text, block, _DS_CALL_BEGIN, _DS_CALL_END)
-            if not pieces or not complete:
-                found.error(
-                    "the tool calls are cut off (truncated?)"
-                    if not complete or not block.closed
-                    else f"no {_DS_CALL_BEGIN}...{_DS_CALL_END} call inside the block",
-                    raw,
-                )
+            if not complete or (not pieces and not block.closed):
+                found.error("the tool calls are cut off (truncated?)", raw, kind="truncated")
+                continue
+            if not pieces:
+                found.error(f"no {_DS_CALL_BEGIN}...{_DS_CALL_END} call inside the block", raw)
                 continue
             try:
                 calls = [self._call(body) for body, _ in pieces]
@@ -80,7 +78,10 @@ class DeepSeekV3Parser(SyntaxParser):
     def _call(body: str) -> tuple[str, dict[str, Any]]:
         head, sep, rest = body.partition(_DS_SEP)
         if not sep:
-            raise ArgumentsError(f"each call needs {_DS_SEP} between the name and the arguments")
+            raise ArgumentsError(
+                f"each call needs {_DS_SEP} between the name and the arguments",
+                kind="invalid_syntax",
+            )
         head = head.strip()
         if head == "function" and not rest.lstrip().startswith("{"):
             # V3: function<sep>NAME\n```json\n{...}\n```
@@ -92,7 +93,7 @@ class DeepSeekV3Parser(SyntaxParser):
             name, payload = head, rest
         name = name.strip()
         if not name:
-            raise ArgumentsError("the tool name is missing")
+            raise ArgumentsError("the tool name is missing", kind="invalid_syntax")
         try:
             return name, arguments_from_text(payload)
         except ArgumentsError as error:
@@ -159,6 +160,7 @@ class KimiK2Parser(SyntaxParser):
                         "no <|tool_call_begin|>...<|tool_call_end|> call inside the section"
                         + (" (truncated?)" if end_match is None else ""),
                         truncated=end_match is None,
+                        kind="invalid_syntax",
                     )
                 parsed = [self._call(match) for match in calls]
             except ArgumentsError as error:
@@ -257,7 +259,10 @@ class HarmonyParser(SyntaxParser):
     ) -> None:
         if ending is None or ending.group(0) == "<|start|>":
             found.error(
-                f"the call of {name!r} is cut off before <|call|> (truncated?)", raw, tool=name
+                f"the call of {name!r} is cut off before <|call|> (truncated?)",
+                raw,
+                kind="truncated",
+                tool=name,
             )
             return
         try:

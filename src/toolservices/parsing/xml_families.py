@@ -83,7 +83,7 @@ class _ParamParser(SyntaxParser):
                 what = f"inside {self.open_tag} write {self.inner_hint}"
                 if not block.closed:
                     what = f"the {self.open_tag} block is cut off (truncated?); {what}"
-                found.error(what, raw, kind="" if block.closed else "truncated")
+                found.error(what, raw, kind="invalid_syntax" if block.closed else "truncated")
                 continue
             if not block.closed and not sections[-1][2]:
                 found.error(
@@ -319,7 +319,9 @@ class _GemmaReader:
         if text.startswith(_ESC, self.pos):
             end = text.find(_ESC, self.pos + len(_ESC))
             if end == -1:
-                raise ArgumentsError("a value opened with <escape> is never closed (truncated?)")
+                raise ArgumentsError(
+                    "a value opened with <escape> is never closed (truncated?)", truncated=True
+                )
             value = text[self.pos + len(_ESC) : end]
             self.pos = end + len(_ESC)
             return value
@@ -331,7 +333,9 @@ class _GemmaReader:
             while True:
                 self._skip(" \t\r\n,")
                 if self.pos >= len(text):
-                    raise ArgumentsError("a list is never closed with ']' (truncated?)")
+                    raise ArgumentsError(
+                        "a list is never closed with ']' (truncated?)", truncated=True
+                    )
                 if text[self.pos] == "]":
                     self.pos += 1
                     return items
@@ -351,13 +355,17 @@ class _GemmaReader:
         while True:
             self._skip(" \t\r\n,")
             if self.pos >= len(self.text):
-                raise ArgumentsError("the arguments are never closed with '}' (truncated?)")
+                raise ArgumentsError(
+                    "the arguments are never closed with '}' (truncated?)", truncated=True
+                )
             if self.text[self.pos] == "}":
                 self.pos += 1
                 return result
             colon = self.text.find(":", self.pos)
             if colon == -1:
-                raise ArgumentsError("each argument must be written key:value")
+                raise ArgumentsError(
+                    "each argument must be written key:value", kind="invalid_syntax"
+                )
             key = self.text[self.pos : colon].strip()
             self.pos = colon + 1
             result[key] = self.value()
@@ -375,7 +383,7 @@ class FunctionGemmaParser(SyntaxParser):
             body = block.body(text).strip()
             brace = body.find("{")
             if not body.startswith("call:") or brace == -1:
-                kind = "truncated" if not block.closed else ""
+                kind = "truncated" if not block.closed else "invalid_syntax"
                 found.error("write call:TOOL_NAME{arg:<escape>value<escape>}", raw, kind=kind)
                 continue
             name = body[5:brace].strip()
@@ -386,7 +394,12 @@ class FunctionGemmaParser(SyntaxParser):
                 found.arguments_error(error, raw, tool=name)
                 continue
             if not block.closed:
-                found.error(f"the call is never closed with {_FG_END} (truncated?)", raw, tool=name)
+                found.error(
+                    f"the call is never closed with {_FG_END} (truncated?)",
+                    raw,
+                    kind="truncated",
+                    tool=name,
+                )
                 continue
             found.call(name, args, raw=raw)
             found.cut(block.start, block.end)
