@@ -304,6 +304,9 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
     os.environ["HOME"] = workdir
     os.environ["TMPDIR"] = workdir
     os.environ["PWD"] = workdir
+    tempfile_module = sys.modules.get("tempfile")
+    if tempfile_module is not None:  # the server may have cached its own temp dir
+        tempfile_module.tempdir = None  # type: ignore[attr-defined]
     landlock = state.get("landlock")
     if landlock is not None:
         apply_landlock(
