@@ -93,6 +93,7 @@ class ToolTransformBase(Transform):
         #: Identifies this transform's environment in executor session ids.
         self.env_key = uuid.uuid4().hex[:12]
         self._failed_turns: list[int] = []
+        self._turns: list[int] = []
 
     # -- hooks for subclasses ----------------------------------------------------------
 
@@ -136,6 +137,19 @@ class ToolTransformBase(Transform):
             return next_tensordict
         return self._process(next_tensordict)
 
+    def inv(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The step input for the env: a new container sharing the entries.
+
+        TorchRL's default clones the input so that inverse transforms cannot
+        change the caller's tensordict; with no inverse keys there is nothing
+        to protect beyond the top-level container (``TransformedEnv`` pops
+        ``_step`` from it), and the clone of a batched History costs
+        milliseconds per step.
+        """
+        if self.in_keys_inv:
+            return super().inv(tensordict)
+        return tensordict.select(*tensordict.keys(), strict=False)
+
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
@@ -148,6 +162,7 @@ class ToolTransformBase(Transform):
         self._grow(size)
         for i in indices:
             self._failed_turns[i] = 0
+            self._turns[i] = 0
         self._end_sessions(indices)
         if self.metrics_key is not None:
             tensordict_reset.set(
@@ -180,24 +195,13 @@ class ToolTransformBase(Transform):
             getattr(base, "user_role", "user"),
             getattr(base, "system_role", "system"),
         }
-        texts: list[str | None] = []
+        texts = _this_turn(history, size, policy_role, stop_roles)
         states: list[dict[str, Any]] = []
-        for i, (roles, contents) in enumerate(
-            zip(_rows(history.role, size), _rows(history.content, size), strict=True)
-        ):
-            # the policy's message of this step: the last one, or the last before
-            # what other tool transforms of this env appended in this step
-            last = len(roles) - 1
-            while last >= 0 and roles[last] not in stop_roles:
-                last -= 1
-            is_turn = last >= 0 and roles[last] == policy_role and isinstance(contents[last], str)
-            texts.append(contents[last] if is_turn else None)
+        for i, text in enumerate(texts):
+            if text is not None:
+                self._turns[i] += 1
             states.append(
-                {
-                    "batch_index": i,
-                    "turn": sum(1 for r in roles if r == policy_role),
-                    "session_id": self.session_id(i),
-                }
+                {"batch_index": i, "turn": self._turns[i], "session_id": self.session_id(i)}
             )
         outputs = self._run_batch(texts, states)
         extended = append_tool_messages(
@@ -276,23 +280,49 @@ class ToolTransformBase(Transform):
         return TensorDict(values, batch_size=like.batch_size, device=like.device)
 
     def _grow(self, size: int) -> None:
-        if len(self._failed_turns) < size:
-            self._failed_turns.extend([0] * (size - len(self._failed_turns)))
+        for counts in (self._failed_turns, self._turns):
+            if len(counts) < size:
+                counts.extend([0] * (size - len(counts)))
 
     def clone(self) -> ToolTransformBase:
         """A copy for another environment: same tools, its own sessions and counters."""
         twin = super().clone()
         twin.env_key = uuid.uuid4().hex[:12]
         twin._failed_turns = []
+        twin._turns = []
         return twin
 
     def close(self) -> None:
         """Release what the transform holds (nothing in the base class)."""
 
 
-def _rows(values: Any, size: int) -> list[list[Any]]:
-    """A batch x time NonTensor field as ``size`` Python lists."""
-    rows = values.tolist() if hasattr(values, "tolist") else list(values)
-    if size == 1 and rows and not isinstance(rows[0], list):
-        rows = [rows]
-    return [list(r) for r in rows]
+def _column(values: Any, size: int) -> list[Any]:
+    """One message field of a batch (``history[..., k].role``) as a list."""
+    if isinstance(values, str) or not hasattr(values, "__len__"):
+        return [values] * size
+    column = list(values)
+    return column if len(column) == size else [values] * size
+
+
+def _this_turn(history: Any, size: int, policy_role: str, stop_roles: set[str]) -> list[str | None]:
+    """Each item's message from the policy in this step, or None.
+
+    That is the last message, or the last one before the messages that tool
+    transforms earlier in the stack appended in this step (any role other
+    than the policy's, the user's and the system's). Only the last few
+    messages are read, not the whole history.
+    """
+    length = history.shape[-1]
+    texts: list[str | None] = [None] * size
+    pending = set(range(size))
+    k = 1
+    while pending and k <= length:
+        last = history[..., -k]
+        roles, contents = _column(last.role, size), _column(last.content, size)
+        for i in list(pending):
+            if roles[i] in stop_roles:
+                pending.discard(i)
+                if roles[i] == policy_role and isinstance(contents[i], str):
+                    texts[i] = contents[i]
+        k += 1
+    return texts
