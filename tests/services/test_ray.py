@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,9 +66,9 @@ def _register_in_worker(namespace: str, name: str, num_replicas: int = 1) -> str
 
 
 @ray.remote(num_cpus=0)
-def _get_or_register_in_worker(namespace: str, name: str) -> str:
+def _get_or_register_in_worker(namespace: str, name: str, num_replicas: int = 1) -> str:
     registry = get_services("ray", namespace=namespace)
-    handle = registry.get_or_register(name, Counter)
+    handle = registry.get_or_register(name, Counter, num_replicas=num_replicas, num_cpus=0)
     return handle._actor_id.hex()
 
 
@@ -79,6 +80,23 @@ def _call_in_worker(namespace: str, name: str, method: str, *args: Any, **kwargs
 @ray.remote(num_cpus=0)
 def _list_in_worker(namespace: str) -> list[str]:
     return get_services("ray", namespace=namespace).list()
+
+
+@ray.remote(num_cpus=0)
+def _use_shipped(registry: ServiceRegistry, client: Any, session_id: str) -> tuple[list[str], Any]:
+    return registry.list(), client.call("remember", "worker", session_id=session_id)
+
+
+def test_registry_and_client_can_be_shipped_to_workers(services: ServiceRegistry) -> None:
+    """A transform holding a client is pickled into collector workers."""
+    services.register("sess", Sessions, num_replicas=2, num_cpus=0)
+    client = services.client("sess")
+    client.call("remember", "driver", session_id="s7")
+    names, out = ray.get(_use_shipped.remote(services, client, "s7"))
+    assert names == ["sess"]
+    assert out["seen"] == ["driver", "worker"]
+    copy = pickle.loads(pickle.dumps(client))
+    assert copy.call("remember", "copy", session_id="s7")["seen"] == ["driver", "worker", "copy"]
 
 
 def test_ray_init_config_used_once_and_not_mutated(ray_started: dict[str, Any]) -> None:
@@ -133,11 +151,15 @@ def test_registration_race_with_different_replica_counts(services: ServiceRegist
     assert len(services.replicas("mixed")) == len(_actors_of(ns))
 
 
-def test_get_or_register_race_gives_one_actor(services: ServiceRegistry) -> None:
+@pytest.mark.parametrize("num_replicas", [1, 3])
+def test_get_or_register_race_gives_one_service(
+    services: ServiceRegistry, num_replicas: int
+) -> None:
     ns = services.namespace
-    ids = ray.get([_get_or_register_in_worker.remote(ns, "shared") for _ in range(2)])
-    assert ids[0] == ids[1]
+    ids = ray.get([_get_or_register_in_worker.remote(ns, "shared", num_replicas) for _ in range(3)])
+    assert len(set(ids)) == 1
     assert services.get("shared")._actor_id.hex() == ids[0]
+    assert len(_actors_of(ns)) == num_replicas
 
 
 # -- actor options --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import threading
@@ -276,3 +277,13 @@ async def test_replicas_least_in_flight(registry: ServiceRegistry) -> None:
             tg.start_soon(one)
     assert sorted(Tally(results).values()) == [2, 2, 2]
     assert client.in_flight() == [0, 0, 0]
+
+
+def test_local_client_refuses_to_be_pickled() -> None:
+    registry = get_services("local", namespace=new_namespace())
+    try:
+        registry.register("svc", Counter)
+        with pytest.raises(TypeError, match="cannot leave its process"):
+            pickle.dumps(registry.client("svc"))
+    finally:
+        registry.reset()

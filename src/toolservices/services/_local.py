@@ -205,6 +205,13 @@ class LocalServiceClient(ServiceClient):
         super().__init__(name, namespace, replica_names(name, len(entry.replicas)), timeout=timeout)
         self._entry = entry
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError(
+            f"A client of local service '{self.name}' cannot leave its process: local services "
+            "are objects in this process. Use the 'ray' backend to share services across "
+            "processes, or get a client from the registry inside the worker."
+        )
+
     def _target(self, index: int) -> Any:
         if self._entry.removed:
             raise ServiceUnavailableError(

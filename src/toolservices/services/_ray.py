@@ -109,6 +109,13 @@ class RayServiceRegistry(ServiceRegistry):
             ray.init(**dict(ray_init_config or {}))
         self._ray = ray
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"namespace": self.namespace}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.namespace = state["namespace"]
+        self._ray = _import_ray()  # unpickled inside a Ray worker, where Ray is running
+
     # -- options ---------------------------------------------------------------------
 
     def _split_options(
@@ -310,6 +317,16 @@ class RayServiceClient(ServiceClient):
         self._handles: list[Any] = [head] + [None] * (len(names) - 1)
         self._methods: dict[str, str] = {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Ship the client to other workers (a transform pickled into a collector).
+
+        The copy starts with fresh load counts and re-learns dead replicas.
+        """
+        return (
+            _rebuild_client,
+            (self.name, self.namespace, list(self._router.replicas), self._handles, self.timeout),
+        )
+
     def _handle(self, index: int) -> Any:
         handle = self._handles[index]
         if handle is None:
@@ -412,3 +429,12 @@ class RayServiceClient(ServiceClient):
             ),
             retryable=live,
         )
+
+
+def _rebuild_client(
+    name: str, namespace: str, names: list[str], handles: list[Any], timeout: float | None
+) -> RayServiceClient:
+    head = handles[0]
+    client = RayServiceClient(name, namespace, names, head, timeout=timeout)
+    client._handles = list(handles)
+    return client
