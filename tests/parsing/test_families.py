@@ -602,3 +602,20 @@ def test_hostile_inputs_are_handled_without_raising(family: str) -> None:
     for response in HOSTILE:
         result = parser(response)
         assert isinstance(result.text, str)
+
+
+@pytest.mark.parametrize("family", sorted(set(PARSERS) - {"json_envelope", "openai"}))
+def test_prose_before_and_after_the_calls(family: str) -> None:
+    from toolservices.parsing import ToolCall
+
+    parser = get_parser(family)
+    if family == "python_block":
+        calls = [ToolCall("python", {"code": "print('ü')"})] * 2
+    else:
+        calls = [ToolCall("lookup", {"q": "naïve café"}), ToolCall("ping", {"n": "1"})]
+    response = f"Before the calls.\n{parser.render(calls)}\nAfter the calls."
+    result = parser(response)
+    assert result.errors == []
+    assert _calls(result) == [(c.tool, c.args) for c in calls]
+    assert result.text.startswith("Before the calls.")
+    assert result.text.endswith("After the calls.")

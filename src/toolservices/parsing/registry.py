@@ -96,8 +96,6 @@ ALIASES: dict[str, str] = {
     "glm47": "glm45",
     "gpt_oss": "openai",
     "harmony": "openai",
-    "torchrl": "xml_block",
-    "python": "python_block",
 }
 
 
