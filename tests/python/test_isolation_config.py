@@ -192,3 +192,27 @@ def test_cpu_seconds_stops_a_busy_loop() -> None:
     burn = results["burn"]
     assert not burn["timed_out"], burn
     assert burn["status"] in (-24, -9), burn  # SIGXCPU at the soft limit, SIGKILL at the hard
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="L0 exists only for a root caller")
+def test_l0_only_with_allow_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: make every launch under the dedicated uid fail (as if the interpreter
+    could not be made reachable); only allow_unsafe=True may then run user code as root."""
+    from toolservices.python import _sandbox_plan
+
+    def unreachable(paths: object, uid: int) -> list[dict[str, object]]:
+        return [{"ancestor": "/nonexistent-toolservices-test", "paths": []}]
+
+    monkeypatch.setattr(_sandbox_plan.probe_mod, "reach_groups", unreachable)
+    config = SandboxConfig(tmp_size=(64 << 20) + 4096)  # a configuration no probe has cached
+    with pytest.raises(SandboxUnavailableError, match="no isolation level"):
+        plan_server_launch(config, argv=["-c", "pass"])
+    plan = plan_server_launch(
+        SandboxConfig(tmp_size=(64 << 20) + 4096, allow_unsafe=True), argv=["-c", "pass"]
+    )
+    try:
+        assert plan.level == "L0"
+        assert [f["level"] for f in plan.report["fallbacks"]] == ["L3", "L2", "L1"]
+        assert "allow_unsafe" in plan.report["layers"]["uid_drop"]["why"]
+    finally:
+        plan.close()

@@ -156,6 +156,9 @@ def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
     if seccomp_hex is not None or landlock is not None:
         found.append(_Attempt("L2", None, seccomp_hex, landlock))
     found.append(_Attempt("L1", None, None, None))
+    if config.allow_unsafe and os.geteuid() == 0:
+        # last resort, only when asked for: user code keeps root's uid
+        found.append(_Attempt("L0", None, None, None))
     return found
 
 
@@ -295,6 +298,7 @@ def _choose(
     nproc: int | None = config.nproc
     hidden = _uid_tasks_here(os.getuid()) if uid is None and nproc is not None else 0
     for attempt in _attempts(config, skipped):
+        run_uid = None if attempt.level == "L0" else uid
         inside_base = _INSIDE_BASE if attempt.bwrap else host_base
         state = session_state(
             config,
@@ -307,9 +311,9 @@ def _choose(
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
         server_argv = [inside_base if a == WORKDIR_BASE_PLACEHOLDER else a for a in argv]
         spec_argv, reach = _spec_command(
-            attempt, config, ro_paths, host_base, env, [python, *server_argv], uid
+            attempt, config, ro_paths, host_base, env, [python, *server_argv], run_uid
         )
-        spec = _spec(attempt, config, uid, reach, spec_argv, env)
+        spec = _spec(attempt, config, run_uid, reach, spec_argv, env)
         probe_argv, _ = _spec_command(
             attempt,
             config,
@@ -317,7 +321,7 @@ def _choose(
             host_base,
             env,
             [python, "-I", "-S", _SESSION_PY, "--probe"],
-            uid,
+            run_uid,
         )
         key = (
             attempt.level,
@@ -326,7 +330,7 @@ def _choose(
             attempt.landlock is not None,
             config,
             python,
-            uid is not None,
+            run_uid is not None,
             os.getuid(),
         )
         with _probe_lock:
@@ -348,7 +352,7 @@ def _choose(
             config,
             attempt_level=attempt.level,
             probe=result,
-            uid=uid,
+            uid=run_uid,
             nproc=nproc,
             fallbacks=fallbacks,
             skipped=skipped,
@@ -366,7 +370,7 @@ def _choose(
             report=report,
             workdir_base=inside_base,
             host_workdir_base=host_base,
-            uid=uid,
+            uid=run_uid,
             _slot_fd=slot_fd,
         )
     reasons = "; ".join(f"{f['level']}: {f['error']}" for f in fallbacks)

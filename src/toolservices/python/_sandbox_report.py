@@ -114,6 +114,12 @@ def build_report(
             f"user code runs as dedicated uid {uid}",
             f"probe ran as uid {probe.get('uid')}, expected a dedicated uid",
         )
+    elif is_root:
+        layers["uid_drop"] = _layer(
+            False,
+            why="user code runs as root (allow_unsafe=True): no launch under a dedicated uid "
+            "worked, see fallbacks",
+        )
     else:
         layers["uid_drop"] = _layer(
             False, why=f"not root: runs as the caller's uid {caller_uid} (nothing to drop)"
