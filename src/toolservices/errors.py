@@ -17,6 +17,7 @@ from __future__ import annotations
 __all__ = [
     "ExecutorBusyError",
     "InfrastructureError",
+    "SandboxUnavailableError",
     "ServiceExistsError",
     "ServiceNotFoundError",
     "ServiceTimeoutError",
@@ -140,3 +141,11 @@ class ExecutorBusyError(InfrastructureError):
 
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message, retryable=retryable)
+
+
+class SandboxUnavailableError(InfrastructureError):
+    """The isolation level a sandbox configuration requires cannot be reached here.
+
+    Raised when an executor starts, with the reason of every level that failed;
+    ``retryable`` is False (the machine will not change by itself).
+    """

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolservices.errors import InfrastructureError, UserError
+from toolservices.errors import SandboxUnavailableError, UserError
 from toolservices.python import _sandbox_probe as probe_mod
 from toolservices.python._sandbox_session import STATE_ENV, enter_session, remove_tree
 
@@ -54,10 +54,6 @@ _INSIDE_BASE = "/sandbox"  # where the workdir base appears inside bubblewrap
 WORKDIR_BASE_PLACEHOLDER = "@WORKDIR_BASE@"
 """An argv element equal to this is replaced by the plan's ``workdir_base``."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class SandboxUnavailableError(InfrastructureError):
-    """The isolation level the configuration requires cannot be reached on this machine."""
 
 
 @dataclass(frozen=True, kw_only=True)
