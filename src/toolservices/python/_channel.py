@@ -1,7 +1,15 @@
-"""The parent's end of a framed channel, driven by the event loop."""
+"""The parent's end of a framed channel, driven by the event loop.
+
+On asyncio (the library's shared loop) the socket stays registered with the
+loop for the channel's life and a callback fills the buffer: registering and
+unregistering it around every wait (what ``anyio.wait_readable`` does) costs
+about as much as the rest of a round trip. Other backends use
+``anyio.wait_readable``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -34,6 +42,9 @@ class AsyncChannel:
         self.max_body = max_body
         self._buf = bytearray()
         self._fds: list[int] = []
+        self._error: PeerClosed | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self.closed = False
 
     def fileno(self) -> int:
@@ -67,9 +78,41 @@ class AsyncChannel:
         self._buf += chunk
         return True
 
+    def _on_readable(self) -> None:
+        """Loop callback: move what arrived into the buffer, wake the waiter."""
+        try:
+            self._pull()
+        except PeerClosed as exc:
+            self._error = exc
+            self._unregister()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _unregister(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+            self._loop = None
+
+    async def _wait(self) -> None:
+        """Until more data (or EOF) arrived."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another backend
+            await anyio.wait_readable(self.sock)
+            return
+        if self._loop is None:
+            self._loop = loop
+            loop.add_reader(self.sock.fileno(), self._on_readable)
+        self._waiter = loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
     def has_stray_data(self) -> bool:
         """True when the peer sent bytes nobody asked for (or closed the channel)."""
-        if self._buf or self._fds:
+        if self._buf or self._fds or self._error is not None:
             return True
         try:
             return self._pull()
@@ -91,12 +134,15 @@ class AsyncChannel:
                     del self._buf[:end]
                     fds, self._fds = self._fds, []
                     return Frame(kind, seq, body, fds)
+            if self._error is not None:
+                raise self._error
             if not self._pull():
-                await anyio.wait_readable(self.sock)
+                await self._wait()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._unregister()
             self.sock.close()
             for fd in self._fds:
                 _close_quietly(fd)

@@ -336,7 +336,9 @@ class SessionHandle:
                 os.close(fd)
         self.out_fd = self.err_fd = -1
 
-    async def run(self, code: str, *, limit: float, fresh: bool) -> ExecResult:
+    async def run(
+        self, code: str, *, limit: float, fresh: bool, session_id: str | None = None
+    ) -> ExecResult:
         """Run one snippet; on timeout, crash or protocol violation the tree is killed."""
         if self.dead or self.chan.has_stray_data():
             raise SessionLost("the interpreter sent unsolicited data or is gone")
@@ -351,14 +353,14 @@ class SessionHandle:
                 await self.chan.send(Kind.EXEC, seq, code.encode("utf-8", "surrogatepass"))
                 frame = await self.chan.recv()
             if frame is None:
-                return await self._killed(start, limit=limit, fresh=fresh)
+                return await self._killed(start, limit=limit, fresh=fresh, session_id=session_id)
             if frame.kind != Kind.RESULT or frame.seq != seq or frame.fds:
                 raise ProtocolViolation(f"unexpected frame kind {frame.kind} seq {frame.seq}")
             meta = frame.json()
             if not isinstance(meta, dict) or "fatal" in meta:
                 problem = str(meta.get("fatal")) if isinstance(meta, dict) else "bad reply"
             else:
-                return self._completed(meta, time.perf_counter() - start)
+                return self._completed(meta, time.perf_counter() - start, session_id)
         except PeerClosed:
             problem = ""
         except ProtocolViolation as exc:
@@ -368,9 +370,11 @@ class SessionHandle:
             with anyio.CancelScope(shield=True):
                 await self.kill()
             raise
-        return await self._killed(start, problem=problem, fresh=fresh)
+        return await self._killed(start, problem=problem, fresh=fresh, session_id=session_id)
 
-    def _completed(self, meta: dict[str, Any], duration: float) -> ExecResult:
+    def _completed(
+        self, meta: dict[str, Any], duration: float, session_id: str | None
+    ) -> ExecResult:
         try:
             rc = int(meta["rc"])
             dropped_out, dropped_err = (int(x) for x in meta["dropped"])
@@ -390,10 +394,17 @@ class SessionHandle:
             exception=exception,
             duration=duration,
             truncated=cut_out or cut_err,
+            session_id=session_id,
         )
 
     async def _killed(
-        self, start: float, *, limit: float | None = None, problem: str = "", fresh: bool
+        self,
+        start: float,
+        *,
+        limit: float | None = None,
+        problem: str = "",
+        fresh: bool,
+        session_id: str | None = None,
     ) -> ExecResult:
         """The call did not complete normally: kill the tree, keep its partial output."""
         with anyio.CancelScope(shield=True):
@@ -432,4 +443,5 @@ class SessionHandle:
             timed_out=limit is not None,
             truncated=cut_out or cut_err,
             restarted=not fresh,
+            session_id=session_id,
         )

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
-__all__ = ["default_config", "fast_tmp_dir", "layers_module"]
+__all__ = ["default_config", "fast_tmp_dir", "layers_for", "layers_module"]
 
 _REQUIRED = ("SandboxConfig", "plan_server_launch", "enter_session", "isolation_report")
 
@@ -28,6 +29,19 @@ def layers_module() -> ModuleType:
     if module is not None and all(hasattr(module, name) for name in _REQUIRED):
         return module
     return importlib.import_module("toolservices.python._fallback")
+
+
+def layers_for(config: Any) -> ModuleType:
+    """The module that defines ``type(config)``: its functions apply that config."""
+    module = sys.modules.get(type(config).__module__)
+    if module is None or not all(hasattr(module, name) for name in _REQUIRED):
+        from toolservices.errors import UserError
+
+        raise UserError(
+            f"sandbox must be a SandboxConfig (toolservices.python.SandboxConfig), "
+            f"got {type(config).__name__}"
+        )
+    return module
 
 
 def fast_tmp_dir() -> str | None:

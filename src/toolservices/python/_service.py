@@ -36,7 +36,7 @@ from toolservices.errors import ExecutorBusyError, InfrastructureError, UserErro
 from toolservices.python._channel import AsyncChannel
 from toolservices.python._client import ForkServerClient, SessionHandle, SessionLost
 from toolservices.python._frames import Kind, ProtocolViolation
-from toolservices.python._layers import default_config, layers_module
+from toolservices.python._layers import default_config, layers_for, layers_module
 from toolservices.python._result import ExecResult
 
 __all__ = ["PythonExecutorService"]
@@ -111,8 +111,12 @@ class PythonExecutorService:
         self.max_output = max_output
         self.max_queue = max_queue
         self.spares = spares
-        self._layers: ModuleType = layers_module()
-        self.sandbox = sandbox if sandbox is not None else default_config(self._layers)
+        if sandbox is None:
+            self._layers: ModuleType = layers_module()
+            self.sandbox = default_config(self._layers)
+        else:
+            self._layers = layers_for(sandbox)
+            self.sandbox = sandbox
         self._start_lock = threading.Lock()
         self._server: ForkServerClient | None = None
         self._starting: anyio.Event | None = None
@@ -475,21 +479,21 @@ class PythonExecutorService:
         if slot.handle is None or slot.handle.dead:
             slot.handle = await self._take_spare()
         try:
-            result = await slot.handle.run(code, limit=limit, fresh=False)
+            result = await slot.handle.run(code, limit=limit, fresh=False, session_id=slot.id)
         except SessionLost:
             await self._discard(slot.handle)
             slot.handle = await self._spawn()
             restarted = True
-            result = await slot.handle.run(code, limit=limit, fresh=False)
+            result = await slot.handle.run(code, limit=limit, fresh=False, session_id=slot.id)
         finally:
             self._schedule_refill()
         slot.lost = False
         if result.restarted:
             slot.handle = None
             self._counters["restarts"] += 1
-        return dataclasses.replace(
-            result, restarted=result.restarted or restarted, session_id=slot.id
-        )
+        if restarted and not result.restarted:  # rare: only then pay for a copy
+            result = dataclasses.replace(result, restarted=True)
+        return result
 
     async def _close_session(self, session_id: str) -> None:
         slot = self._slots.pop(str(session_id), None)
