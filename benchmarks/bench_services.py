@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -58,16 +59,21 @@ def ameasure(fn: Callable[[], Awaitable[Any]], calls: int, warmup: int = 20) -> 
     return _stats(asyncio.run(run()))
 
 
-def row(label: str, figures: tuple[float, float], ref: float | None = None) -> str:
-    p50, p90 = figures
-    ratio = f"{ref / p50:.1f}x" if ref else ""
+def row(
+    label: str, figures: tuple[float, float], ref: float | None = None, *, scale: float = 1.0
+) -> str:
+    p50, p90 = figures[0] * scale, figures[1] * scale
+    ratio = f"{ref / figures[0]:.1f}x" if ref else ""
     return f"| {label} | {p50:.3f} | {p90:.3f} | {ratio} |"
 
 
 def bench_trivial(calls: int) -> list[str]:
-    lines = ["| trivial method `ping(1)` | p50 ms | p90 ms | |", "|---|---|---|---|"]
+    lines = ["| trivial method `ping(1)` | p50 µs | p90 µs | |", "|---|---|---|---|"]
+    us = 1000.0
     direct = Echo()
-    lines.append(row("plain Python method call (baseline)", measure(lambda: direct.ping(1), calls)))
+    lines.append(
+        row("plain Python method call (baseline)", measure(lambda: direct.ping(1), calls), scale=us)
+    )
     for backend in ("local", "ray"):
         kwargs = {"ray_init_config": RAY_INIT} if backend == "ray" else {}
         registry = get_services(backend, namespace="bench-trivial", **kwargs)
@@ -81,18 +87,21 @@ def bench_trivial(calls: int) -> list[str]:
                 row(
                     "ray: raw `ray.get(handle.ping.remote(1))`",
                     measure(lambda h=handle: ray.get(h.ping.remote(1)), calls),
+                    scale=us,
                 )
             )
         lines.append(
             row(
                 f"{backend}: `client.call('ping', 1)`",
                 measure(lambda c=client: c.call("ping", 1), calls),
+                scale=us,
             )
         )
         lines.append(
             row(
                 f"{backend}: `await client.acall('ping', 1)`",
                 ameasure(lambda c=client: c.acall("ping", 1), calls),
+                scale=us,
             )
         )
         registry.shutdown()
@@ -169,6 +178,10 @@ def bench_executor(calls: int, pool_size: int) -> list[str]:
     return lines
 
 
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -179,12 +192,13 @@ def main() -> None:
 
     start = time.perf_counter()
     get_services("ray", namespace="bench-init", ray_init_config=RAY_INIT)
-    print(f"ray.init: {time.perf_counter() - start:.2f} s\n")
+    print(f"ray.init: {time.perf_counter() - start:.2f} s; load average {_load()}\n")
     try:
         print("\n".join(bench_trivial(args.calls)))
         print()
         if not args.skip_torchrl:
             print("\n".join(bench_executor(args.calls, args.pool_size)))
+        print(f"\nload average at the end: {_load()} (2 cores)")
     finally:
         ray.shutdown()
 
