@@ -279,3 +279,24 @@ def test_thread_safety_of_the_sync_face(service: PythonExecutorService) -> None:
     assert not errors
     for k in range(4):
         service.close_session(f"thr-{k}")
+
+
+@pytest.mark.slow
+def test_two_slots_give_more_throughput_on_cpu_bound_snippets() -> None:
+    """Coarse: a pool of 2 beats a pool of 1 on a multi-core machine (ratio, not times)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two CPUs")
+    code = "s = 0\nfor i in range(600_000):\n    s += i * i"
+
+    def elapsed(pool_size: int) -> float:
+        import time
+
+        with PythonExecutorService(pool_size=pool_size, timeout=60) as svc:
+            svc.execute("pass")
+            started = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                results = list(pool.map(lambda k: svc.execute(code, session_id=f"c{k}"), range(6)))
+            assert all(r.success for r in results)
+            return time.perf_counter() - started
+
+    assert elapsed(1) / elapsed(2) > 1.3
