@@ -32,3 +32,11 @@ def test_help_and_bad_arguments() -> None:
     assert "demo" in run_cli("--help").stdout
     bad = run_cli("demo", "--repeats", "0")
     assert bad.returncode == 2 and "--repeats" in bad.stderr
+
+
+def test_sandbox_check_reports_layers_and_self_test_holds() -> None:
+    proc = run_cli("sandbox-check", "--self-test", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "isolation level: L" in proc.stdout
+    assert "env_allowlist" in proc.stdout
+    assert "FAILED" not in proc.stdout

@@ -26,6 +26,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "sandbox-check", help="report which isolation layers the Python sandbox can use here"
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--self-test",
+        action="store_true",
+        help="also run small, capped hostile snippets and say whether each layer held",
+    )
     serve = commands.add_parser("serve", help="serve tools over a protocol")
     serve.add_argument("--mcp", action="store_true", required=True, help="serve as an MCP server")
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
@@ -52,7 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         report = isolation_report()
         print(json.dumps(report, indent=2) if args.json else format_isolation_report(report))
-        return 0
+        if not args.self_test:
+            return 0
+        from toolservices.python._sandbox_check import format_self_test, self_test
+
+        result = self_test()
+        print(json.dumps(result, indent=2) if args.json else "\n" + format_self_test(result))
+        return 0 if result["ok"] else 1
     if args.command == "serve":
         from toolservices.mcp import serve_main
 
