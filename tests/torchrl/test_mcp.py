@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,3 +76,14 @@ def test_a_server_that_cannot_start_raises_at_construction() -> None:
         MCPToolTransform(
             {"broken": {"command": sys.executable, "args": ["-c", "raise SystemExit(3)"]}}
         )
+
+
+def test_garbage_collected_transform_shuts_its_servers() -> None:
+    transform = MCPToolTransform({"tools": SERVERS["tools"]})
+    toolset = transform.toolset
+    assert toolset.status()["tools"]["state"] == "ready"
+    ref = weakref.ref(transform)
+    del transform
+    gc.collect()
+    assert ref() is None
+    assert toolset.status()["tools"]["state"] != "ready"

@@ -228,10 +228,8 @@ class ToolTransformBase(Transform):
     def _finish(self, next_tensordict: TensorDictBase, outputs: list[ItemOutput]) -> None:
         reasons = [""] * len(outputs)
         for i, output in enumerate(outputs):
-            if output.all_failed:
-                self._failed_turns[i] += 1
-            elif output.metrics.calls or output.metrics.parse_errors or not output.messages:
-                self._failed_turns[i] = 0
+            # a turn without calls, or with one call that worked, breaks the streak
+            self._failed_turns[i] = self._failed_turns[i] + 1 if output.all_failed else 0
             limit = self.max_failed_turns
             if limit is not None and self._failed_turns[i] >= limit:
                 reasons[i] = END_REASON_FAILURES
