@@ -199,8 +199,18 @@ class RayServiceRegistry(ServiceRegistry):
                 raise
         # Another worker created the replicas and is about to create the plain name;
         # its replica becoming ready bounds how long that takes.
-        handle = self._ray.get_actor(pending[0], namespace=self.namespace)
-        self._ray.get(handle.__ray_ready__.remote(), timeout=REGISTRATION_WAIT)
+        ray = self._ray
+        try:
+            handle = ray.get_actor(pending[0], namespace=self.namespace)
+            ray.get(handle.__ray_ready__.remote(), timeout=REGISTRATION_WAIT)
+        except ray.exceptions.GetTimeoutError:
+            raise ServiceTimeoutError(
+                f"Service '{name}' in namespace '{self.namespace}' is being registered by "
+                f"another worker and was not ready within {REGISTRATION_WAIT} s",
+                retryable=True,
+            ) from None
+        except (ValueError, ray.exceptions.RayActorError):
+            pass  # that registration failed and rolled back: get() reports "not found"
         return self.get(name)
 
     # -- lookup ------------------------------------------------------------------------------
