@@ -100,6 +100,7 @@ class ForkServerClient:
         self.info: dict[str, Any] = {}
         self._errlog: Any = None
         self.pidfd = -1
+        self.stopping = False  # set when we end it ourselves (its exit is then expected)
 
     @property
     def alive(self) -> bool:
@@ -234,6 +235,7 @@ class ForkServerClient:
 
     async def stop(self) -> None:
         """Close the control channel (the server sweeps and exits), then escalate."""
+        self.stopping = True
         with anyio.CancelScope(shield=True):
             if self.chan is not None:
                 self.chan.close()

@@ -303,7 +303,7 @@ class PythonExecutorService:
     async def _watch(self, server: ForkServerClient) -> None:
         """When the fork server dies, so do its sessions: forget them at once."""
         await server.wait_exit()
-        if server is self._server and not self._closed:
+        if server is self._server and not self._closed and not server.stopping:
             log.warning("the Python fork server exited; sessions are restarted on their next call")
             if server.chan is not None:
                 server.chan.close()
@@ -611,6 +611,7 @@ def _last_resort_stop(server: ForkServerClient) -> None:
     Closing the control socket makes the fork server kill every session and
     delete their directories; the process is then reaped or killed.
     """
+    server.stopping = True
     if server.chan is not None:
         server.chan.close()
     proc = server.proc
