@@ -275,6 +275,8 @@ class PythonExecutorService:
             self._server = server
             if self._limiter is None:  # kept across fork-server restarts (calls hold tokens)
                 self._limiter = anyio.CapacityLimiter(self.pool_size)
+            if self._finalizer is not None:  # the previous server's net, now useless
+                self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _last_resort_stop, server)
             self._watcher = asyncio.get_running_loop().create_task(self._watch(server))
             self._schedule_refill()
@@ -332,7 +334,7 @@ class PythonExecutorService:
                     await self._discard(spare)
                     return
                 self._spares.append(spare)
-        except InfrastructureError as exc:
+        except (InfrastructureError, SessionLost) as exc:
             log.warning("could not prepare a spare Python interpreter: %s", exc)
         finally:
             self._refilling = False
