@@ -86,6 +86,19 @@ def socket_floor(n: int) -> list[float]:
     return samples
 
 
+def fork_floor(n: int) -> list[float]:
+    """fork + _exit + waitpid of this process: what any new process costs right now."""
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
 def throughput(execute: Callable[[str, str], Any], jobs: int, workers: int) -> float:
     """Seconds to run ``jobs`` CPU-bound snippets from ``workers`` threads."""
     started = time.perf_counter()
@@ -184,6 +197,8 @@ def main() -> None:
             "< 5 ms",
         )
 
+        row("(floor: fork + exit + wait, no Python run)", median(fork_floor(30)), None)
+
         # session start: first call in a new session
         def new_session() -> None:
             sid = uuid.uuid4().hex
@@ -229,6 +244,30 @@ def main() -> None:
         svc.close()
         if theirs_proc:
             theirs_proc.cleanup()
+
+    # fresh process that uses numpy: preloaded in the fork server vs imported per process
+    numpy_code = "import numpy as np\nprint(np.arange(10).sum())"
+    with PythonExecutorService(pool_size=1, preload=("numpy",)) as with_numpy:
+        with_numpy.execute("pass")
+        ours_np = []
+        for _ in range(max(5, reps // 10)):
+            while with_numpy.stats()["spares"] < with_numpy.spares:
+                time.sleep(0.002)
+            started = time.perf_counter()
+            assert with_numpy.execute(numpy_code).stdout == "45\n"
+            ours_np.append(time.perf_counter() - started)
+    theirs_np = None
+    if torchrl:
+        from torchrl.envs.llm.transforms.tools import PythonInterpreter
+
+        interp = PythonInterpreter(persistent=False)
+        theirs_np = measure(lambda: interp._execute_python_code(numpy_code, 0), repeats=5, warmup=1)
+    print()
+    row(
+        "fresh process using numpy (preload=numpy)",
+        median(ours_np),
+        median(theirs_np) if theirs_np else None,
+    )
 
     # pool throughput, CPU-bound: pool of 1 vs pool of 2
     jobs = 8

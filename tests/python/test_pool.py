@@ -300,3 +300,14 @@ def test_two_slots_give_more_throughput_on_cpu_bound_snippets() -> None:
             return time.perf_counter() - started
 
     assert elapsed(1) / elapsed(2) > 1.3
+
+
+def test_preloaded_modules_are_already_imported() -> None:
+    with PythonExecutorService(pool_size=1, preload=("json", "decimal")) as svc:
+        result = svc.execute("import sys\nprint('decimal' in sys.modules)")
+        assert result.stdout == "True\n"
+    with (
+        PythonExecutorService(pool_size=1, preload=("no_such_module_xyz",)) as bad,
+        pytest.raises(UserError, match="no_such_module_xyz"),
+    ):
+        bad.execute("pass")
