@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from toolservices.parsing import ToolCall, get_parser
 from toolservices.parsing.json_families import MistralParser
+from toolservices.parsing.registry import PARSERS
 
 # Strings avoid "<", ">", "`" and the fullwidth bar: inside a string they could
 # spell a closing tag, which no format can tell from the real one.
@@ -165,3 +166,31 @@ def test_functiongemma_round_trip_example() -> None:
 def test_python_block_round_trip(codes: list[str]) -> None:
     calls = [ToolCall("python", {"code": code.strip("\r\n")}) for code in codes]
     _check("python_block", calls, "")
+
+
+_FRAGMENTS = [
+    "<tool_call>", "</tool_call>", "<tool_calls>", "</tool_calls>", '<tool name="a">', "</tool>",
+    "<tool>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<function=f>", "</function>",
+    "<parameter=p>", "</parameter>", '<invoke name="f">', "</invoke>", '<parameter name="p">',
+    "<minimax:tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<arg_key>",
+    "</arg_key>", "<arg_value>", "</arg_value>", "<function_calls>", "</function_calls>",
+    "<|python_start|>", "<|python_end|>", "<|python_tag|>", "```python\n", "```json\n", "```",
+    "<start_function_call>", "call:f", "<escape>", "<end_function_call>", "<|channel|>",
+    "<|message|>", "<|call|>", "<|end|>", "<|start|>", "to=functions.f", "functools",
+    '{"name": "f", "arguments": ', '{"name": "f", "parameters": {', '"message": ', '"tools": [',
+    "{", "}", "[", "]", "(", ")", "f(", "a=", "'x'", '"y"', "1", "-2.5", "true", "null", ",", ";",
+    ":", "\n", " ", "é", "東", "\\", "'''",
+]  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_FRAGMENTS), max_size=30))
+def test_no_family_raises_on_fragment_soup(pieces: list[str]) -> None:
+    response = "".join(pieces)
+    for family in sorted(PARSERS):
+        result = get_parser(family)(response)
+        assert isinstance(result.text, str)
+        assert all(isinstance(call.args, dict) and call.tool for call in result.calls)
+        assert result.meta["count"] == len(result.calls)
