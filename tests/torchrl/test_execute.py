@@ -7,6 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from tensordict import TensorDict, lazy_stack
+from torchrl.data.llm import History
+from torchrl.envs import TransformedEnv
+from torchrl.envs.llm import ChatEnv
 from torchrl.envs.llm.transforms import ExecuteToolsInOrder as TorchRLExecute
 from torchrl.envs.llm.transforms import ToolRegistry as TorchRLRegistry
 from torchrl.envs.llm.transforms import XMLBlockParser as TorchRLXMLParser
@@ -277,3 +281,32 @@ def test_tool_specs_for_chat_templates() -> None:
     (spec,) = transform.tool_specs
     assert spec["function"]["name"] == "lookup"
     assert spec["function"]["parameters"]["properties"]["days"]["type"] == "integer"
+
+
+def test_two_dimensional_batch() -> None:
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    env = TransformedEnv(ChatEnv(batch_size=(2, 2)), ExecuteToolsInOrder(ToolRegistry([add])))
+    td = env.reset(TensorDict(query=[["a", "b"], ["c", "d"]], batch_size=(2, 2)))
+    texts = [['<tool name="add">{"a": 1, "b": 2}</tool>', "x"], ["y", '<tool name="add">{}</tool>']]
+    history = td["history"]
+    response = lazy_stack(
+        [
+            lazy_stack([History(role="assistant", content=t).unsqueeze(0) for t in row])
+            for row in texts
+        ]
+    )
+    history.full = history.prompt.extend(response, inplace=False, dim=-1)
+    history.response = response
+    td["history"] = history
+    out = env.step(td)["next"]
+    conversations = out["history"].prompt.tolist()
+    assert conversations[0][0][-1]["content"].endswith("Result: 3\n</tool_results>")
+    assert conversations[0][1][-1]["role"] == "<none>"
+    assert conversations[1][1][-1]["content"].startswith(
+        "<tool_results>\nTool add (call 1) failed:"
+    )
+    assert out["tool_metrics", "calls"].tolist() == [[1, 0], [0, 1]]
+    assert out["tool_metrics", "failed_calls"].tolist() == [[0, 0], [0, 1]]

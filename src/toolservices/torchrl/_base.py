@@ -131,11 +131,19 @@ class ToolTransformBase(Transform):
     # -- TorchRL plumbing ----------------------------------------------------------------
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        if next_tensordict.batch_dims > 1:
-            with next_tensordict.view(-1) as flat:
-                self._process(flat)
-            return next_tensordict
-        return self._process(next_tensordict)
+        if next_tensordict.batch_dims == 1:
+            return self._process(next_tensordict)
+        # a multi-dimensional batch: work on the items in a row, then fold back
+        shape = next_tensordict.batch_size
+        flat = self._process(next_tensordict.reshape(-1))
+        prompt = flat.get(("history", "prompt"))
+        next_tensordict.set(("history", "prompt"), prompt.reshape(*shape, prompt.shape[-1]))
+        keys = ["done", "terminated"] + ([self.metrics_key] if self.metrics_key else [])
+        for key in keys:
+            value = flat.get(key, None)
+            if value is not None:
+                next_tensordict.set(key, value.reshape(*shape, *value.shape[1:]))
+        return next_tensordict
 
     def inv(self, tensordict: TensorDictBase) -> TensorDictBase:
         """The step input for the env: a new container sharing the entries.
@@ -211,7 +219,7 @@ class ToolTransformBase(Transform):
             record_call_ids=self.record_call_ids,
         )
         if extended is not None:
-            next_tensordict["history"].prompt = extended
+            next_tensordict.set(("history", "prompt"), extended)
         self._finish(next_tensordict, outputs)
         return next_tensordict
 
@@ -275,7 +283,8 @@ class ToolTransformBase(Transform):
                 column = [float(getattr(o.metrics, name)) for o in outputs]
             values[name] = torch.tensor(column, dtype=dtype, device=like.device)
         values["end_reason"] = NonTensorStack(*(reasons or [""] * n))
-        return TensorDict(values, batch_size=like.batch_size, device=like.device)
+        flat = TensorDict(values, batch_size=(n,), device=like.device)
+        return flat if like.batch_dims == 1 else flat.reshape(like.batch_size)
 
     def _grow(self, size: int) -> None:
         for counts in (self._failed_turns, self._turns):
