@@ -17,6 +17,7 @@ from torchrl.envs.llm.transforms import XMLBlockParser as TorchRLXMLParser
 
 from toolservices.torchrl import (
     ExecuteToolsInOrder,
+    JSONCallParser,
     ToolRegistry,
     XMLBlockParser,
     history_to_messages,
@@ -310,3 +311,25 @@ def test_two_dimensional_batch() -> None:
     )
     assert out["tool_metrics", "calls"].tolist() == [[1, 0], [0, 1]]
     assert out["tool_metrics", "failed_calls"].tolist() == [[0, 0], [0, 1]]
+
+
+def test_foreign_parsers_and_json_envelope(chat: Any) -> None:
+    """TorchRL's own parser object still works; so does the JSON envelope parser."""
+    registry = ToolRegistry([Add()])
+    theirs = chat(ExecuteToolsInOrder(registry, TorchRLXMLParser()), 1)
+    theirs.step(['<tool name="add" tag="t">{"a": 2, "b": 2}</tool>'])
+    assert "Tool add (call 1) [tag: t] succeeded:" in theirs.tool_texts(0)[0]
+
+    envelope = chat(ExecuteToolsInOrder(registry, JSONCallParser()), 1)
+    envelope.step(['{"message": "adding", "tools": [{"tool": "add", "args": {"a": 1, "b": 1}}]}'])
+    assert '"sum": 2' in envelope.tool_texts(0)[0]
+
+
+def test_a_raising_custom_parser_is_a_parse_error(chat: Any) -> None:
+    def broken(text: str) -> dict[str, Any]:
+        raise ValueError("cannot read this")
+
+    driver = chat(ExecuteToolsInOrder(ToolRegistry([Add()]), broken), 1)
+    driver.step(["anything"])
+    assert "cannot read this" in driver.tool_texts(0)[0]
+    assert driver.metric("parse_errors") == [1]
