@@ -195,3 +195,16 @@ def test_messages_with_structured_tool_calls_are_read_as_is() -> None:
         assert result.text == ""
         [error] = result.errors
         assert error.kind == "truncated" and "'f'" in error.message
+
+
+def test_odd_tool_calls_fields() -> None:
+    parser = get_parser("hermes")
+    text = '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    # An empty list means "no structured calls": the content is parsed as usual.
+    result = parser({"role": "assistant", "content": text, "tool_calls": []})
+    assert [c.tool for c in result.calls] == ["g"]
+    single = {"id": "c1", "function": {"name": "h", "arguments": {"k": 1}}}
+    result = parser({"role": "assistant", "content": "", "tool_calls": single})
+    assert [(c.tool, c.args, c.id) for c in result.calls] == [("h", {"k": 1}, "c1")]
+    result = parser({"role": "assistant", "tool_calls": "garbage"})
+    assert result.calls == [] and result.errors[0].kind == "invalid_syntax"

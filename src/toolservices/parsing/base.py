@@ -75,7 +75,7 @@ class ParseError:
     tool: str | None = None
     #: A short label: ``invalid_json`` (bad JSON or arguments that are not an
     #: object), ``invalid_syntax`` (the call syntax itself is wrong),
-    #: ``truncated`` (the output stops inside a call), ``invalid_arguments``.
+    #: ``truncated`` (the output stops inside a call).
     kind: str = "invalid_syntax"
 
 
@@ -147,7 +147,8 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
 
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
-    for entry in message["tool_calls"]:
+    entries = message["tool_calls"]
+    for entry in entries if isinstance(entries, list | tuple) else [entries]:
         try:
             name, args, call_id = call_from_object(entry)
         except ArgumentsError as error:
@@ -157,7 +158,7 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
                 ParseError(
                     f"Could not read the tool call: {error.message}. Expected: {expected}",
                     raw,
-                    kind="truncated" if error.truncated else "invalid_arguments",
+                    kind=error.kind,
                 )
             )
             continue
@@ -168,8 +169,8 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
 class ToolParser:
     """Base class of the parser families.
 
-    A chat message dict that already carries OpenAI-style ``tool_calls``
-    (a server parsed them) is read as is, whatever the family.
+    A chat message dict that already carries a non-empty OpenAI-style
+    ``tool_calls`` list (a server parsed them) is read as is, whatever the family.
     Subclasses implement :meth:`_parse` (text -> calls and errors, plus the
     visible text) and :meth:`render` (calls -> the family's own syntax), so
     that every format round-trips. ``tools`` (OpenAI-style specs or a
@@ -185,7 +186,7 @@ class ToolParser:
         self.schemas = ToolSchemas.from_tools(tools)
 
     def __call__(self, response: str | dict[str, Any]) -> ParseResult:
-        if isinstance(response, Mapping) and isinstance(response.get("tool_calls"), list):
+        if isinstance(response, Mapping) and response.get("tool_calls"):
             # An OpenAI-style message whose calls a server already parsed.
             return self._finish(_structured_calls(response))
         return self._finish(self._parse(response_text(response)))
