@@ -87,7 +87,8 @@ def socket_floor(n: int) -> list[float]:
 
 
 def fork_floor(n: int) -> list[float]:
-    """fork + _exit + waitpid of this process: what any new process costs right now."""
+    """fork + _exit + waitpid of this process (it imported torch via TorchRL): why the
+    executor never forks the caller."""
     samples = []
     for _ in range(n):
         started = time.perf_counter()
@@ -197,7 +198,7 @@ def main() -> None:
             "< 5 ms",
         )
 
-        row("(floor: fork + exit + wait, no Python run)", median(fork_floor(30)), None)
+        row("(fork + exit + wait of this process: torch)", median(fork_floor(30)), None)
 
         # session start: first call in a new session
         def new_session() -> None:

@@ -308,9 +308,12 @@ class ForkServer:
         """Kill every session and empty the base (which belongs to the parent)."""
         self.sessions.clear()
         self.sweep()
-        with os.scandir(self.base) as entries:
-            for entry in entries:
-                remove_tree(entry.path)
+        try:
+            with os.scandir(self.base) as entries:
+                for entry in entries:
+                    remove_tree(entry.path)
+        except FileNotFoundError:  # the parent removed it already
+            return
 
 
 def main(argv: list[str] | None = None) -> None:
