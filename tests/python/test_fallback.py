@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from toolservices.python import PythonExecutorService, isolation_report
 from toolservices.python._fallback import SandboxConfig as MinimalConfig
 
@@ -24,3 +26,36 @@ def test_minimal_layers_run_sessions_and_timeouts(sid: str) -> None:
         forks = svc.fork_session(sid, 2)
         assert svc.execute("print(1)", session_id=forks[1]).stdout == "1\n"
     assert isolation_report(config)["level"] == "L1-minimal"
+
+
+def test_workdir_deletion_survives_hostile_trees(tmp_path: Path, sid: str) -> None:
+    """Deep trees, symlinks out of the workdir and mode-000 directories (no bwrap here,
+    so the session sees host paths: the symlink really points at the canary)."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "keep.txt").write_text("keep")
+    code = (
+        "import os\n"
+        f"os.symlink({str(canary)!r}, 'link_dir')\n"
+        f"os.symlink({str(canary / 'keep.txt')!r}, 'link_file')\n"
+        "os.makedirs('locked/inner')\n"
+        "open('locked/inner/f', 'w').write('x')\n"
+        "os.chmod('locked/inner', 0)\n"
+        "os.chmod('locked', 0)\n"
+        "path = 'deep'\n"
+        "os.mkdir(path)\n"
+        "os.chdir(path)\n"
+        "for _ in range(1500):\n"
+        "    os.mkdir('d')\n"
+        "    os.chdir('d')\n"
+        "os.chdir(os.environ['HOME'])\n"
+        "print(os.getcwd())"
+    )
+    with PythonExecutorService(pool_size=1, timeout=30, sandbox=MinimalConfig()) as svc:
+        result = svc.execute(code, session_id=sid)
+        assert result.success, result.stderr
+        workdir = Path(result.stdout.strip())
+        assert workdir.is_dir()
+        svc.close_session(sid)
+        assert not workdir.exists()
+    assert (canary / "keep.txt").read_text() == "keep"
