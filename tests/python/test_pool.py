@@ -286,6 +286,8 @@ def test_two_slots_give_more_throughput_on_cpu_bound_snippets() -> None:
     """Coarse: a pool of 2 beats a pool of 1 on a multi-core machine (ratio, not times)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two CPUs")
+    if os.getloadavg()[0] > (os.cpu_count() or 1) - 1:
+        pytest.skip(f"the machine is busy (load {os.getloadavg()[0]:.1f}): no idle second core")
     code = "s = 0\nfor i in range(600_000):\n    s += i * i"
 
     def elapsed(pool_size: int) -> float:

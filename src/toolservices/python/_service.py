@@ -17,7 +17,6 @@ over it, and ``aexecute`` from any other loop hops onto it. Scheduling:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import subprocess
@@ -33,9 +32,8 @@ import anyio
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
-from toolservices.python._channel import AsyncChannel
 from toolservices.python._client import ForkServerClient, SessionHandle, SessionLost
-from toolservices.python._frames import Kind, ProtocolViolation
+from toolservices.python._forking import fork_handles
 from toolservices.python._layers import default_config, layers_for, layers_module
 from toolservices.python._result import ExecResult
 
@@ -47,8 +45,6 @@ T = TypeVar("T")
 EVICTED_MEMORY = 65536
 #: the warm-up call of a new spare interpreter ("pass")
 SPAWN_WARMUP_TIMEOUT = 10.0
-#: the FORK request: n forks of a warm interpreter take milliseconds each
-FORK_TIMEOUT = 30.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -525,7 +521,7 @@ class PythonExecutorService:
                 for _ in range(n - (self.max_sessions - len(self._slots))):
                     self._evict_one()
                 try:
-                    handles = await _fork_handles(server, slot.handle, n)
+                    handles = await fork_handles(server, slot.handle, n)
                 except InfrastructureError:
                     slot.handle = None  # killed: its next call must say its state is gone
                     slot.lost = True
@@ -553,54 +549,6 @@ class PythonExecutorService:
             self._slots.clear()
             if self._finalizer is not None:
                 self._finalizer.detach()
-
-
-async def _fork_handles(
-    server: ForkServerClient, src: SessionHandle, n: int
-) -> list[SessionHandle]:
-    """Ask ``src`` to fork itself ``n`` times; adopt the copies as sessions of the server."""
-    import json
-    import socket
-
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)]
-    handles: list[SessionHandle] = []
-    workdirs: list[str] = []
-    failure: str | None = None
-    async with server.exclusive():
-        try:
-            workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n, "src": src.workdir}))[
-                "workdirs"
-            ]
-            src.seq += 1
-            seq = src.seq
-            theirs = tuple(b.fileno() for _, b in pairs)
-            body = json.dumps({"workdirs": workdirs}).encode()
-            with anyio.fail_after(FORK_TIMEOUT):
-                await src.chan.send(Kind.FORK, seq, body, theirs)
-                for _, b in pairs:
-                    b.close()
-                frame = await src.chan.recv()
-                if frame.kind != Kind.FORKED or frame.seq != seq:
-                    raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
-                for (ours, _), workdir in zip(pairs, workdirs, strict=True):
-                    handle = SessionHandle(server, AsyncChannel(ours, max_body=1 << 20), workdir)
-                    handles.append(handle)
-                    handle._accept_hello(await handle.chan.recv())
-            adopt = [[h.pid, h.workdir] for h in handles]
-            await server.request_locked(Kind.ADOPT, {"sessions": adopt})
-        except (ProtocolViolation, TimeoutError, OSError) as exc:
-            failure = f"fork_session failed: {exc}"
-            for handle in handles:
-                handle.abandon()
-            for ours, theirs_sock in pairs:
-                ours.close()
-                theirs_sock.close()
-            with contextlib.suppress(InfrastructureError):
-                await server.request_locked(Kind.RELEASE, {"workdirs": workdirs})
-    if failure is not None:
-        await src.kill()  # its state is unknown now
-        raise InfrastructureError(failure, retryable=True)
-    return handles
 
 
 def _rebuild(cls: type[PythonExecutorService], config: dict[str, Any]) -> PythonExecutorService:

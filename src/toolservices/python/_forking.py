@@ -1,0 +1,70 @@
+"""``fork_session``'s parent side: copy one live interpreter into new sessions.
+
+The source worker forks itself (a double fork, so that the copies become
+children of the fork server), each copy gets a fresh socketpair end passed
+over the source's channel with ``SCM_RIGHTS`` and its own working directory
+in the source's lineage, and the server adopts the copies as sessions. The
+control channel is held throughout, so no sweep can mistake a copy in flight
+for an orphan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+
+import anyio
+
+from toolservices.errors import InfrastructureError
+from toolservices.python._channel import AsyncChannel
+from toolservices.python._client import MAX_META, ForkServerClient, SessionHandle
+from toolservices.python._frames import Kind, ProtocolViolation
+
+__all__ = ["FORK_TIMEOUT", "fork_handles"]
+
+#: the FORK request: n forks of a warm interpreter take milliseconds each
+FORK_TIMEOUT = 30.0
+
+
+async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> list[SessionHandle]:
+    """Ask ``src`` to fork itself ``n`` times; adopt the copies as sessions of the server."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)]
+    handles: list[SessionHandle] = []
+    workdirs: list[str] = []
+    failure: str | None = None
+    async with server.exclusive():
+        try:
+            workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n, "src": src.workdir}))[
+                "workdirs"
+            ]
+            src.seq += 1
+            seq = src.seq
+            theirs = tuple(b.fileno() for _, b in pairs)
+            body = json.dumps({"workdirs": workdirs}).encode()
+            with anyio.fail_after(FORK_TIMEOUT):
+                await src.chan.send(Kind.FORK, seq, body, theirs)
+                for _, b in pairs:
+                    b.close()
+                frame = await src.chan.recv()
+                if frame.kind != Kind.FORKED or frame.seq != seq:
+                    raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
+                for (ours, _), workdir in zip(pairs, workdirs, strict=True):
+                    handle = SessionHandle(server, AsyncChannel(ours, max_body=MAX_META), workdir)
+                    handles.append(handle)
+                    handle._accept_hello(await handle.chan.recv())
+            adopt = [[h.pid, h.workdir] for h in handles]
+            await server.request_locked(Kind.ADOPT, {"sessions": adopt})
+        except (ProtocolViolation, TimeoutError, OSError) as exc:
+            failure = f"fork_session failed: {exc}"
+            for handle in handles:
+                handle.abandon()
+            for ours, theirs_sock in pairs:
+                ours.close()
+                theirs_sock.close()
+            with contextlib.suppress(InfrastructureError):
+                await server.request_locked(Kind.RELEASE, {"workdirs": workdirs})
+    if failure is not None:
+        await src.kill()  # its state is unknown now
+        raise InfrastructureError(failure, retryable=True)
+    return handles
