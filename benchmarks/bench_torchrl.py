@@ -8,7 +8,10 @@ For batches of 8 and 32, each item's assistant message makes one call:
   in plain blocking code (``time.sleep``);
 * ``python 0.3 s``: ``PythonInterpreter(persistent=True)`` running
   ``time.sleep(0.3)`` in each item's interpreter (warm: interpreters exist);
-* ``no-op``: ``ExecuteToolsInOrder`` with a tool that returns at once.
+* ``no-op``: ``ExecuteToolsInOrder`` with a tool that returns at once;
+* with ``--ray``, also ``python 0.3 s via Ray``: ``PythonInterpreter(services="ray")``
+  with each library's executor registered as a Ray actor (a local Ray is
+  started; this adds its start-up time to the run, not to the medians).
 
 Only ``env.step`` is timed; the step input (a fresh history with the
 assistant turn) is built before each timed call. Medians over the repeats;
@@ -112,17 +115,57 @@ def scenario(
     return row
 
 
+def ray_rows(repeats: tuple[int, int]) -> list[dict[str, Any]]:
+    """``PythonInterpreter(services="ray")`` of both libraries on one local Ray."""
+    import uuid
+
+    from torchrl.services import get_services as torchrl_services
+
+    from toolservices import get_services
+
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    init = {"num_cpus": 4, "include_dashboard": False, "log_to_driver": False}
+    our_registry = get_services("ray", namespace=namespace, ray_init_config=init)
+    our_registry.register(
+        "python_executor", ours.PythonExecutorService, pool_size=32, max_concurrency=64
+    )
+    their_registry = torchrl_services("ray", namespace=namespace + "-torchrl")
+    their_registry.register(
+        "python_executor", trl.PythonExecutorService, pool_size=32, max_concurrency=32
+    )
+    rows = []
+    try:
+        for batch in (8, 32):
+            rows.append(
+                scenario(
+                    "python 0.3 s via Ray",
+                    batch,
+                    "```python\nimport time\ntime.sleep(0.3)\nprint('done')\n```",
+                    lambda: ours.PythonInterpreter(services="ray", namespace=namespace),
+                    lambda: trl.PythonInterpreter(services="ray", namespace=namespace + "-torchrl"),
+                    repeats=repeats,
+                )
+            )
+    finally:
+        our_registry.reset()
+        their_registry.reset()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    parser.add_argument("--ray", action="store_true", help="add the Ray-service scenario")
     parser.add_argument(
         "--only",
-        choices=("blocking", "python", "noop"),
+        choices=("blocking", "python", "noop", "ray"),
         action="append",
         help="run only these scenarios (repeatable; default: all)",
     )
     args = parser.parse_args()
     wanted = set(args.only or ("blocking", "python", "noop"))
+    if args.ray:
+        wanted.add("ray")
     logging.getLogger("torchrl").setLevel(logging.WARNING)  # it logs every code line at INFO
     slow = (3, 2) if args.quick else (7, 3)
     fast = (30, 30) if args.quick else (200, 200)
@@ -166,6 +209,9 @@ def main() -> None:
                 warmup=5,
             )
         )
+
+    if "ray" in wanted:
+        rows.extend(ray_rows(slow))
 
     print("\n| scenario | batch | ours (median) | TorchRL 0.14.1 (median) | TorchRL / ours |")
     print("| --- | --- | --- | --- | --- |")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from toolservices.parsing import JSONCallParser, XMLBlockParser
 from toolservices.parsing.base import LLMToolParser, ParseResult, ToolCall
-from toolservices.parsing.contract import JSONCallParser, XMLBlockParser
 from toolservices.tools import ToolRegistry, ToolService
 from toolservices.torchrl._base import END_REASON_FAILURES, METRICS_KEY, ToolTransformBase
 from toolservices.torchrl._history import ToolMessage, history_to_messages
