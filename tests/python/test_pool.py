@@ -313,3 +313,29 @@ def test_preloaded_modules_are_already_imported() -> None:
         pytest.raises(UserError, match="no_such_module_xyz"),
     ):
         bad.execute("pass")
+
+
+def test_many_sessions_many_threads_then_nothing_left() -> None:
+    with PythonExecutorService(pool_size=3, max_sessions=24, timeout=20) as svc:
+        svc.execute("pass")
+        assert svc._server is not None and svc._server.proc is not None
+        launcher = psutil.Process(svc._server.proc.pid)
+
+        def episode(k: int) -> list[str]:
+            sid = f"ep-{k}"
+            outs = [svc.execute(f"n = {k}", session_id=sid).stdout]
+            for _ in range(3):
+                outs.append(svc.execute("n += 1\nprint(n)", session_id=sid).stdout)
+            return outs
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(episode, range(30)))
+        # 30 episodes over 24 sessions: an episode evicted midway would restart; the
+        # least recently used session is an idle, finished one, so (almost) all count on
+        assert sum(outs[-1] == f"{k + 3}\n" for k, outs in enumerate(results)) >= 20
+        stats = svc.stats()
+        assert stats["sessions"] <= 24 and stats["queued"] == 0 and stats["busy_sessions"] == 0
+        family = launcher.children(recursive=True)
+        assert len(family) >= stats["sessions"]
+    _gone, alive = psutil.wait_procs([launcher, *family], timeout=5)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
