@@ -124,6 +124,7 @@ class PythonExecutorService:
         self._limiter: anyio.CapacityLimiter | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._queued = 0
+        self._busy = 0  # counters only: stats() reads them from any thread
         self._counters = dict.fromkeys(
             ("calls", "fresh_calls", "timeouts", "restarts", "evictions", "forks", "failures"), 0
         )
@@ -171,10 +172,9 @@ class PythonExecutorService:
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges (cheap; safe to call from any thread)."""
-        busy = sum(1 for s in list(self._slots.values()) if s.lock.locked())
         return {
             "sessions": len(self._slots),
-            "busy_sessions": busy,
+            "busy_sessions": self._busy,
             "spares": len(self._spares),
             "queued": self._queued,
             "pool_size": self.pool_size,
@@ -462,10 +462,12 @@ class PythonExecutorService:
                         limiter.acquire_nowait()
                     except anyio.WouldBlock:
                         await limiter.acquire()
+                    self._queued -= 1
+                    self._busy += 1
                     try:
-                        self._queued -= 1
                         return await self._run_in_slot(slot, code, limit)
                     finally:
+                        self._busy -= 1
                         limiter.release()
                 finally:
                     slot.lock.release()
