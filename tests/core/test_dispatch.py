@@ -78,39 +78,114 @@ def test_calls_of_one_item_keep_their_order() -> None:
         assert [r.index for r in outcomes[i].results] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("tool_name", ["sleepy", "asleep"])
-def test_items_run_concurrently(tool_name: str) -> None:
-    items = [[ToolCall(tool_name, {"seconds": 0.3})] for _ in range(8)]
-    started = time.perf_counter()
-    outcomes = Dispatcher(REGISTRY).run(items)
-    wall = time.perf_counter() - started
-    assert all(o.results[0].ok for o in outcomes)
-    # Sequential would take 2.4 s; allow a wide margin for a loaded machine.
-    assert wall < 0.3 * 8 / 3
+class Rendezvous:
+    """Counts the calls running at once; ``meet`` returns only when ``n`` are in."""
+
+    def __init__(self, n: int) -> None:
+        self.barrier = threading.Barrier(n, timeout=10)
+        self.event = anyio.Event() if n else None
+        self.n = n
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+
+RENDEZVOUS = Rendezvous(0)
+
+
+@tool
+def meet_sync() -> int:
+    """Wait in a thread until every expected call is running."""
+    RENDEZVOUS.enter()
+    try:
+        return RENDEZVOUS.barrier.wait()
+    finally:
+        RENDEZVOUS.leave()
+
+
+@tool
+async def meet_async() -> int:
+    """Wait on the loop until every expected call is running."""
+    RENDEZVOUS.enter()
+    try:
+        if RENDEZVOUS.active == RENDEZVOUS.n:
+            RENDEZVOUS.event.set()
+        with anyio.fail_after(10):
+            await RENDEZVOUS.event.wait()
+        return RENDEZVOUS.active
+    finally:
+        RENDEZVOUS.leave()
+
+
+@tool
+def count_active(seconds: float) -> int:
+    """Block briefly while counted as running."""
+    RENDEZVOUS.enter()
+    try:
+        time.sleep(seconds)
+        return RENDEZVOUS.peak
+    finally:
+        RENDEZVOUS.leave()
+
+
+REGISTRY.register(meet_sync)
+REGISTRY.register(meet_async)
+REGISTRY.register(count_active)
+
+
+@pytest.mark.parametrize("tool_name", ["meet_sync", "meet_async"])
+async def test_items_run_concurrently(tool_name: str) -> None:
+    # Every call waits until all eight run at once (10 s bound), so the test
+    # passes only if the items really overlap, however loaded the machine is.
+    global RENDEZVOUS
+    RENDEZVOUS = Rendezvous(8)
+    items = [[ToolCall(tool_name, {})] for _ in range(8)]
+    outcomes = await Dispatcher(REGISTRY, timeout=30).arun(items)
+    assert all(o.results[0].ok for o in outcomes), [o.results[0].error for o in outcomes]
+    assert RENDEZVOUS.peak == 8
 
 
 def test_max_concurrency_bounds_parallel_calls() -> None:
-    items = [[ToolCall("sleepy", {"seconds": 0.2})] for _ in range(4)]
-    started = time.perf_counter()
-    Dispatcher(REGISTRY, max_concurrency=1).run(items)
-    assert time.perf_counter() - started >= 0.75
+    global RENDEZVOUS
+    RENDEZVOUS = Rendezvous(0)
+    items = [[ToolCall("count_active", {"seconds": 0.05})] for _ in range(4)]
+    outcomes = Dispatcher(REGISTRY, max_concurrency=1).run(items)
+    assert all(o.results[0].ok for o in outcomes)
+    assert RENDEZVOUS.peak == 1
 
 
 def test_timeout_is_isolated_to_its_call() -> None:
     items = [
-        [ToolCall("sleepy", {"seconds": 2.0}), ToolCall("stateless", {"x": 1})],
-        [ToolCall("asleep", {"seconds": 2.0})],
+        [ToolCall("sleepy", {"seconds": 5.0}), ToolCall("stateless", {"x": 1})],
+        [ToolCall("asleep", {"seconds": 5.0})],
         [ToolCall("stateless", {"x": 2})],
     ]
     started = time.perf_counter()
     outcomes = Dispatcher(REGISTRY, timeout=0.2).run(items)
-    assert time.perf_counter() - started < 1.5
+    # The slow calls are abandoned, not waited for: well under their 5 s.
+    assert time.perf_counter() - started < 2.5
     first, second, third = outcomes
     assert first.results[0].timed_out and "timed out after 0.2 s" in first.results[0].error
     assert first.results[1].ok and first.results[1].value == 1
     assert second.results[0].timed_out
     assert third.results[0].ok
     assert first.metrics.timeouts == 1 and first.metrics.failed_calls == 1
+
+
+def test_identical_calls_without_ids_get_distinct_ids() -> None:
+    calls = [ToolCall("stateless", {"x": 1}) for _ in range(3)]
+    (outcome,) = Dispatcher(REGISTRY, stop_on_error=True).run([calls])
+    assert len({r.call_id for r in outcome.results}) == 3
+    assert [r.index for r in outcome.results] == [0, 1, 2]
 
 
 def test_every_call_and_parse_error_gets_one_result() -> None:

@@ -108,20 +108,24 @@ class Dispatcher:
         state: Mapping[str, Any] | None = None,
         limiter: anyio.CapacityLimiter | None = None,
         bound_async: bool = True,
+        index: int = 0,
     ) -> CallResult:
         """Run a single call; never raises for anything the tool or model did.
 
         ``limiter`` caps concurrent calls (and sizes the threads of sync
-        tools); ``bound_async=False`` lets async tools skip it.
+        tools); ``bound_async=False`` lets async tools skip it. ``index`` is
+        the call's position in its response: it numbers the result and, for a
+        call without an id, seeds the derived one (so two identical calls of
+        one response get different ids).
         """
         started = time.perf_counter()
-        call_id = call.id or make_call_id(0, call.tool, call.args)
 
         def result(**fields: Any) -> CallResult:
             return CallResult(
                 tool=call.tool,
-                call_id=call_id,
+                call_id=_call_id(call, index),
                 tag=call.tag,
+                index=index,
                 duration=time.perf_counter() - started,
                 **fields,
             )
@@ -178,7 +182,7 @@ class Dispatcher:
                 results.append(
                     CallResult(
                         tool=call.tool,
-                        call_id=call.id or make_call_id(index, call.tool, call.args),
+                        call_id=_call_id(call, index),
                         tag=call.tag,
                         index=index,
                         ok=False,
@@ -190,8 +194,9 @@ class Dispatcher:
             call_state = None
             if state is not None:
                 call_state = {**state, "call_index": index}
-            outcome = await self.acall(call, state=call_state, limiter=limiter, bound_async=bounded)
-            outcome.index = index
+            outcome = await self.acall(
+                call, state=call_state, limiter=limiter, bound_async=bounded, index=index
+            )
             results.append(outcome)
             stopped = self.stop_on_error and not outcome.ok
         if parse is not None:
@@ -210,5 +215,9 @@ class Dispatcher:
             results=results,
             metrics=StepMetrics.from_results(results),
             parse=parse,
-            stopped_early=stopped and len(results) > 0,
+            stopped_early=stopped,
         )
+
+
+def _call_id(call: ToolCall, index: int) -> str:
+    return call.id or make_call_id(index, call.tool, call.args)

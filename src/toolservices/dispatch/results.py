@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from toolservices.parsing.base import ParseResult
@@ -86,11 +86,7 @@ class StepMetrics:
 
     def __add__(self, other: StepMetrics) -> StepMetrics:
         return StepMetrics(
-            calls=self.calls + other.calls,
-            failed_calls=self.failed_calls + other.failed_calls,
-            parse_errors=self.parse_errors + other.parse_errors,
-            timeouts=self.timeouts + other.timeouts,
-            tool_time=self.tool_time + other.tool_time,
+            **{name: getattr(self, name) + getattr(other, name) for name in _STEP_FIELDS}
         )
 
     @property
@@ -100,6 +96,10 @@ class StepMetrics:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+#: The additive counters of :class:`StepMetrics` (what episodes sum).
+_STEP_FIELDS = tuple(f.name for f in fields(StepMetrics))
 
 
 @dataclass(kw_only=True)
@@ -113,11 +113,8 @@ class EpisodeMetrics(StepMetrics):
         self.turns += 1
         if step.calls or step.parse_errors:
             self.turns_with_calls += 1
-        self.calls += step.calls
-        self.failed_calls += step.failed_calls
-        self.parse_errors += step.parse_errors
-        self.timeouts += step.timeouts
-        self.tool_time += step.tool_time
+        for name in _STEP_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(step, name))
 
 
 @dataclass(kw_only=True)
@@ -127,7 +124,8 @@ class ItemResult:
     results: list[CallResult] = field(default_factory=list)
     metrics: StepMetrics = field(default_factory=StepMetrics)
     parse: ParseResult | None = None
-    #: True when ``stop_on_error`` skipped the calls after a failure.
+    #: True when ``stop_on_error`` stopped the item at a failed call; the calls
+    #: after it, if any, are reported as ``skipped``.
     stopped_early: bool = False
 
     @property
