@@ -91,6 +91,27 @@ async def test_async_step_and_tool_specs() -> None:
     assert env.tool_specs[0]["function"]["name"] == "add"
 
 
+def test_server_parsed_tool_calls_in_a_message_are_used() -> None:
+    env = ToolEnv([add], parser="hermes")
+    env.reset(["1+2?"])
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "srv-1",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+            }
+        ],
+    }
+    step = env.step([message])
+    assert step.done == [False]
+    (result,) = step.tool_messages[0]
+    assert result["tool_call_id"] == "srv-1" and result["content"] == "3"
+    assert env.messages[0][1]["tool_calls"][0]["id"] == "srv-1"
+
+
 def test_configuration_errors() -> None:
     with pytest.raises(UserError, match="max_turns"):
         ToolEnv([add], max_turns=0)

@@ -144,10 +144,11 @@ class ToolEnv:
         parsed: dict[int, ParseResult] = {}
         for i in active:
             response = responses[i]
-            text = response_text(response) if not isinstance(response, str) else response
-            parsed[i] = self.parser(text)
+            # A message dict goes to the parser whole: calls a server already
+            # parsed into its ``tool_calls`` are read from there.
+            parsed[i] = self.parser(response if isinstance(response, str) else dict(response or {}))
             self._turns[i] += 1
-            self.messages[i].append(_assistant_message(text, parsed[i]))
+            self.messages[i].append(_assistant_message(response_text(response), parsed[i]))
         states = [{"batch_index": i, "turn": self._turns[i]} for i in active]
         outcomes = await self.dispatcher.arun([parsed[i] for i in active], states=states)
 
@@ -183,12 +184,9 @@ class ToolEnv:
     def _finish_reason(self, i: int, outcome: ItemResult) -> str | None:
         if not outcome.results:
             return "answered"
-        if outcome.metrics.clean:
-            self._failed_streak[i] = 0
-        elif outcome.metrics.failed_calls + outcome.metrics.parse_errors == len(outcome.results):
-            self._failed_streak[i] += 1
-        else:
-            self._failed_streak[i] = 0
+        metrics = outcome.metrics
+        all_failed = metrics.failed_calls + metrics.parse_errors == len(outcome.results)
+        self._failed_streak[i] = self._failed_streak[i] + 1 if all_failed else 0
         if self.max_failed_turns is not None and self._failed_streak[i] >= self.max_failed_turns:
             return "too_many_failures"
         if self._turns[i] >= self.max_turns:
