@@ -333,3 +333,37 @@ def test_a_raising_custom_parser_is_a_parse_error(chat: Any) -> None:
     driver.step(["anything"])
     assert "cannot read this" in driver.tool_texts(0)[0]
     assert driver.metric("parse_errors") == [1]
+
+
+def test_call_ids_over_turns_with_per_item_appends() -> None:
+    """record_call_ids with a policy that appends per item, as TorchRL's vLLM wrapper does."""
+
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    transform = ExecuteToolsInOrder(
+        ToolRegistry([add]), "hermes", result_format="openai", record_call_ids=True
+    )
+    env = TransformedEnv(ChatEnv(batch_size=(2,)), transform)
+    td = env.reset(TensorDict(query=["q0", "q1"], batch_size=(2,)))
+    call = '<tool_call>{"name": "add", "arguments": {"a": %d, "b": 1}}</tool_call>'
+    for turn in range(3):
+        history = td["history"]
+        texts = [call % turn, "thinking" if turn % 2 else call % (10 + turn)]
+        responses = [History(role="assistant", content=t) for t in texts]
+        history.full = lazy_stack(
+            [
+                prompt.append(response, inplace=False, dim=-1)
+                for prompt, response in zip(history.prompt.unbind(0), responses, strict=True)
+            ]
+        )
+        history.response = lazy_stack([r.unsqueeze(0) for r in responses])
+        td["history"] = history
+        td = env.step(td)["next"].exclude("done", "terminated")
+    conversations = history_to_messages(td["history"].prompt)
+    tool_messages = [m for m in conversations[0] if m["role"] == "tool"]
+    assert [m["content"] for m in tool_messages] == ["1", "2", "3"]
+    assert all(m["tool_call_id"].startswith("call_") for m in tool_messages)
+    assert len({m["tool_call_id"] for m in tool_messages}) == 3
+    assert [m["role"] for m in conversations[1]].count("tool") == 2
