@@ -126,3 +126,29 @@ def test_no_interpreter_outlives_its_ray_actor(
         assert alive == []
     finally:
         registry.reset()
+
+
+@pytest.mark.ray
+def test_raw_handle_calls_overlap(ray_started: dict[str, Any], namespace: str) -> None:
+    """TorchRL users call ``ray.get(handle.execute.remote(code))``: those calls
+    must not queue behind each other on the actor's event loop."""
+    import time
+
+    import ray
+
+    registry = get_services("ray", namespace=namespace)
+    try:
+        handle = registry.register("python", PythonExecutorService, pool_size=2, num_cpus=0)
+        warm = [handle.execute.remote("print(0)", session_id=s) for s in ("a", "b")]
+        assert all(r["success"] for r in ray.get(warm, timeout=60))
+        started = time.perf_counter()
+        refs = [
+            handle.execute.remote("import time; time.sleep(0.6); print(1)", session_id=s)
+            for s in ("a", "b")
+        ]
+        results = ray.get(refs, timeout=60)
+        wall = time.perf_counter() - started
+        assert [r["stdout"] for r in results] == ["1\n", "1\n"]
+        assert wall < 1.1  # one after the other would take 1.2 s or more
+    finally:
+        registry.reset()

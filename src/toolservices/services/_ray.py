@@ -57,6 +57,40 @@ REGISTRATION_WAIT = 60.0
 _REPLICA_RE = re.compile(re.escape(REPLICA_SEPARATOR) + r"(\d+)of(\d+)$")
 
 
+def _async_facade(cls: type) -> type:
+    """``cls`` with each sync method that has an async twin served by that twin.
+
+    A class with async methods becomes an *async* Ray actor, and Ray runs its
+    sync methods on the actor's event loop: a blocking ``execute`` called
+    through the raw handle (``handle.execute.remote(...)``, the TorchRL way)
+    would hold up every other caller. Serving ``execute`` by ``aexecute``
+    keeps the handle's interface and lets calls overlap.
+    """
+    overrides: dict[str, Any] = {}
+    for attr in dir(cls):
+        if attr.startswith("_"):
+            continue
+        method = getattr(cls, attr, None)
+        twin = getattr(cls, "a" + attr, None)
+        if (
+            callable(method)
+            and not inspect.iscoroutinefunction(method)
+            and inspect.iscoroutinefunction(twin)
+        ):
+            overrides[attr] = _served_by("a" + attr)
+    if not overrides:
+        return cls
+    return type(cls.__name__, (cls,), {"__module__": cls.__module__, **overrides})
+
+
+def _served_by(twin: str) -> Any:
+    async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self, twin)(*args, **kwargs)
+
+    method.__name__ = twin[1:]
+    return method
+
+
 def _import_ray() -> Any:
     try:
         return importlib.import_module("ray")
@@ -153,7 +187,7 @@ class RayServiceRegistry(ServiceRegistry):
         if isinstance(factory, self._ray.actor.ActorClass):
             return factory
         if inspect.isclass(factory):
-            return self._ray.remote(factory)
+            return self._ray.remote(_async_facade(factory))
         raise UserError(
             f"Cannot register {factory!r} as Ray service '{name}': the Ray backend creates "
             "actors from classes (or @ray.remote classes)"
