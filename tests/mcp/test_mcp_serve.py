@@ -7,6 +7,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,6 +90,14 @@ async def test_aserve_in_process_with_a_free_port_and_a_tool_timeout() -> None:
         await anyio.sleep(30)
         return "late"
 
+    release = threading.Event()
+
+    @tool
+    def block() -> str:
+        """A blocking tool that overruns the limit (its thread is abandoned)."""
+        release.wait(WAIT)
+        return "late"
+
     ready: list[str] = []
     got_url = anyio.Event()
 
@@ -99,7 +108,11 @@ async def test_aserve_in_process_with_a_free_port_and_a_tool_timeout() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(
             lambda: aserve(
-                [shout, stall], transport="http", port=0, tool_timeout=0.3, on_ready=on_ready
+                [shout, stall, block],
+                transport="http",
+                port=0,
+                tool_timeout=0.3,
+                on_ready=on_ready,
             )
         )
         with anyio.fail_after(WAIT):
@@ -108,4 +121,7 @@ async def test_aserve_in_process_with_a_free_port_and_a_tool_timeout() -> None:
             assert (await ts.acall("me.shout", {"text": "hi"})).text == "HI"
             stalled = await ts.acall("me.stall")
             assert stalled.is_error and stalled.text == "Tool 'stall' timed out after 0.3 s"
+            blocked = await ts.acall("me.block")
+            release.set()
+            assert blocked.is_error and blocked.text == "Tool 'block' timed out after 0.3 s"
         tg.cancel_scope.cancel()

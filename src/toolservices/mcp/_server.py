@@ -25,6 +25,7 @@ from mcp.server.stdio import stdio_server
 
 from toolservices.errors import InfrastructureError, ToolError, UserError
 from toolservices.tools import Tool, ToolRegistry
+from toolservices.tools._function_schema import STATE_PARAMETER
 
 __all__ = ["aserve", "build_server", "serve"]
 
@@ -86,7 +87,7 @@ async def _run_tool(
     try:
         args = tool.validate(arguments)
         if tool.accepts_state:
-            args["_state"] = {}
+            args[STATE_PARAMETER] = {}
         with anyio.move_on_after(limit) as scope:
             value = await tool.acall(**args)
     except ToolError as exc:

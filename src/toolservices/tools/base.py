@@ -8,6 +8,7 @@ async entry point and the OpenAI-style spec that chat templates take.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -65,8 +66,16 @@ class Tool(ABC):
         """Run the tool synchronously (in a worker thread when dispatched)."""
 
     async def acall(self, **kwargs: Any) -> Any:
-        """Run the tool from async code; sync tools go to a worker thread."""
-        return await anyio.to_thread.run_sync(lambda: self(**kwargs))
+        """Run the tool from async code; sync tools go to a worker thread.
+
+        A cancelled caller (a timeout) stops waiting at once; the thread,
+        which Python cannot kill, finishes in the background and its result is
+        dropped. Without this a time limit around a blocking tool would only
+        take effect after the tool returned.
+        """
+        return await anyio.to_thread.run_sync(
+            functools.partial(self, **kwargs), abandon_on_cancel=True
+        )
 
     def openai_spec(self) -> dict[str, Any]:
         """The ``{"type": "function", "function": {...}}`` entry for ``tools=``."""
