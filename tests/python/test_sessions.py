@@ -297,3 +297,15 @@ def test_forged_frames_on_the_channel_restart_the_session(
     after = service.execute("print('kept' in globals())", session_id=sid)
     assert after.success and after.stdout == "False\n"
     service.close_session(sid)
+
+
+def test_fresh_run_leaves_no_daemon_behind(service: PythonExecutorService, marker: str) -> None:
+    code = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'],\n"
+        "                 start_new_session=True)\n"
+        "print('started')"
+    )
+    assert service.execute(code).stdout == "started\n"
+    # the finished interpreter is discarded in the background: its tree goes with it
+    assert wait_until_gone(marker, within=5.0) == []

@@ -233,6 +233,11 @@ class ForkServerClient:
         status = reply.get("status")
         return status if isinstance(status, int) else None
 
+    async def discard(self, workdir: str) -> None:
+        """Kill a session's tree without waiting for it to be reaped."""
+        with anyio.CancelScope(shield=True):
+            await self.request(Kind.DISCARD, {"workdir": workdir})
+
     async def stop(self) -> None:
         """Close the control channel (the server sweeps and exits), then escalate."""
         self.stopping = True
@@ -310,16 +315,22 @@ class SessionHandle:
         self.out_fd, self.err_fd = fds
         self.pid = int(frame.json()["pid"])
 
-    async def kill(self) -> int | None:
-        """Kill this interpreter's whole process tree and release everything."""
+    async def kill(self, *, wait: bool = True) -> int | None:
+        """Kill this interpreter's whole process tree and release everything.
+
+        With ``wait=False`` the server answers once the tree is signalled and
+        reaps it in the background (no exit status).
+        """
         if self.dead:
             return None
         self.dead = True
         self.chan.close()
         status = None
         try:
-            if self.server.alive:
+            if self.server.alive and wait:
                 status = await self.server.kill(self.workdir)
+            elif self.server.alive:
+                await self.server.discard(self.workdir)
         except InfrastructureError:  # the server died: its sessions died with it
             status = None
         finally:

@@ -10,7 +10,8 @@ answers framed requests on its control socket one at a time:
 * ``SPAWN`` (with the session's channel end attached): make a private working
   directory and fork a session worker into it;
 * ``KILL``: kill a session's whole process tree, reap it, delete its directory,
-  report its exit status;
+  report its exit status; ``DISCARD``: the same without waiting (cleanup
+  happens when the kernel reports the death);
 * ``MKDIRS`` / ``ADOPT`` / ``RELEASE``: working directories for, and
   registration of, sessions copied by ``fork_session``.
 
@@ -131,6 +132,8 @@ class ForkServer:
         # isolation layers grant writes beneath the lineage, so the copies made by
         # fork_session (which inherit those layers) can work in <lineage>/w<id>.
         self.lineages: dict[str, set[str]] = {}
+        # sessions killed by DISCARD, not yet reaped: pid -> workdir (cleaned up at reaping)
+        self.discarding: dict[int, str] = {}
         self.status: dict[str, int] = {}  # exit status of sessions reaped before their KILL
         self.pid = os.getpid()
         self.wake_r, self.wake_w = socket.socketpair()
@@ -157,6 +160,10 @@ class ForkServer:
             if pid == 0:
                 return
             self._record(pid, status)
+            workdir = self.discarding.pop(pid, None)
+            if workdir is not None:  # its orphans are ours now: sweep them, then its directory
+                self.sweep()
+                self._release_dir(workdir)
 
     def sweep(self) -> dict[int, int]:
         """Kill and reap every descendant that is not a live session; statuses by pid."""
@@ -255,12 +262,38 @@ class ForkServer:
         self._release_dir(workdir)
         return {"status": code}
 
+    def discard(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Like KILL without waiting: SIGKILL the tree now, reap and clean up on SIGCHLD.
+
+        For interpreters nobody needs an exit status from (finished fresh-process
+        runs, unused spares): the server is free for the next request while the
+        kernel tears the processes down.
+        """
+        workdir = body["workdir"]
+        pid = self.sessions.pop(workdir, None)
+        if pid is None:  # already dead and reaped: the synchronous path
+            return self.kill(body)
+        self.discarding[pid] = workdir
+        pending, targets = [pid], []
+        while pending:
+            current = pending.pop()
+            targets.append(current)
+            pending.extend(children_of(current))
+        for target in targets:
+            try:
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        return {"status": None}
+
     def handle(self, frame: Frame) -> tuple[int, dict[str, Any]]:
         body = frame.json() if frame.kind != Kind.SPAWN else {}
         if frame.kind == Kind.SPAWN:
             return Kind.OK, self.spawn(frame)
         if frame.kind == Kind.KILL:
             return Kind.OK, self.kill(body)
+        if frame.kind == Kind.DISCARD:
+            return Kind.OK, self.discard(body)
         if frame.kind == Kind.MKDIRS:
             return Kind.OK, {"workdirs": self._new_fork_dirs(body["src"], int(body["n"]))}
         if frame.kind == Kind.ADOPT:
@@ -307,6 +340,7 @@ class ForkServer:
     def shutdown(self) -> None:
         """Kill every session and empty the base (which belongs to the parent)."""
         self.sessions.clear()
+        self.discarding.clear()
         self.sweep()
         try:
             with os.scandir(self.base) as entries:

@@ -55,6 +55,7 @@ class Kind:
     MKDIRS = 23
     ADOPT = 24
     RELEASE = 25
+    DISCARD = 26
     # fork server -> parent
     READY = 30
     OK = 31

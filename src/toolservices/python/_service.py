@@ -349,9 +349,9 @@ class PythonExecutorService:
         """A ready interpreter: a pre-forked spare if there is one (and order another)."""
         return self._spares.pop() if self._spares else await self._spawn()
 
-    async def _discard(self, handle: SessionHandle) -> None:
+    async def _discard(self, handle: SessionHandle, *, wait: bool = True) -> None:
         try:
-            await handle.kill()
+            await handle.kill(wait=wait)
         except InfrastructureError as exc:  # the server is gone: its sweep took the session
             log.debug("discarding a Python session failed: %s", exc)
 
@@ -408,7 +408,7 @@ class PythonExecutorService:
         finally:
             # clean-up and the next spare after the call, not competing with it for the CPU
             if not handle.dead:
-                self._spawn_background(self._discard(handle))
+                self._spawn_background(self._discard(handle, wait=False))
             self._schedule_refill()
 
     def _slot_for(self, session_id: str) -> _Slot:
