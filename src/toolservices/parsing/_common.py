@@ -25,6 +25,7 @@ __all__ = [
     "Block",
     "Collector",
     "SyntaxParser",
+    "after_text",
     "iter_blocks",
     "strip_newlines",
     "xml_params",
@@ -155,6 +156,11 @@ def iter_blocks(text: str, open_tag: str, close_tag: str, *, start: int = 0) -> 
         end = close + len(close_tag)
         yield Block(pos, body_start, close, end, True)
         pos = text.find(open_tag, end)
+
+
+def after_text(text: str, calls: str) -> str:
+    """What ``render`` returns: the visible text, then the rendered calls on a new line."""
+    return f"{text}\n{calls}" if text else calls
 
 
 def strip_newlines(value: str) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolservices.errors import UserError
-from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._common import Collector, SyntaxParser, after_text, iter_blocks
 from toolservices.parsing._json import (
     ArgumentsError,
     arguments_from_text,
@@ -41,10 +41,6 @@ __all__ = [
     "SimpleToolParser",
     "XMLBlockParser",
 ]
-
-
-def _join(text: str, syntax: str) -> str:
-    return f"{text}\n{syntax}" if text else syntax
 
 
 # --- xml_block ---------------------------------------------------------------------
@@ -90,7 +86,7 @@ class XMLBlockParser(SyntaxParser):
         for call in calls:
             tag = f' tag="{call.tag}"' if call.tag else ""
             blocks.append(f'<tool name="{call.tool}"{tag}>{dumps(call.args)}</tool>')
-        return _join(text, "\n".join(blocks))
+        return after_text(text, "\n".join(blocks))
 
 
 # --- json_envelope -----------------------------------------------------------------
@@ -232,7 +228,7 @@ class PythonBlockParser(SyntaxParser):
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         blocks = [f"```python\n{call.args.get('code', '')}\n```" for call in calls]
-        return _join(text, "\n".join(blocks))
+        return after_text(text, "\n".join(blocks))
 
 
 # --- simple_tool and custom regexes ------------------------------------------------
@@ -301,7 +297,7 @@ class SimpleToolParser(_ArgsErrorMixin):
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         blocks = [f"<tool>{call.tool}\n{dumps(call.args)}</tool>" for call in calls]
-        return _join(text, "\n".join(blocks))
+        return after_text(text, "\n".join(blocks))
 
 
 class RegexParser(_ArgsErrorMixin):
@@ -357,7 +353,7 @@ class RegexParser(_ArgsErrorMixin):
         if self.template is None:
             raise UserError("RegexParser.render needs template='...{name}...{args}...'")
         blocks = [self.template.format(name=c.tool, args=dumps(c.args)) for c in calls]
-        return _join(text, "\n".join(blocks))
+        return after_text(text, "\n".join(blocks))
 
     def __repr__(self) -> str:
         return f"RegexParser({self.pattern.pattern!r})"

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from toolservices.errors import UserError
-from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._common import Collector, SyntaxParser, after_text, iter_blocks
 from toolservices.parsing._json import (
     ArgumentsError,
     NestingError,
@@ -122,7 +122,7 @@ class TaggedJSONParser(SyntaxParser):
             out = f"{self.open_tag}\n{lines}\n{self.close_tag}"
         else:
             out = "\n".join(f"{self.open_tag}\n{dumps(obj)}\n{self.close_tag}" for obj in objects)
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)
 
 
 class HermesParser(TaggedJSONParser):
@@ -219,7 +219,7 @@ class MarkerJSONParser(SyntaxParser):
             out = f"{marker}{dumps(objects)}"
         else:
             out = "\n".join(f"{marker}{dumps(obj)}" for obj in objects)
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)
 
 
 class GraniteParser(MarkerJSONParser):
@@ -318,7 +318,7 @@ class Llama3JSONParser(SyntaxParser):
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         out = "; ".join(dumps(_object(call, "parameters")) for call in calls)
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)
 
 
 # --- mistral ----------------------------------------------------------------------
@@ -464,4 +464,4 @@ class XLAMParser(SyntaxParser):
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         out = dumps([_object(c, "arguments") for c in calls])
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)

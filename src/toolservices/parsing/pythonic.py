@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._common import Collector, SyntaxParser, after_text, iter_blocks
 from toolservices.parsing._json import ArgumentsError
 from toolservices.parsing.base import ToolCall
 
@@ -159,6 +159,12 @@ def _own_line(text: str, start: int, end: int | None) -> bool:
     return not head.strip() and not tail.strip()
 
 
+def _render_call(call: ToolCall) -> str:
+    """``name(k=literal, ...)``, the call syntax every pythonic family shares."""
+    args = ", ".join(f"{k}={python_literal(v)}" for k, v in call.args.items())
+    return f"{call.tool}({args})"
+
+
 class PythonicParser(SyntaxParser):
     """Llama 3.2 / ToolACE style: one Python list of keyword-argument calls.
 
@@ -198,12 +204,9 @@ class PythonicParser(SyntaxParser):
             pos = end
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        inner = ", ".join(
-            f"{c.tool}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.args.items()) + ")"
-            for c in calls
-        )
+        inner = ", ".join(_render_call(c) for c in calls)
         out = f"[{inner}]"
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)
 
 
 class Llama4PythonicParser(PythonicParser):
@@ -222,7 +225,7 @@ class Llama4PythonicParser(PythonicParser):
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         out = _PYTHON_START + PythonicParser.render(self, calls) + _PYTHON_END
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)
 
 
 class Olmo3Parser(SyntaxParser):
@@ -264,9 +267,6 @@ class Olmo3Parser(SyntaxParser):
             found.cut(block.start, block.end)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        lines = "\n".join(
-            f"{c.tool}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.args.items()) + ")"
-            for c in calls
-        )
+        lines = "\n".join(_render_call(c) for c in calls)
         out = f"<function_calls>\n{lines}\n</function_calls>"
-        return f"{text}\n{out}" if text else out
+        return after_text(text, out)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolservices.parsing._common import Block, Collector, SyntaxParser, iter_blocks
+from toolservices.parsing._common import Block, Collector, SyntaxParser, after_text, iter_blocks
 from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
 from toolservices.parsing.base import ParseResult, ToolCall
 
@@ -22,10 +22,6 @@ _DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
 _DS_CALL_END = "<｜tool▁call▁end｜>"
 _DS_SEP = "<｜tool▁sep｜>"
 _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
-
-
-def _join(text: str, out: str) -> str:
-    return f"{text}\n{out}" if text else out
 
 
 def _section_calls(
@@ -106,7 +102,7 @@ class DeepSeekV3Parser(SyntaxParser):
             f"{_DS_CALL_BEGIN}function{_DS_SEP}{c.tool}\n```json\n{dumps(c.args)}\n```{_DS_CALL_END}"
             for c in calls
         )
-        return _join(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
+        return after_text(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):
@@ -122,7 +118,7 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
         parts = "".join(
             f"{_DS_CALL_BEGIN}{c.tool}{_DS_SEP}{dumps(c.args)}{_DS_CALL_END}" for c in calls
         )
-        return _join(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
+        return after_text(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
 
 
 _KIMI_SECTION = re.compile(r"<\|tool_calls?_section_begin\|>")
@@ -195,7 +191,7 @@ class KimiK2Parser(SyntaxParser):
                 f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>{dumps(call.args)}"
                 "<|tool_call_end|>"
             )
-        return _join(
+        return after_text(
             text, f"<|tool_calls_section_begin|>{''.join(parts)}<|tool_calls_section_end|>"
         )
 

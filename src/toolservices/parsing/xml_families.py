@@ -24,7 +24,13 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from toolservices.parsing._common import Collector, SyntaxParser, iter_blocks, xml_params
+from toolservices.parsing._common import (
+    Collector,
+    SyntaxParser,
+    after_text,
+    iter_blocks,
+    xml_params,
+)
 from toolservices.parsing._json import ArgumentsError, dumps
 from toolservices.parsing.base import ToolCall
 
@@ -41,10 +47,6 @@ __all__ = [
 
 def _text_value(value: Any) -> str:
     return value if isinstance(value, str) else dumps(value)
-
-
-def _join(text: str, out: str) -> str:
-    return f"{text}\n{out}" if text else out
 
 
 def _sections(body: str, opening: re.Pattern[str], close: str) -> list[tuple[str, str, bool]]:
@@ -132,7 +134,7 @@ class Qwen3CoderParser(_ParamParser):
             blocks.append(
                 f"{self.open_tag}\n<function={call.tool}>\n{params}</function>\n{self.close_tag}"
             )
-        return _join(text, "\n".join(blocks))
+        return after_text(text, "\n".join(blocks))
 
 
 class SeedOssParser(Qwen3CoderParser):
@@ -171,7 +173,7 @@ class MiniMaxM2Parser(_ParamParser):
                 for k, v in call.args.items()
             )
             invokes.append(f'<invoke name="{call.tool}">\n{params}</invoke>\n')
-        return _join(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
+        return after_text(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
 
 
 _DSML = "｜DSML｜"
@@ -214,7 +216,7 @@ class DeepSeekV32Parser(_ParamParser):
                 for k, v in call.args.items()
             )
             invokes.append(f'<{_DSML}invoke name="{call.tool}">\n{params}</{_DSML}invoke>\n')
-        return _join(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
+        return after_text(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
 
 
 class Step3Parser(_ParamParser):
@@ -245,7 +247,7 @@ class Step3Parser(_ParamParser):
                 "<｜tool_call_begin｜>function<｜tool_sep｜>"
                 f'<steptml:invoke name="{call.tool}">{params}</steptml:invoke><｜tool_call_end｜>'
             )
-        return _join(text, f"{self.open_tag}{''.join(parts)}{self.close_tag}")
+        return after_text(text, f"{self.open_tag}{''.join(parts)}{self.close_tag}")
 
 
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.DOTALL)
@@ -292,7 +294,7 @@ class Glm45Parser(SyntaxParser):
                 for k, v in call.args.items()
             )
             blocks.append(f"<tool_call>{call.tool}\n{pairs}</tool_call>")
-        return _join(text, "\n".join(blocks))
+        return after_text(text, "\n".join(blocks))
 
 
 # --- functiongemma ------------------------------------------------------------------
@@ -420,4 +422,4 @@ class FunctionGemmaParser(SyntaxParser):
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         out = "".join(f"{_FG_START}call:{c.tool}{self._write(c.args)}{_FG_END}" for c in calls)
-        return _join(text, out)
+        return after_text(text, out)
