@@ -6,6 +6,28 @@
 * :class:`ExecResult`: a typed result that reads as the contract's dict;
 * :class:`SandboxConfig`: the isolation settings (limits, network, levels);
 * :func:`isolation_report`: which isolation layers are active, and why others are not.
+
+How it works: the parent starts one fork server per executor (a separate, lean
+interpreter that has imported ``preload``; never a fork of the caller). Each
+session is a child forked from it into a private working directory, with the
+isolation layers applied, talking to the parent over a private socket pair of
+length-prefixed frames with per-call sequence numbers. User output goes to two
+in-memory files the parent reads after each call (or after a kill), so nothing
+the code prints can reach the channel. A timeout, crash or malformed frame
+kills the session's whole process tree (sessions are child subreapers; the
+server sweeps orphans) and the result says the state was lost.
+
+What it does not do:
+
+* The code runs in the same process as its end of the channel, so it can
+  forge its own result frame. The executor stays in sync (a forged or late
+  frame restarts the session) but a result is only what the code chose to
+  report: compute rewards and verdicts outside the sandbox.
+* ``fork_session`` copies memory, not the working directory's files; a copy
+  works in a sibling directory of its source (copies of one session can write
+  into each other's directories).
+* Output printed by background threads or processes after a call returns is
+  reported with the next call, or dropped if it lands before that call starts.
 """
 
 from __future__ import annotations
