@@ -9,6 +9,7 @@ two memfds holding its output, and the next sequence number.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -117,7 +118,12 @@ class ForkServerClient:
         argv += ["--base", placeholder or self._own_base]
         try:
             # kept referenced until the server is reaped: closing it sweeps the sandbox uid
-            self.plan = self.layers.plan_server_launch(self.sandbox, python=self.python, argv=argv)
+            # planning may probe launches (bwrap, seccomp): off the event loop
+            self.plan = await anyio.to_thread.run_sync(
+                functools.partial(
+                    self.layers.plan_server_launch, self.sandbox, python=self.python, argv=argv
+                )
+            )
             plan = self.plan
             self.report = dict(plan.report)
             self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server lives
