@@ -27,6 +27,7 @@ __all__ = [
     "SyntaxParser",
     "after_text",
     "iter_blocks",
+    "segments",
     "strip_newlines",
     "xml_params",
 ]
@@ -176,6 +177,13 @@ def strip_newlines(value: str) -> str:
     return value
 
 
+def segments(body: str, open_re: re.Pattern[str]) -> list[tuple[re.Match[str], str]]:
+    """Each match of ``open_re`` with the text after it, up to the next match or the end."""
+    matches = list(open_re.finditer(body))
+    ends = [m.start() for m in matches[1:]] + [len(body)] if matches else []
+    return [(m, body[m.end() : end]) for m, end in zip(matches, ends, strict=True)]
+
+
 def xml_params(
     body: str, open_re: re.Pattern[str], close_tag: str, *, stops: tuple[str, ...] = ()
 ) -> list[tuple[re.Match[str], str]]:
@@ -186,11 +194,8 @@ def xml_params(
     or at one of ``stops`` (e.g. ``</function>``). Values lose one newline at
     each end; otherwise they are kept verbatim.
     """
-    matches = list(open_re.finditer(body))
     pairs: list[tuple[re.Match[str], str]] = []
-    for index, match in enumerate(matches):
-        limit = matches[index + 1].start() if index + 1 < len(matches) else len(body)
-        segment = body[match.end() : limit]
+    for match, segment in segments(body, open_re):
         close = segment.find(close_tag)
         if close != -1:
             segment = segment[:close]

@@ -29,6 +29,7 @@ from toolservices.parsing._common import (
     SyntaxParser,
     after_text,
     iter_blocks,
+    segments,
     xml_params,
 )
 from toolservices.parsing._json import ArgumentsError, dumps
@@ -52,11 +53,8 @@ def _text_value(value: Any) -> str:
 def _sections(body: str, opening: re.Pattern[str], close: str) -> list[tuple[str, str, bool]]:
     """``(name, inner text, closed)`` per opening match; a section ends at ``close``
     or, when the model forgot it, at the next opening."""
-    matches = list(opening.finditer(body))
     sections: list[tuple[str, str, bool]] = []
-    for index, match in enumerate(matches):
-        limit = matches[index + 1].start() if index + 1 < len(matches) else len(body)
-        inner = body[match.end() : limit]
+    for match, inner in segments(body, opening):
         end = inner.find(close)
         sections.append((match.group(1).strip(), inner if end == -1 else inner[:end], end != -1))
     return sections
