@@ -242,6 +242,7 @@ class _Worker:
         source = self.pid
         server = os.getppid()  # the fork server: the copies' parent once the middle is gone
         set_subreaper(False)
+        middles: list[int] = []
         try:
             for index, (fd, workdir) in enumerate(zip(chans, workdirs, strict=True)):
                 middle = os.fork()
@@ -259,9 +260,11 @@ class _Worker:
                         self._become_copy(fd, workdir)
                         return  # the copy continues the serve loop on its own channel
                     os._exit(0)
-                os.waitpid(middle, 0)
+                middles.append(middle)
         finally:
             if os.getpid() == source:  # not in a copy, which returns from inside the loop
+                for middle in middles:  # all copies are the server's once these are gone
+                    os.waitpid(middle, 0)
                 set_subreaper(True)
                 for fd in chans:
                     os.close(fd)
