@@ -144,3 +144,34 @@ def http_demo_factory() -> Iterator[Callable[[int], HttpServerProcess]]:
     finally:
         for server in started:
             server.stop()
+
+
+#: What a server started by :func:`announced_server` is (the process, its URL).
+Announced = tuple[subprocess.Popen[str], str]
+
+
+@pytest.fixture
+def announced_server() -> Iterator[Callable[..., Announced]]:
+    """Start servers that print ``... ready: URL`` on stderr; all are killed afterwards.
+
+    ``start(argv, timeout=PROCESS_WAIT)`` waits (bounded) for that line and
+    returns the process and the URL.
+    """
+    started: list[subprocess.Popen[str]] = []
+
+    def start(argv: list[str], *, timeout: float = PROCESS_WAIT) -> Announced:
+        proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(proc)
+        line = _readline(proc.stderr, timeout)
+        assert "ready: http://127.0.0.1:" in line, line
+        return proc, line.split("ready: ")[1].strip()
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(PROCESS_WAIT)
+            if proc.stderr is not None:
+                proc.stderr.close()

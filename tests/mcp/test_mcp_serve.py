@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import selectors
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -48,26 +47,8 @@ def test_serve_stdio_round_trip() -> None:
 
 
 @pytest.fixture
-def http_served() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    proc = subprocess.Popen(
-        [sys.executable, SERVE_TOOLS, "http"],
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stderr is not None
-    try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stderr, selectors.EVENT_READ)
-            assert sel.select(WAIT), "the server did not report readiness"
-        line = proc.stderr.readline()
-        assert "ready: http://127.0.0.1:" in line, line
-        yield proc, line.split("ready: ")[1].strip()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(WAIT)
-        proc.stderr.close()
+def http_served(announced_server: Callable[..., tuple[subprocess.Popen[str], str]]) -> Any:
+    return announced_server([sys.executable, SERVE_TOOLS, "http"])
 
 
 def test_serve_http_round_trip(http_served: tuple[subprocess.Popen[str], str]) -> None:
