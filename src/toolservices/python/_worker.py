@@ -244,31 +244,35 @@ class _Worker:
         set_subreaper(False)
         middles: list[int] = []
         try:
-            for index, (fd, workdir) in enumerate(zip(chans, workdirs, strict=True)):
-                middle = os.fork()
-                if middle == 0:
-                    # the copy learns that the middle process is gone (and that it now
-                    # belongs to the fork server) when this pipe reaches EOF
-                    gone_r, gone_w = os.pipe()
-                    if os.fork() == 0:
-                        os.close(gone_w)
-                        os.read(gone_r, 1)
-                        os.close(gone_r)
-                        _adopted_by(server)
-                        for other in chans[:index] + chans[index + 1 :]:
-                            os.close(other)
-                        self._become_copy(fd, workdir)
-                        return  # the copy continues the serve loop on its own channel
-                    os._exit(0)
-                middles.append(middle)
+            try:
+                for index, (fd, workdir) in enumerate(zip(chans, workdirs, strict=True)):
+                    middle = os.fork()
+                    if middle == 0:
+                        # the copy learns that the middle process is gone (and that it now
+                        # belongs to the fork server) when this pipe reaches EOF
+                        gone_r, gone_w = os.pipe()
+                        if os.fork() == 0:
+                            os.close(gone_w)
+                            os.read(gone_r, 1)
+                            os.close(gone_r)
+                            _adopted_by(server)  # before HELLO: a KILL must find us
+                            for other in chans[:index] + chans[index + 1 :]:
+                                os.close(other)
+                            self._become_copy(fd, workdir)
+                            return  # the copy continues the serve loop on its own channel
+                        os._exit(0)
+                    middles.append(middle)
+            finally:
+                if os.getpid() == source:  # not in a copy, which returns from inside the loop
+                    for fd in chans:
+                        os.close(fd)
+            body = json.dumps({"n": len(chans)}).encode()
+            send_frame(self.chan, Kind.FORKED, frame.seq, body)
         finally:
-            if os.getpid() == source:  # not in a copy, which returns from inside the loop
+            if os.getpid() == source:
                 for middle in middles:  # all copies are the server's once these are gone
                     os.waitpid(middle, 0)
                 set_subreaper(True)
-                for fd in chans:
-                    os.close(fd)
-        send_frame(self.chan, Kind.FORKED, frame.seq, json.dumps({"n": len(chans)}).encode())
 
     def _become_copy(self, fd: int, workdir: str) -> None:
         self.chan.close()
