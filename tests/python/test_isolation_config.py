@@ -80,6 +80,34 @@ def test_report_lists_every_layer_with_a_reason() -> None:
     assert report["level"] in text and "namespaces" in text and "OFF" in text
 
 
+@pytest.mark.parametrize(("abi", "scoped"), [(3, False), (5, False), (6, True), (7, True)])
+def test_report_claims_landlock_scoping_only_from_abi_6(abi: int, scoped: bool) -> None:
+    """Scoping is always requested but the kernel applies it from ABI 6 on; the report,
+    built from a probe's findings, must not promise it on older kernels."""
+    from toolservices.python._sandbox_report import build_report
+
+    report = build_report(
+        SandboxConfig(),
+        attempt_level="L2",
+        probe={"landlock_abi": abi, "session": {"seccomp_mode": 2, "no_new_privs": True}},
+        uid=None,
+        nproc=256,
+        fallbacks=[],
+        skipped={},
+        ro_paths=["/usr"],
+        inside_base="/tmp/base",
+        python="python3",
+        bwrap=None,
+    )
+    detail = report["layers"]["landlock"]["detail"]
+    assert detail.startswith(f"ABI {abi}:")
+    assert ("scoped to the sandbox" in detail) is scoped
+    assert ("not scoped (needs ABI >= 6)" in detail) is not scoped
+    assert ("TCP bind/connect denied by Landlock" in report["layers"]["network"]["detail"]) is (
+        abi >= 4
+    )
+
+
 def test_min_level_not_met_raises_with_reasons() -> None:
     with pytest.raises(SandboxUnavailableError, match="below"):
         plan_server_launch(SandboxConfig(bwrap=False, min_level="L3"), argv=["-c", "pass"])

@@ -30,6 +30,7 @@ from typing import Any
 
 from toolservices.errors import SandboxUnavailableError, UserError
 from toolservices.python import _sandbox_probe as probe_mod
+from toolservices.python._sandbox_report import config_rlimits
 from toolservices.python._sandbox_session import STATE_ENV, enter_session, remove_tree
 
 __all__ = [
@@ -266,14 +267,7 @@ def session_state(
     seccomp_hex: str | None = None,
 ) -> dict[str, Any]:
     """What each session applies to itself (serialised into the server's environment)."""
-    rlimits = {
-        "AS": config.memory_limit,
-        "CPU": config.cpu_seconds,
-        "FSIZE": config.file_size,
-        "NOFILE": config.open_files,
-        "CORE": 0,
-        "NPROC": None,
-    }
+    rlimits = {**config_rlimits(config), "NPROC": None}
     return {
         "nproc_headroom": nproc,
         "nproc_hidden": nproc_hidden,

@@ -379,17 +379,16 @@ def _choose(
 
 def _enforce(config: SandboxConfig, report: dict[str, Any]) -> None:
     level = report["level"]
+    reasons = "; ".join(f"{f['level']}: {f['error']}" for f in report["fallbacks"])
+    why = f" ({reasons})" if reasons else ""
     if level == "L0" and not config.allow_unsafe:
         raise SandboxUnavailableError(
-            "only level L0 (no isolation) is possible here: "
-            + report.get("why_level", "")
-            + "; pass SandboxConfig(allow_unsafe=True) to run anyway"
+            f"only level L0 (no isolation) is possible here{why}; "
+            "pass SandboxConfig(allow_unsafe=True) to run anyway"
         )
     if config.min_level is not None and LEVELS.index(level) < LEVELS.index(config.min_level):
-        reasons = "; ".join(f"{f['level']}: {f['error']}" for f in report["fallbacks"])
         raise SandboxUnavailableError(
-            f"isolation level {level} is below SandboxConfig(min_level={config.min_level!r})"
-            + (f" ({reasons})" if reasons else "")
+            f"isolation level {level} is below SandboxConfig(min_level={config.min_level!r}){why}"
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["LEVEL_MEANING", "NOT_PROTECTED", "build_report"]
+__all__ = ["LEVEL_MEANING", "NOT_PROTECTED", "build_report", "config_rlimits"]
 
 LEVEL_MEANING = {
     "L3": "namespaces: private pid/net/mount/ipc, minimal read-only filesystem",
@@ -33,6 +33,17 @@ NOT_PROTECTED = {
     ],
     "L0": ["everything: user code runs with the caller's privileges"],
 }
+
+
+def config_rlimits(config: Any) -> dict[str, int | None]:
+    """The per-session rlimits a :class:`SandboxConfig` sets (NPROC is set per session)."""
+    return {
+        "AS": config.memory_limit,
+        "CPU": config.cpu_seconds,
+        "FSIZE": config.file_size,
+        "NOFILE": config.open_files,
+        "CORE": 0,
+    }
 
 
 def _layer(active: bool, detail: str = "", why: str = "") -> dict[str, Any]:
@@ -85,12 +96,8 @@ def build_report(
         f"one private 0700 directory per session under {inside_base} (HOME and TMPDIR); "
         "deleted when the session ends",
     )
-    limits = {
-        "AS": config.memory_limit,
-        "CPU": config.cpu_seconds,
-        "FSIZE": config.file_size,
-        "NOFILE": config.open_files,
-        "CORE": 0,
+    limits: dict[str, int | str | None] = {
+        **config_rlimits(config),
         "NPROC": None if nproc is None else f"tasks at session start + {nproc}",
     }
     layers["rlimits"] = _layer(
@@ -153,7 +160,7 @@ def build_report(
     elif landlock_on or seccomp_on:
         parts = (
             ["TCP bind/connect denied by Landlock"]
-            if landlock_on and probe.get("landlock_abi", 0) >= 4
+            if landlock_on and (probe.get("landlock_abi") or 0) >= 4
             else []
         )
         parts += ["inet/inet6/packet/netlink sockets denied by seccomp"] if seccomp_on else []
@@ -192,12 +199,18 @@ def build_report(
         + ("" if config.network else ", non-unix sockets"),
         skipped.get("seccomp") or "the filter was not in force in the probe",
     )
+    landlock_abi = probe.get("landlock_abi") or 0
     layers["landlock"] = _layer(
         landlock_on,
-        f"ABI {probe.get('landlock_abi')}: writes only in "
+        f"ABI {landlock_abi}: writes only in "
         "the workdir"
         + (", /tmp, /dev/shm" if in_ns else "")
-        + "; signals and abstract sockets scoped to the sandbox",
+        # scoping is requested always but exists only from ABI 6 on
+        + (
+            "; signals and abstract sockets scoped to the sandbox"
+            if landlock_abi >= 6
+            else "; signals and abstract sockets not scoped (needs ABI >= 6)"
+        ),
         skipped.get("landlock") or f"not applied at {attempt_level}",
     )
     layers["orphan_cleanup"] = _layer(
