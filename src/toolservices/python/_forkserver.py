@@ -134,6 +134,10 @@ class ForkServer:
         self.lineages: dict[str, set[str]] = {}
         # sessions killed by DISCARD, not yet reaped: pid -> workdir (cleaned up at reaping)
         self.discarding: dict[int, str] = {}
+        # between MKDIRS and ADOPT/RELEASE, copies made by fork_session are our children
+        # but not yet registered: no background sweep may run then (it would kill them)
+        self.forking = 0
+        self.sweep_pending = False
         self.status: dict[str, int] = {}  # exit status of sessions reaped before their KILL
         self.pid = os.getpid()
         self.wake_r, self.wake_w = socket.socketpair()
@@ -162,8 +166,11 @@ class ForkServer:
             self._record(pid, status)
             workdir = self.discarding.pop(pid, None)
             if workdir is not None:  # its orphans are ours now: sweep them, then its directory
-                self.sweep()
                 self._release_dir(workdir)
+                self.sweep_pending = True
+        if self.sweep_pending and not self.forking:
+            self.sweep_pending = False
+            self.sweep()
 
     def sweep(self) -> dict[int, int]:
         """Kill and reap every descendant that is not a live session; statuses by pid."""
@@ -295,15 +302,19 @@ class ForkServer:
         if frame.kind == Kind.DISCARD:
             return Kind.OK, self.discard(body)
         if frame.kind == Kind.MKDIRS:
-            return Kind.OK, {"workdirs": self._new_fork_dirs(body["src"], int(body["n"]))}
+            dirs = self._new_fork_dirs(body["src"], int(body["n"]))
+            self.forking += 1
+            return Kind.OK, {"workdirs": dirs}
         if frame.kind == Kind.ADOPT:
             for pid, workdir in body["sessions"]:
                 self.sessions[workdir] = int(pid)
+            self.forking = max(0, self.forking - 1)
             return Kind.OK, {}
         if frame.kind == Kind.RELEASE:
             for workdir in body["workdirs"]:
                 if workdir not in self.sessions:
                     self._release_dir(workdir)
+            self.forking = max(0, self.forking - 1)
             return Kind.OK, {}
         raise ValueError(f"unknown request kind {frame.kind}")
 
