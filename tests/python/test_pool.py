@@ -339,3 +339,28 @@ def test_many_sessions_many_threads_then_nothing_left() -> None:
         assert len(family) >= stats["sessions"]
     _gone, alive = psutil.wait_procs([launcher, *family], timeout=5)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_fork_session_while_fresh_runs_are_discarded(sid: str) -> None:
+    """Background clean-up of finished interpreters must never take a copy in flight."""
+    with PythonExecutorService(pool_size=3, timeout=20) as svc:
+        svc.execute("value = 7", session_id=sid)
+        stop = threading.Event()
+
+        def churn() -> None:
+            while not stop.is_set():
+                svc.execute("print(1)")
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            churners = [pool.submit(churn) for _ in range(2)]
+            try:
+                for _ in range(6):
+                    copies = svc.fork_session(sid, 2)
+                    for copy in copies:
+                        result = svc.execute("print(value)", session_id=copy)
+                        assert result.stdout == "7\n" and not result.restarted, result
+                        svc.close_session(copy)
+            finally:
+                stop.set()
+            for churner in churners:
+                churner.result()
