@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -220,6 +221,36 @@ def test_cpu_seconds_stops_a_busy_loop() -> None:
     burn = results["burn"]
     assert not burn["timed_out"], burn
     assert burn["status"] in (-24, -9), burn  # SIGXCPU at the soft limit, SIGKILL at the hard
+
+
+def test_self_test_server_reports_timeouts_exits_and_lingering_writers() -> None:
+    """The self-test's session runner: a hung snippet is cut at its deadline and marked,
+    a finished one is not, and a descendant still holding the output pipe after the
+    session exits delays the result by a grace period only (not the 30 s it sleeps)."""
+    from toolservices.python._sandbox_selftest import run_snippets
+
+    linger = (
+        "import os, time\nprint('parent', flush=True)\n"
+        "if os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+    )
+    started = time.monotonic()
+    _, results = run_snippets(
+        SandboxConfig(),
+        {
+            "hang": {"code": "import time\ntime.sleep(60)", "timeout": 1.0},
+            "quick": {"code": "print('hi')\nraise SystemExit(3)", "timeout": 20.0},
+            "linger": {"code": linger, "timeout": 20.0},
+        },
+        timeout=60.0,
+    )
+    assert results["hang"]["timed_out"] and results["hang"]["status"] == -9, results["hang"]
+    quick = results["quick"]
+    assert not quick["timed_out"] and quick["status"] == 3 and quick["output"] == "hi\n", quick
+    lingering = results["linger"]
+    assert not lingering["timed_out"] and lingering["status"] == 0, lingering
+    assert lingering["output"] == "parent\n", lingering
+    # Coarse: far below the 30 s the lingering grandchild sleeps (and its 20 s deadline).
+    assert time.monotonic() - started < 15.0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="L0 exists only for a root caller")

@@ -19,25 +19,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolservices.python._sandbox import SandboxConfig
+from toolservices.python._sandbox_plan import _FIXED_ENV
 from toolservices.python._sandbox_selftest import run_snippets
 
 __all__ = ["format_self_test", "self_test"]
 
-_FIXED = {
-    "PATH",
-    "LANG",
-    "USER",
-    "LOGNAME",
-    "MALLOC_ARENA_MAX",
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "PYTHONDONTWRITEBYTECODE",
+#: Variables every session may see whatever the allowlist: the plan's fixed ones, the
+#: per-server ones, and what the interpreter sets itself.
+_FIXED = set(_FIXED_ENV) | {
     "HOME",
     "TMPDIR",
-    "PWD",
     "TOOLSERVICES_WORKDIR_BASE",
     "PYTHONPATH",
+    "PWD",
     "LC_CTYPE",
 }
 

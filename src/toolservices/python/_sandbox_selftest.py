@@ -55,31 +55,30 @@ def _run_one(code: str, timeout: float, base: str, index: int) -> dict[str, Any]
         os._exit(code_status)
     os.close(write_fd)
     output = bytearray()
+    pidfd = os.pidfd_open(pid)  # readable once the session exits: no polling of waitpid
+    watched = [read_fd, pidfd]
     deadline = time.monotonic() + timeout
-    timed_out = False
     exited_at: float | None = None
     status: int | None = None
-    while True:
-        now = time.monotonic()
-        if status is None:
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = os.waitstatus_to_exitcode(raw)
-                exited_at = now
+    while watched:
         # after the session exits, give descendants holding the pipe 0.2 s to finish
         limit = deadline if exited_at is None else min(deadline, exited_at + 0.2)
-        if now >= limit:
-            timed_out = exited_at is None
+        remaining = limit - time.monotonic()
+        if remaining <= 0:
             break
-        ready, _, _ = select.select([read_fd], [], [], min(0.05, limit - now))
-        if ready:
+        ready, _, _ = select.select(watched, [], [], remaining)
+        if pidfd in ready:
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            exited_at = time.monotonic()
+            watched.remove(pidfd)
+        if read_fd in ready:
             chunk = os.read(read_fd, 65536)
             if not chunk:
-                if status is not None:
-                    break
-                continue
-            if len(output) < _MAX_OUTPUT:
+                watched.remove(read_fd)  # every writer is gone; wait for the exit only
+            elif len(output) < _MAX_OUTPUT:
                 output += chunk[: _MAX_OUTPUT - len(output)]
+    os.close(pidfd)
+    timed_out = status is None
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
