@@ -157,11 +157,17 @@ class PythonExecutorService:
         return _portal.run_sync(self._execute, code, session_id, timeout)
 
     def close_session(self, session_id: str) -> None:
-        """End one session (its processes and working directory); unknown ids are ignored."""
+        """End one session: after a call running in it, kill its process tree, delete its
+        working directory. Unknown ids are ignored; the id can be used again (fresh)."""
         _portal.run_sync(self._close_session, session_id)
 
     def fork_session(self, src_session_id: str, n: int = 1) -> list[str]:
-        """Copy a live session's interpreter into ``n`` new sessions; their ids."""
+        """Copy a live session's interpreter into ``n`` new sessions; returns their ids.
+
+        The copies are forks of the source process (its variables, imports and
+        objects, without re-running anything); files in its working directory
+        are not copied. The source keeps running unchanged.
+        """
         return _portal.run_sync(self._fork_session, src_session_id, n)
 
     def isolation_report(self) -> dict[str, Any]:
