@@ -309,3 +309,25 @@ def test_fresh_run_leaves_no_daemon_behind(service: PythonExecutorService, marke
     assert service.execute(code).stdout == "started\n"
     # the finished interpreter is discarded in the background: its tree goes with it
     assert wait_until_gone(marker, within=5.0) == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n"
+        "        pass",
+        "import json\njson.dumps = lambda *a, **k: 'garbage'",
+        "import os\nos.write = None",
+    ],
+    ids=["closes-every-fd", "breaks-json", "breaks-os-write"],
+)
+def test_code_breaking_the_worker_machinery(
+    service: PythonExecutorService, sid: str, code: str
+) -> None:
+    result = service.execute(f"kept = 1\n{code}", session_id=sid)
+    if result.restarted:  # the worker could not answer: a clear failure, state lost
+        assert not result.success and result.exception is not None
+        assert "InterpreterExit" in result.stderr
+    after = service.execute("print('ok')", session_id=sid)
+    assert after.success and after.stdout == "ok\n", after
+    service.close_session(sid)

@@ -28,7 +28,7 @@ import anyio
 
 from toolservices.errors import InfrastructureError
 from toolservices.python._channel import AsyncChannel
-from toolservices.python._frames import Frame, Kind, PeerClosed, ProtocolViolation
+from toolservices.python._frames import EXIT_BROKEN, Frame, Kind, PeerClosed, ProtocolViolation
 from toolservices.python._layers import fast_tmp_dir
 from toolservices.python._result import ExceptionInfo, ExecResult
 
@@ -65,6 +65,8 @@ def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
 def _describe_status(code: int | None) -> str:
     if code is None:
         return "ended"
+    if code == EXIT_BROKEN:
+        return f"exited with status {code}: the code broke its channel or output files"
     if code < 0:
         try:
             name = signal.Signals(-code).name

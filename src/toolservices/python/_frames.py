@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "EXIT_BROKEN",
     "HEADER",
     "Frame",
     "Kind",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 HEADER = struct.Struct("<IIB")
+#: a session worker's exit status when the code broke its machinery (channel, output files)
+EXIT_BROKEN = 70
 MAX_FDS = 16
 ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 

@@ -29,11 +29,17 @@ import types
 from typing import Any, NoReturn
 
 try:  # a package module in the parent, a top-level one in the fork server (see _frames)
-    from ._frames import Frame, Kind, recv_frame, send_frame
+    from ._frames import EXIT_BROKEN, Frame, Kind, recv_frame, send_frame
 except ImportError:
-    from _frames import Frame, Kind, recv_frame, send_frame  # type: ignore[no-redef]
+    from _frames import (  # type: ignore[no-redef]
+        EXIT_BROKEN,
+        Frame,
+        Kind,
+        recv_frame,
+        send_frame,
+    )
 
-__all__ = ["serve_session", "set_subreaper"]
+__all__ = ["die_with_parent", "serve_session", "set_subreaper"]
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -41,6 +47,9 @@ MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
 MAX_EXC_MESSAGE = 2000
 COMPILE_CACHE = 128
 _libc = ctypes.CDLL(None, use_errno=True)
+# bound once: user code that patches os or json (os.write = None) must not break the worker
+_write, _fstat, _dup2, _ftruncate, _lseek = os.write, os.fstat, os.dup2, os.ftruncate, os.lseek
+_dumps = json.dumps
 
 
 def set_subreaper(on: bool) -> None:
@@ -75,7 +84,7 @@ class _CappedFd(io.RawIOBase):
             return n
         keep = data[:room]
         while keep:
-            done = os.write(self.fd, keep)
+            done = _write(self.fd, keep)
             self.written += done
             keep = keep[done:]
         self.dropped += max(0, n - room)
@@ -126,7 +135,7 @@ class _Worker:
 
     def _own_fds_intact(self) -> bool:
         try:
-            out, err = os.fstat(self.out_fd), os.fstat(self.err_fd)
+            out, err = _fstat(self.out_fd), _fstat(self.err_fd)
         except OSError:
             return False
         self._dirty = (out.st_size > 0, err.st_size > 0)
@@ -136,11 +145,11 @@ class _Worker:
         """Undo whatever the previous call did to stdin/stdout/stderr."""
         for fd, dirty in zip((self.out_fd, self.err_fd), self._dirty, strict=True):
             if dirty:
-                os.ftruncate(fd, 0)
-                os.lseek(fd, 0, os.SEEK_SET)
-        os.dup2(self.devnull, 0)
-        os.dup2(self.out_fd, 1)
-        os.dup2(self.err_fd, 2)
+                _ftruncate(fd, 0)
+                _lseek(fd, 0, os.SEEK_SET)
+        _dup2(self.devnull, 0)
+        _dup2(self.out_fd, 1)
+        _dup2(self.err_fd, 2)
         for raw in (self.out_raw, self.err_raw):
             raw.written = raw.dropped = 0
         if self.out.closed or self.err.closed:
@@ -295,19 +304,19 @@ class _Worker:
             try:
                 frame = recv_frame(self.chan, max_body=MAX_REQUEST)
             except (OSError, ValueError):  # parent gone or channel broken by user code
-                os._exit(0)
+                os._exit(EXIT_BROKEN)
             if frame.kind == Kind.EXEC:
                 meta = self.run(frame.body.decode("utf-8", "surrogatepass"))
                 try:
-                    send_frame(self.chan, Kind.RESULT, frame.seq, json.dumps(meta).encode())
-                except OSError:
-                    os._exit(0)
+                    send_frame(self.chan, Kind.RESULT, frame.seq, _dumps(meta).encode())
+                except (OSError, TypeError, ValueError):  # channel or json broken by the code
+                    os._exit(EXIT_BROKEN)
                 if "fatal" in meta:
-                    os._exit(70)
+                    os._exit(EXIT_BROKEN)
             elif frame.kind == Kind.FORK:
                 self.fork(frame)
             else:
-                os._exit(0)
+                os._exit(EXIT_BROKEN)
 
 
 def _adopted_by(server: int) -> None:
@@ -350,4 +359,4 @@ def serve_session(chan: socket.socket, *, max_output: int) -> NoReturn:
     try:
         _Worker(chan, max_output).serve()
     except BaseException:  # the worker itself broke: exit, the parent reports and restarts
-        os._exit(70)
+        os._exit(EXIT_BROKEN)
