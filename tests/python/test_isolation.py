@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import select
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import pytest
+from tests.python.conftest import wait_until_gone
 
 from toolservices.python._sandbox import SandboxConfig
 from toolservices.python._sandbox_launch import __file__ as LAUNCHER
@@ -331,42 +331,6 @@ class Run:
                 pytest.skip(f"{self.variant}: layer {name} inactive: {layer.get('why')}")
 
 
-def _marked_processes() -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if MARK.encode() in fh.read():
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _wait_until_gone(find: Callable[[], Sequence[int | str]], timeout: float) -> list[str]:
-    """Wait, on pidfds rather than by polling, until ``find()`` lists no process or
-    ``timeout`` passes; return what is left (as pid strings)."""
-    deadline = time.monotonic() + timeout
-    while (pids := [str(p) for p in find()]) and (remaining := deadline - time.monotonic()) > 0:
-        fds = []
-        for pid in pids:
-            try:
-                fds.append(os.pidfd_open(int(pid)))
-            except ProcessLookupError:
-                continue  # gone already
-        try:
-            pending = list(fds)
-            while pending and (remaining := deadline - time.monotonic()) > 0:
-                ready, _, _ = select.select(pending, [], [], remaining)
-                pending = [fd for fd in pending if fd not in ready]
-        finally:
-            for fd in fds:
-                os.close(fd)
-    return [str(p) for p in find()]
-
-
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def run(request: pytest.FixtureRequest, host: Host) -> Run:
     variant = request.param
@@ -387,7 +351,7 @@ def run(request: pytest.FixtureRequest, host: Host) -> Run:
         accepts += 1
     # The kernel tears a PID namespace down asynchronously once bwrap's init dies: give the
     # marked processes a bounded moment to disappear before calling them survivors.
-    leftovers = _wait_until_gone(_marked_processes, 5.0)
+    leftovers = [str(p.pid) for p in wait_until_gone(MARK, within=5.0)]
     for pid in leftovers:  # keep the machine clean even when the assertion below fails
         try:
             os.kill(int(pid), 9)
@@ -549,8 +513,15 @@ def test_nothing_left_under_the_sandbox_uid(run: Run) -> None:
     uid = run.report.get("uid")
     if not IS_ROOT or run.variant.startswith("nonroot") or not uid:
         pytest.skip("only root runs sessions under a dedicated uid")
+    procs = []
+    for pid in pids_of_uid(uid):
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(procs, timeout=5.0)  # sweep and namespace teardown are asynchronous
     left = {}
-    for pid in _wait_until_gone(lambda: pids_of_uid(uid), 5.0):
+    for pid in pids_of_uid(uid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 left[pid] = fh.read()[:120]

@@ -10,7 +10,6 @@ import os
 import secrets
 import socket
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,8 @@ import pytest
 python_pkg = pytest.importorskip("toolservices.python")
 if not hasattr(python_pkg, "PythonExecutorService"):
     pytest.skip("PythonExecutorService is not available yet", allow_module_level=True)
+
+from tests.python.conftest import wait_until_gone  # noqa: E402
 
 from toolservices.python import PythonExecutorService  # noqa: E402
 from toolservices.python._sandbox import SandboxConfig  # noqa: E402
@@ -171,19 +172,6 @@ def test_disk_fill_bounded(service: tuple[str, Any]) -> None:
     assert "File too large" in result["stderr"] or "EFBIG" in result["stderr"]
 
 
-def _marked() -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if MARK.encode() in fh.read():
-                        found.append(int(pid))
-            except OSError:
-                continue
-    return found
-
-
 def test_double_forked_orphans_do_not_survive(service: tuple[str, Any]) -> None:
     """Layer orphan_cleanup (PID namespace at L3, subreaper and uid sweep otherwise)."""
     _, svc = service
@@ -195,9 +183,8 @@ def test_double_forked_orphans_do_not_survive(service: tuple[str, Any]) -> None:
     session = "orphan-test"
     assert "SPAWNED" in _run_session(svc, code, session)
     svc.close_session(session)
-    deadline = time.monotonic() + 5.0  # namespace and subreaper teardown are asynchronous
-    while (left := _marked()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # namespace and subreaper teardown are asynchronous
+    left = [p.pid for p in wait_until_gone(MARK, within=5.0)]
     for pid in left:  # keep the machine clean even if the assertion fails
         os.kill(pid, 9)
     assert left == []
