@@ -72,7 +72,14 @@ def run_sync(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
             "toolservices: a synchronous API was called from inside its own event loop; "
             "use the async variant (for example 'await dispatcher.arun(...)')"
         )
-    return asyncio.run_coroutine_threadsafe(fn(*args), loop).result()
+    future = asyncio.run_coroutine_threadsafe(fn(*args), loop)
+    try:
+        return future.result()
+    except BaseException:
+        # Interrupted while waiting (Ctrl-C): cancel the coroutine rather than leave it
+        # running on the shared loop. A no-op when the coroutine itself raised.
+        future.cancel()
+        raise
 
 
 def shutdown_portal() -> None:

@@ -70,7 +70,12 @@ class Bridge:
         if threading.get_ident() == self.thread_id:
             raise RuntimeError("blocking call from the MCP bridge's own loop; await it instead")
         # A direct hop: the portal's extra thread wake-ups cost more than the call.
-        return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(fn(*args), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # interrupted while waiting: do not leave the call running
+            raise
 
     async def arun(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         """Await ``fn(*args)`` on the bridge loop from any loop."""
