@@ -337,7 +337,9 @@ class PythonExecutorService:
                     return
                 self._spares.append(spare)
         except (InfrastructureError, SessionLost) as exc:
-            log.warning("could not prepare a spare Python interpreter: %s", exc)
+            server = self._server
+            if not self._closed and server is not None and not server.stopping:
+                log.warning("could not prepare a spare Python interpreter: %s", exc)
         finally:
             self._refilling = False
 
