@@ -20,6 +20,7 @@ __all__ = [
     "blocking_ancestor",
     "pids_of_uid",
     "python_paths",
+    "reach_groups",
     "run_probe",
 ]
 
