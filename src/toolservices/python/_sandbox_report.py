@@ -79,10 +79,82 @@ def build_report(
     python: str,
     bwrap: str | None,
 ) -> dict[str, Any]:
+    """The report of a probe launch: each layer with what it does or why it is off.
+
+    Only what the probe observed counts (the namespaces it saw, the seccomp mode
+    and no_new_privs of its session), so the level is never better than reality.
+    """
     session = probe.get("session", {})
     caller_uid = os.getuid()
     is_root = os.geteuid() == 0
+    host = _host_ns()
+    inner = probe.get("ns", {})
+    private = [k for k in ("pid", "net", "mnt", "ipc", "uts") if inner.get(k) != host.get(k)]
+    in_ns = attempt_level == "L3" and {"pid", "mnt"} <= set(private)
+    landlock_on = attempt_level in ("L2", "L3") and skipped.get("landlock") is None
+    seccomp_on = session.get("seccomp_mode") == 2
+    layers = _process_layers(
+        config,
+        session=session,
+        probe=probe,
+        uid=uid,
+        nproc=nproc,
+        inside_base=inside_base,
+        caller_uid=caller_uid,
+        is_root=is_root,
+    )
     fallback_why = "; ".join(f"{f['level']} failed: {f['error']}" for f in fallbacks)
+    layers.update(
+        _confinement_layers(
+            config,
+            probe=probe,
+            attempt_level=attempt_level,
+            private=private,
+            in_ns=in_ns,
+            landlock_on=landlock_on,
+            seccomp_on=seccomp_on,
+            ns_why=skipped.get("namespaces") or fallback_why or "bubblewrap not used",
+            skipped=skipped,
+            ro_paths=ro_paths,
+            uid=uid,
+            bwrap=bwrap,
+        )
+    )
+    if in_ns:
+        level = "L3"
+    elif landlock_on or seccomp_on:
+        level = "L2"
+    elif is_root and uid is None:
+        level = "L0"
+    else:
+        level = "L1"
+    return {
+        "level": level,
+        "level_meaning": LEVEL_MEANING[level],
+        "caller_uid": caller_uid,
+        "uid": uid if uid is not None else probe.get("uid"),
+        "python": python,
+        "bwrap": bwrap,
+        "layers": layers,
+        "fallbacks": list(fallbacks),
+        "not_protected": NOT_PROTECTED[level],
+        "enter_session_seconds": session.get("enter_seconds"),
+        "min_level": config.min_level,
+    }
+
+
+def _process_layers(
+    config: Any,
+    *,
+    session: dict[str, Any],
+    probe: dict[str, Any],
+    uid: int | None,
+    nproc: int | None,
+    inside_base: str,
+    caller_uid: int,
+    is_root: bool,
+) -> dict[str, dict[str, Any]]:
+    """Layers every level has or lacks per process: environment, limits, identity."""
     layers: dict[str, dict[str, Any]] = {}
     allowed = [n for n in config.env_allowlist if n in os.environ]
     layers["env_allowlist"] = _layer(
@@ -140,19 +212,32 @@ def build_report(
             f"RLIMIT_NPROC = tasks running when the session starts + {nproc}, on {owner}: "
             "a fork bomb stops after that many new processes or threads",
         )
-    host = _host_ns()
-    inner = probe.get("ns", {})
-    private = [k for k in ("pid", "net", "mnt", "ipc", "uts") if inner.get(k) != host.get(k)]
-    in_ns = attempt_level == "L3" and {"pid", "mnt"} <= set(private)
-    ns_why = skipped.get("namespaces") or fallback_why or "bubblewrap not used"
+    return layers
+
+
+def _confinement_layers(
+    config: Any,
+    *,
+    probe: dict[str, Any],
+    attempt_level: str,
+    private: list[str],
+    in_ns: bool,
+    landlock_on: bool,
+    seccomp_on: bool,
+    ns_why: str,
+    skipped: dict[str, str],
+    ro_paths: list[str],
+    uid: int | None,
+    bwrap: str | None,
+) -> dict[str, dict[str, Any]]:
+    """Layers that differ by level: namespaces, network, filesystem, seccomp, Landlock."""
+    layers: dict[str, dict[str, Any]] = {}
     layers["namespaces"] = _layer(
         in_ns,
         f"bubblewrap {bwrap}: private {', '.join(private)}"
         + ("" if "net" in private else " (network shared)"),
         f"bwrap not usable: {ns_why}",
     )
-    landlock_on = attempt_level in ("L2", "L3") and skipped.get("landlock") is None
-    seccomp_on = session.get("seccomp_mode") == 2
     if config.network:
         layers["network"] = _layer(False, why="allowed by SandboxConfig(network=True)")
     elif in_ns and "net" in private:
@@ -220,24 +305,4 @@ def build_report(
         else "server is a child subreaper"
         + ("; leftover processes of the uid are killed on close" if uid is not None else ""),
     )
-    if in_ns:
-        level = "L3"
-    elif landlock_on or seccomp_on:
-        level = "L2"
-    elif is_root and uid is None:
-        level = "L0"
-    else:
-        level = "L1"
-    return {
-        "level": level,
-        "level_meaning": LEVEL_MEANING[level],
-        "caller_uid": caller_uid,
-        "uid": uid if uid is not None else probe.get("uid"),
-        "python": python,
-        "bwrap": bwrap,
-        "layers": layers,
-        "fallbacks": list(fallbacks),
-        "not_protected": NOT_PROTECTED[level],
-        "enter_session_seconds": session.get("enter_seconds"),
-        "min_level": config.min_level,
-    }
+    return layers
