@@ -333,13 +333,7 @@ def _choose(
             run_uid is not None,
             os.getuid(),
         )
-        with _probe_lock:
-            result = _probe_cache.get(key)
-        if result is None:
-            probe_spec = dict(spec, argv=probe_argv)
-            result = probe_mod.run_probe(_launcher_argv(probe_spec), _launcher_env())
-            with _probe_lock:
-                _probe_cache[key] = result
+        result = _cached_probe(key, dict(spec, argv=probe_argv))
         problem = result.get("error") or (
             None
             if result.get("session", {}).get("entered")
@@ -375,6 +369,17 @@ def _choose(
         )
     reasons = "; ".join(f"{f['level']}: {f['error']}" for f in fallbacks)
     raise SandboxUnavailableError(f"no isolation level could be started here ({reasons})")
+
+
+def _cached_probe(key: tuple[Any, ...], probe_spec: dict[str, Any]) -> dict[str, Any]:
+    """The probe launch's findings for ``key``, launching it only the first time."""
+    with _probe_lock:
+        result = _probe_cache.get(key)
+    if result is None:
+        result = probe_mod.run_probe(_launcher_argv(probe_spec), _launcher_env())
+        with _probe_lock:
+            _probe_cache[key] = result
+    return result
 
 
 def _enforce(config: SandboxConfig, report: dict[str, Any]) -> None:
