@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from toolservices.errors import ToolNotFoundError, ToolTimeoutError
@@ -106,3 +108,8 @@ async def test_aserve_in_process_with_a_free_port_and_a_tool_timeout() -> None:
             release.set()
             assert blocked.is_error and blocked.text == "Tool 'block' timed out after 0.3 s"
         tg.cancel_scope.cancel()
+    # Cancelling aserve stops uvicorn gracefully: its lifespan task has finished rather
+    # than being left pending (to be killed, with a logged traceback, at loop shutdown).
+    await anyio.lowlevel.checkpoint()
+    pending = [t for t in asyncio.all_tasks() if not t.done() and "Lifespan" in repr(t)]
+    assert pending == []

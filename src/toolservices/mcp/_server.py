@@ -162,9 +162,39 @@ async def aserve(
             # uvicorn listens on the socket as soon as serve() starts.
             sock.listen(128)
             on_ready(url)
-        await http.serve(sockets=[sock])  # handles SIGINT/SIGTERM itself
+        await _serve_http(http, sock)
     finally:
         sock.close()
+
+
+#: How long a cancelled :func:`aserve` lets uvicorn finish its graceful stop.
+HTTP_STOP_GRACE = 10.0
+
+
+async def _serve_http(http: Any, sock: socket.socket) -> None:
+    """Run uvicorn until it stops itself (it handles SIGINT/SIGTERM) or we are cancelled.
+
+    A cancellation asks for uvicorn's own graceful stop, bounded by
+    :data:`HTTP_STOP_GRACE`, instead of tearing the server down mid-lifespan
+    (which aborts in-flight requests and logs the lifespan's traceback).
+    """
+    stopped = anyio.Event()
+    scope = anyio.CancelScope(shield=True)
+
+    async def run() -> None:
+        try:
+            with scope:
+                await http.serve(sockets=[sock])
+        finally:
+            stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        try:
+            await stopped.wait()
+        finally:
+            http.should_exit = True
+            scope.deadline = anyio.current_time() + HTTP_STOP_GRACE
 
 
 async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
