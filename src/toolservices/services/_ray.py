@@ -58,37 +58,59 @@ _REPLICA_RE = re.compile(re.escape(REPLICA_SEPARATOR) + r"(\d+)of(\d+)$")
 
 
 def _async_facade(cls: type) -> type:
-    """``cls`` with each sync method that has an async twin served by that twin.
+    """An actor class serving ``cls``'s sync methods by their async twins.
 
     A class with async methods becomes an *async* Ray actor, and Ray runs its
     sync methods on the actor's event loop: a blocking ``execute`` called
     through the raw handle (``handle.execute.remote(...)``, the TorchRL way)
-    would hold up every other caller. Serving ``execute`` by ``aexecute``
-    keeps the handle's interface and lets calls overlap.
+    would hold up every other caller. The facade holds the real service and
+    answers ``execute`` with ``aexecute``, so the handle keeps its interface
+    and calls overlap. It wraps rather than subclasses, so the service's own
+    internal calls (an ``aexecute`` that calls ``self.execute``) are untouched.
     """
-    overrides: dict[str, Any] = {}
-    for attr in dir(cls):
-        if attr.startswith("_"):
-            continue
-        method = getattr(cls, attr, None)
-        twin = getattr(cls, "a" + attr, None)
-        if (
-            callable(method)
-            and not inspect.iscoroutinefunction(method)
-            and inspect.iscoroutinefunction(twin)
-        ):
-            overrides[attr] = _served_by("a" + attr)
-    if not overrides:
+    members = {
+        attr: getattr(cls, attr)
+        for attr in dir(cls)
+        if not attr.startswith("_") and callable(getattr(cls, attr, None))
+    }
+    twins = {
+        attr
+        for attr, member in members.items()
+        if not inspect.iscoroutinefunction(member)
+        and inspect.iscoroutinefunction(members.get("a" + attr))
+    }
+    if not twins:
         return cls
-    return type(cls.__name__, (cls,), {"__module__": cls.__module__, **overrides})
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._service = cls(*args, **kwargs)
+
+    namespace: dict[str, Any] = {
+        "__init__": functools.wraps(cls.__init__)(__init__),
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+    }
+    for attr, member in members.items():
+        target = "a" + attr if attr in twins else attr
+        namespace[attr] = _forward(
+            target, member, asynchronous=target != attr or (inspect.iscoroutinefunction(member))
+        )
+    return type(cls.__name__, (), namespace)
 
 
-def _served_by(twin: str) -> Any:
-    async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self, twin)(*args, **kwargs)
+def _forward(target: str, member: Any, *, asynchronous: bool) -> Any:
+    if asynchronous:
 
-    method.__name__ = twin[1:]
-    return method
+        async def forward_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await getattr(self._service, target)(*args, **kwargs)
+
+        return functools.wraps(member)(forward_async)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._service, target)(*args, **kwargs)
+
+    return functools.wraps(member)(forward)
 
 
 def _import_ray() -> Any:
