@@ -86,7 +86,7 @@ def _async_facade(cls: type) -> type:
         self._service = cls(*args, **kwargs)
 
     namespace: dict[str, Any] = {
-        "__init__": functools.wraps(cls.__init__)(__init__),
+        "__init__": functools.wraps(_own_init(cls))(__init__),
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
@@ -97,6 +97,11 @@ def _async_facade(cls: type) -> type:
             target, member, asynchronous=target != attr or (inspect.iscoroutinefunction(member))
         )
     return type(cls.__name__, (), namespace)
+
+
+def _own_init(cls: type) -> Any:
+    """The ``__init__`` that constructing ``cls`` runs (for its signature)."""
+    return next(vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass))
 
 
 def _forward(target: str, member: Any, *, asynchronous: bool) -> Any:
