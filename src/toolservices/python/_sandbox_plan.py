@@ -250,7 +250,8 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
     slot_fd: int | None = None
     if is_root:
         uid, slot_fd = _claim_uid_slot(config)
-    host_base = tempfile.mkdtemp(prefix="toolservices-sbx-", dir=config.base_dir)
+    _sweep_stale_bases(config.base_dir or tempfile.gettempdir())
+    host_base = tempfile.mkdtemp(prefix=f"{_BASE_PREFIX}{os.getpid()}-", dir=config.base_dir)
     try:
         os.chmod(host_base, 0o700)
         if uid is not None:
@@ -268,6 +269,38 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
         _discard(host_base, slot_fd)
         raise
     return plan
+
+
+#: Session base directories are named ``<prefix><owner pid>-<random>``.
+_BASE_PREFIX = "toolservices-sbx-"
+
+
+def _sweep_stale_bases(parent: str) -> None:
+    """Delete base directories whose owning process is gone.
+
+    A caller killed with SIGKILL (a Ray actor, an OOM kill) cannot delete its
+    own; the next executor started on the machine does. A directory whose
+    owner pid is alive, or that we may not delete, is left alone.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        owner = name[len(_BASE_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(_BASE_PREFIX) or not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+            continue  # the owner (or a process that reused its pid) is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            remove_tree(os.path.join(parent, name))
+        except OSError:
+            continue  # not ours to delete; the owner of the tree can
 
 
 def _discard(host_base: str, slot_fd: int | None) -> None:
