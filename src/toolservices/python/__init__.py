@@ -34,15 +34,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolservices.python._layers import layers_for, layers_module
+from toolservices.python import _sandbox
+from toolservices.python._layers import check_config
 from toolservices.python._persistent import PersistentPythonProcess
 from toolservices.python._result import ExceptionInfo, ExecResult
+from toolservices.python._sandbox import SandboxConfig, format_isolation_report
 from toolservices.python._service import PythonExecutorService
-
-try:
-    from toolservices.python._sandbox import SandboxConfig
-except ImportError:  # a partial install: only the always-on layer
-    from toolservices.python._fallback import SandboxConfig  # type: ignore[assignment]
 
 __all__ = [
     "ExceptionInfo",
@@ -50,11 +47,11 @@ __all__ = [
     "PersistentPythonProcess",
     "PythonExecutorService",
     "SandboxConfig",
+    "format_isolation_report",
     "isolation_report",
 ]
 
 
 def isolation_report(config: Any = None) -> dict[str, Any]:
     """Which isolation layers sessions get with ``config`` (default settings if None)."""
-    layers = layers_module() if config is None else layers_for(config)
-    return dict(layers.isolation_report(config))
+    return dict(_sandbox.isolation_report(None if config is None else check_config(config)))

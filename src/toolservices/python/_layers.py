@@ -1,47 +1,27 @@
-"""Which isolation module the sessions use.
+"""Defaults for the executor's sandbox settings.
 
-The layered sandbox lives in :mod:`toolservices.python._sandbox`; when it is
-not importable (a partial install, or during development) the minimal
-:mod:`toolservices.python._fallback` provides the same four names with only
-the always-on layer. The executor never talks to either directly.
+The isolation layers live in :mod:`toolservices.python._sandbox`; this module
+only picks where session directories go and checks a user's settings.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import os
-import sys
-from types import ModuleType
-from typing import Any
 
-__all__ = ["default_config", "fast_tmp_dir", "layers_for", "layers_module"]
+from toolservices.errors import UserError
+from toolservices.python._sandbox import SandboxConfig
 
-_REQUIRED = ("SandboxConfig", "plan_server_launch", "enter_session", "isolation_report")
+__all__ = ["check_config", "default_config", "fast_tmp_dir"]
 
 
-def layers_module() -> ModuleType:
-    """The sandbox module if it provides the agreed interface, else the fallback."""
-    try:
-        module = importlib.import_module("toolservices.python._sandbox")
-    except ImportError:
-        module = None
-    if module is not None and all(hasattr(module, name) for name in _REQUIRED):
-        return module
-    return importlib.import_module("toolservices.python._fallback")
-
-
-def layers_for(config: Any) -> ModuleType:
-    """The module that defines ``type(config)``: its functions apply that config."""
-    module = sys.modules.get(type(config).__module__)
-    if module is None or not all(hasattr(module, name) for name in _REQUIRED):
-        from toolservices.errors import UserError
-
+def check_config(config: object) -> SandboxConfig:
+    """``config`` if it is a :class:`SandboxConfig`; a developer error otherwise."""
+    if not isinstance(config, SandboxConfig):
         raise UserError(
-            f"sandbox must be a SandboxConfig (toolservices.python.SandboxConfig), "
+            "sandbox must be a toolservices.python.SandboxConfig (or None for the defaults), "
             f"got {type(config).__name__}"
         )
-    return module
+    return config
 
 
 def fast_tmp_dir() -> str | None:
@@ -61,11 +41,7 @@ def fast_tmp_dir() -> str | None:
     return "/dev/shm" if tmpfs and os.access("/dev/shm", os.W_OK | os.X_OK) else None
 
 
-def default_config(module: ModuleType) -> Any:
-    """The module's default settings, with session directories on tmpfs when possible."""
-    config_cls = module.SandboxConfig
+def default_config() -> SandboxConfig:
+    """The default settings, with session directories on tmpfs when possible."""
     fast = fast_tmp_dir()
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    if fast is not None and "base_dir" in names:
-        return config_cls(base_dir=fast)
-    return config_cls()
+    return SandboxConfig(base_dir=fast) if fast is not None else SandboxConfig()

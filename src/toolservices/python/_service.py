@@ -32,9 +32,10 @@ import anyio
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
+from toolservices.python import _sandbox
 from toolservices.python._client import ForkServerClient, SessionHandle, SessionLost
 from toolservices.python._forking import fork_handles
-from toolservices.python._layers import default_config, layers_for, layers_module
+from toolservices.python._layers import check_config, default_config
 from toolservices.python._result import ExecResult
 
 __all__ = ["PythonExecutorService"]
@@ -107,12 +108,8 @@ class PythonExecutorService:
         self.max_output = max_output
         self.max_queue = max_queue
         self.spares = spares
-        if sandbox is None:
-            self._layers: ModuleType = layers_module()
-            self.sandbox = default_config(self._layers)
-        else:
-            self._layers = layers_for(sandbox)
-            self.sandbox = sandbox
+        self._layers: ModuleType = _sandbox
+        self.sandbox = default_config() if sandbox is None else check_config(sandbox)
         self._start_lock = threading.Lock()
         self._server: ForkServerClient | None = None
         self._starting: anyio.Event | None = None

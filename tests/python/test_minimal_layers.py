@@ -1,17 +1,20 @@
-"""The executor without the sandbox module's layers (fewer layers, same semantics)."""
+"""The executor at level L1 (no bubblewrap, seccomp or Landlock): fewer layers, same semantics."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from toolservices.python import PythonExecutorService, isolation_report
-from toolservices.python._fallback import SandboxConfig as MinimalConfig
+from toolservices.python import PythonExecutorService, SandboxConfig, isolation_report
+
+
+def MinimalConfig(**limits: int) -> SandboxConfig:
+    return SandboxConfig(bwrap=False, seccomp=False, landlock=False, **limits)
 
 
 def test_minimal_layers_run_sessions_and_timeouts(sid: str) -> None:
-    config = MinimalConfig(memory=2 << 30, nofile=128)
+    config = MinimalConfig(memory_limit=2 << 30, open_files=128)
     with PythonExecutorService(pool_size=1, timeout=5, sandbox=config) as svc:
-        assert svc.isolation_report()["level"] == "L1-minimal"
+        assert svc.isolation_report()["level"] == "L1"
         assert svc.execute("x = 2", session_id=sid).success
         assert svc.execute("print(x * 21)", session_id=sid).stdout == "42\n"
         limits = svc.execute(
@@ -19,13 +22,13 @@ def test_minimal_layers_run_sessions_and_timeouts(sid: str) -> None:
         )
         assert limits.stdout == "128\n"
         env = svc.execute("import os\nprint(sorted(os.environ))")
-        assert "TOOLSERVICES_FALLBACK_LIMITS" not in env.stdout
+        assert "TOOLSERVICES_SANDBOX_STATE" not in env.stdout
         assert "MALLOC_ARENA_MAX" in env.stdout
         slow = svc.execute("while True: pass", session_id=sid, timeout=0.3)
         assert slow.timed_out and slow.restarted
         forks = svc.fork_session(sid, 2)
         assert svc.execute("print(1)", session_id=forks[1]).stdout == "1\n"
-    assert isolation_report(config)["level"] == "L1-minimal"
+    assert isolation_report(config)["level"] == "L1"
 
 
 def test_workdir_deletion_survives_hostile_trees(tmp_path: Path, sid: str) -> None:
