@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["get_loop", "run_sync", "shutdown_portal"]
+__all__ = ["get_loop", "run_sync", "shutdown_portal", "wait_on_loop"]
 
 T = TypeVar("T")
 
@@ -72,14 +72,42 @@ def run_sync(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
             "toolservices: a synchronous API was called from inside its own event loop; "
             "use the async variant (for example 'await dispatcher.arun(...)')"
         )
-    future = asyncio.run_coroutine_threadsafe(fn(*args), loop)
+    return wait_on_loop(loop, fn, *args)
+
+
+def wait_on_loop(
+    loop: asyncio.AbstractEventLoop, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any
+) -> T:
+    """Run ``await fn(*args)`` on ``loop`` (served by another thread) and wait for it.
+
+    An exception while waiting, such as Ctrl-C, cancels the coroutine instead of
+    leaving it running on the loop. Cancelling the future is not enough: the
+    interrupt can arrive while the call is being scheduled, before the future is
+    ours, so the coroutine registers its task and checks a flag when it starts.
+    """
+    interrupted: list[bool] = []
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def guarded() -> T:
+        task = asyncio.current_task()
+        if task is not None:
+            tasks.append(task)
+        if interrupted:
+            raise asyncio.CancelledError
+        return await fn(*args)
+
     try:
-        return future.result()
+        return asyncio.run_coroutine_threadsafe(guarded(), loop).result()
     except BaseException:
-        # Interrupted while waiting (Ctrl-C): cancel the coroutine rather than leave it
-        # running on the shared loop. A no-op when the coroutine itself raised.
-        future.cancel()
+        interrupted.append(True)
+        if not loop.is_closed():  # cancels a task still running; a no-op for a finished one
+            loop.call_soon_threadsafe(_cancel_tasks, tasks)
         raise
+
+
+def _cancel_tasks(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
 
 
 def shutdown_portal() -> None:

@@ -21,6 +21,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from toolservices._portal import wait_on_loop
 from toolservices.mcp._connection import ServerConnection
 
 __all__ = ["Bridge"]
@@ -70,12 +71,7 @@ class Bridge:
         if threading.get_ident() == self.thread_id:
             raise RuntimeError("blocking call from the MCP bridge's own loop; await it instead")
         # A direct hop: the portal's extra thread wake-ups cost more than the call.
-        future = asyncio.run_coroutine_threadsafe(fn(*args), self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # interrupted while waiting: do not leave the call running
-            raise
+        return wait_on_loop(self._loop, fn, *args)
 
     async def arun(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         """Await ``fn(*args)`` on the bridge loop from any loop."""
