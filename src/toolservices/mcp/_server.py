@@ -9,7 +9,6 @@ error both MCP spec revisions ask for.
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import socket
 import sys
@@ -23,13 +22,12 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from toolservices.errors import InfrastructureError, ToolError, UserError
+from toolservices.dispatch import Dispatcher
+from toolservices.errors import UserError
+from toolservices.parsing.base import ToolCall
 from toolservices.tools import Tool, ToolRegistry
-from toolservices.tools._function_schema import STATE_PARAMETER
 
 __all__ = ["aserve", "build_server", "serve"]
-
-logger = logging.getLogger(__name__)
 
 Transport = Literal["stdio", "http"]
 
@@ -43,9 +41,13 @@ def build_server(
     """An MCP server (the SDK's low-level ``Server``) for ``tools``.
 
     ``tools`` is a registry or anything :class:`ToolRegistry` accepts.
-    ``tool_timeout`` bounds each call on top of the tools' own limits.
+    ``tool_timeout`` is the time limit of a call to a tool without its own
+    ``timeout`` (as in :class:`~toolservices.Dispatcher`).
     """
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    # The dispatcher's single-call path: the same validation, time limits and
+    # failure text as a rollout's calls. No state: an MCP client has no episode.
+    dispatcher = Dispatcher(registry, timeout=tool_timeout, pass_state=False)
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: mt.PaginatedRequestParams | None
@@ -61,7 +63,10 @@ def build_server(
                 code=mt.INVALID_PARAMS,
                 message=f"Unknown tool: {params.name}. Available tools: {available}",
             )
-        return await _run_tool(registry.get(params.name), params.arguments or {}, tool_timeout)
+        outcome = await dispatcher.acall(ToolCall(params.name, dict(params.arguments or {})))
+        if not outcome.ok:
+            return _error(outcome.error or "unknown error")
+        return _result(outcome.value)
 
     return Server(
         name,
@@ -77,29 +82,6 @@ def _schema(tool: Tool) -> dict[str, Any]:
 
 def _spec(tool: Tool) -> mt.Tool:
     return mt.Tool(name=tool.name, description=tool.description or None, input_schema=_schema(tool))
-
-
-async def _run_tool(
-    tool: Tool, arguments: Mapping[str, Any], tool_timeout: float | None
-) -> mt.CallToolResult:
-    limits = [x for x in (tool_timeout, tool.timeout) if x is not None]
-    limit = min(limits) if limits else None
-    try:
-        args = tool.validate(arguments)
-        if tool.accepts_state:
-            args[STATE_PARAMETER] = {}
-        with anyio.move_on_after(limit) as scope:
-            value = await tool.acall(**args)
-    except ToolError as exc:
-        return _error(exc.message)
-    except InfrastructureError as exc:
-        return _error(exc.message)
-    except Exception as exc:  # the tool's own failure: the client's model reads it
-        logger.info("Tool %r raised %s", tool.name, type(exc).__name__)
-        return _error(f"{type(exc).__name__}: {exc}")
-    if scope.cancelled_caught:
-        return _error(f"Tool '{tool.name}' timed out after {limit:g} s")
-    return _result(value)
 
 
 def _error(message: str) -> mt.CallToolResult:
