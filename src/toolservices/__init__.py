@@ -8,9 +8,7 @@ interpreters), ``toolservices.services`` (local and Ray registries),
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from toolservices._lazy import lazy_attributes
 from toolservices.dispatch import (
     CallResult,
     Dispatcher,
@@ -59,13 +57,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'toolservices' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -12,9 +12,7 @@ This is the only module of the library that imports torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from toolservices._lazy import lazy_attributes
 from toolservices.parsing import JSONCallParser, XMLBlockParser
 from toolservices.parsing.base import LLMToolParser, ParseResult, ToolCall
 from toolservices.tools import ToolRegistry, ToolService
@@ -31,13 +29,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'toolservices.torchrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
