@@ -143,18 +143,20 @@ def test_fork_session_copies_state_without_rerunning(
         service.fork_session("no-such-session", 1)
 
 
+def _is_fork_server(process: psutil.Process) -> bool:
+    return "_forkserver.py" in " ".join(process.cmdline())
+
+
 def test_fork_server_loss_is_recovered(sid: str) -> None:
     with PythonExecutorService(pool_size=1, timeout=5) as svc:
         svc.execute("kept = 1", session_id=sid)
         server = svc._server
         assert server is not None and server.proc is not None
         launched = psutil.Process(server.proc.pid)
-        (fork_server,) = [  # sessions are forks of it: the one whose parent is not python
+        (fork_server,) = [  # sessions are forks of it (same command line): the topmost one
             p
             for p in [launched, *launched.children(recursive=True)]
-            if p.name().startswith("python")
-            and "_forkserver.py" in " ".join(p.cmdline())
-            and not p.parent().name().startswith("python")
+            if _is_fork_server(p) and not _is_fork_server(p.parent())
         ]
         fork_server.send_signal(signal.SIGKILL)
         server.proc.wait(timeout=10)

@@ -117,14 +117,17 @@ def _bwrap_args(
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    # The private /tmp and /dev/shm come before the read-only binds: bwrap mounts
+    # in order, so an interpreter or venv that lives under /tmp (a CI checkout)
+    # is bound on top of the tmpfs instead of being hidden by it.
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmp in ("/tmp", "/dev/shm"):
+        args += ["--size", str(config.tmp_size), "--perms", "1777", "--tmpfs", tmp]
     for path in ro_paths:
         real = os.path.realpath(path)
         args += ["--ro-bind", real, real]
         if real != path and os.path.islink(path):  # e.g. /etc/localtime -> zoneinfo
             args += ["--symlink", os.readlink(path), path]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    for tmp in ("/tmp", "/dev/shm"):
-        args += ["--size", str(config.tmp_size), "--perms", "1777", "--tmpfs", tmp]
     args += ["--bind", host_base, _INSIDE_BASE, "--chdir", _INSIDE_BASE]
     if seccomp:
         args += ["--seccomp", "@SECCOMP_FD@"]
