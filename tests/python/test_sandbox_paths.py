@@ -28,3 +28,22 @@ def test_stale_base_of_a_dead_owner_is_removed(tmp_path: os.PathLike[str]) -> No
         assert executor.execute("print(1)")["stdout"] == "1\n"
         assert not os.path.exists(stale)
         assert os.path.isdir(alive) and os.path.isdir(unrelated)
+
+
+def test_read_only_paths_under_tmp_stay_visible_at_l3(tmp_path: os.PathLike[str]) -> None:
+    """A venv or data under /tmp (a CI checkout) is bound over the private /tmp."""
+    import pytest
+
+    os.chmod(tmp_path, 0o755)
+    data = os.path.join(tmp_path, "data.txt")
+    with open(data, "w") as f:
+        f.write("visible")
+    os.chmod(data, 0o644)
+    config = SandboxConfig(extra_ro_paths=(str(tmp_path),))
+    with PythonExecutorService(pool_size=1, sandbox=config) as executor:
+        if executor.isolation_report()["level"] != "L3":
+            pytest.skip("bubblewrap (L3) is not available here")
+        result = executor.execute(f"print(open({data!r}).read())")
+        assert result.stdout == "visible\n", result.stderr
+        denied = executor.execute(f"open({data!r}, 'a').write('x')")
+        assert not denied.success  # read-only
