@@ -1,4 +1,4 @@
-"""Base directories left by a killed caller are swept by the next executor."""
+"""Sessions on the host: stale base directories are swept, read-only binds stay visible."""
 
 from __future__ import annotations
 
