@@ -15,6 +15,7 @@ import anyio
 
 from toolservices.cli._demo_data import FORMAT_TURNS, SCENARIOS, Scenario
 from toolservices.cli._demo_tools import DEMO_TOOLS
+from toolservices.dispatch import EpisodeMetrics, StepMetrics
 from toolservices.env import ToolEnv
 from toolservices.tools import ToolRegistry
 
@@ -26,11 +27,7 @@ class EpisodeReport:
     episode: int
     format: str
     scenario: str
-    turns: int
-    calls: int
-    failed_calls: int
-    parse_errors: int
-    tool_time: float
+    metrics: EpisodeMetrics
     reason: str
     problem: str | None
 
@@ -58,17 +55,12 @@ async def _run_format(fmt: str, repeats: int, first_episode: int) -> list[Episod
         turn += 1
     reports = []
     for i, scenario in enumerate(scenarios):
-        metrics = env.metrics[i]
         reports.append(
             EpisodeReport(
                 episode=first_episode + i,
                 format=fmt,
                 scenario=scenario.name,
-                turns=metrics.turns,
-                calls=metrics.calls,
-                failed_calls=metrics.failed_calls,
-                parse_errors=metrics.parse_errors,
-                tool_time=metrics.tool_time,
+                metrics=env.metrics[i],
                 reason=env.reasons[i] or "running",
                 problem=_check(scenario, env.messages[i], env.reasons[i], first_turn_failed[i]),
             )
@@ -122,23 +114,23 @@ def run_demo(*, repeats: int = 1, out: TextIO) -> int:
     for r in reports:
         outcome = f"ok ({r.reason})" if r.ok else f"FAILED: {r.problem}"
         print(
-            f"{r.episode:>3}  {r.format:<14}{r.scenario:<9}{r.turns:>5}{r.calls:>6}"
-            f"{r.failed_calls:>7}{r.parse_errors:>6}{r.tool_time:>8.3f}  {outcome}",
+            f"{r.episode:>3}  {r.format:<14}{r.scenario:<9}{r.metrics.turns:>5}"
+            f"{r.metrics.calls:>6}{r.metrics.failed_calls:>7}{r.metrics.parse_errors:>6}"
+            f"{r.metrics.tool_time:>8.3f}  {outcome}",
             file=out,
         )
     failed = [r for r in reports if not r.ok]
-    total_tool = sum(r.tool_time for r in reports)
+    totals = sum((r.metrics for r in reports), StepMetrics())
     print("-" * len(header), file=out)
     print(
         f"episodes: {len(reports)}  formats: {len(FORMAT_TURNS)}  "
-        f"calls: {sum(r.calls for r in reports)}  "
-        f"failed calls: {sum(r.failed_calls for r in reports)}  "
-        f"parse errors: {sum(r.parse_errors for r in reports)}",
+        f"calls: {totals.calls}  failed calls: {totals.failed_calls}  "
+        f"parse errors: {totals.parse_errors}",
         file=out,
     )
     print(
-        f"tool time (sum over calls): {total_tool:.3f} s  wall time: {wall:.3f} s  "
-        f"(concurrency x{total_tool / wall:.1f})",
+        f"tool time (sum over calls): {totals.tool_time:.3f} s  wall time: {wall:.3f} s  "
+        f"(concurrency x{totals.tool_time / wall:.1f})",
         file=out,
     )
     if failed:
