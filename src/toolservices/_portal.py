@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["get_loop", "run_sync", "shutdown_portal", "wait_on_loop"]
+__all__ = ["get_loop", "on_loop_thread", "run_sync", "shutdown_portal", "wait_on_loop"]
 
 T = TypeVar("T")
 
@@ -60,6 +60,11 @@ def get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def on_loop_thread() -> bool:
+    """True in the shared loop's own thread (where blocking would stall every caller)."""
+    return threading.current_thread() is _thread
+
+
 def run_sync(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     """Run ``await fn(*args)`` on the shared loop and return its result.
 
@@ -67,7 +72,7 @@ def run_sync(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     which would deadlock; async code must await the coroutine directly.
     """
     loop = get_loop()
-    if threading.current_thread() is _thread:
+    if on_loop_thread():
         raise RuntimeError(
             "toolservices: a synchronous API was called from inside its own event loop; "
             "use the async variant (for example 'await dispatcher.arun(...)')"

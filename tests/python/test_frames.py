@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from toolservices.python import ExecResult
-from toolservices.python._channel import AsyncChannel
+from toolservices.python._channel import Channel
 from toolservices.python._frames import (
     HEADER,
     Kind,
@@ -61,7 +61,7 @@ def test_malformed_json_body() -> None:
 @pytest.mark.anyio
 async def test_async_channel_frames_stray_data_and_eof() -> None:
     a, b = socket.socketpair()
-    chan = AsyncChannel(a, max_body=1 << 16)
+    chan = Channel(a, max_body=1 << 16)
     try:
         assert not chan.has_stray_data()
         # two frames in one write, the second split: both come out whole, in order
@@ -84,7 +84,7 @@ async def test_async_channel_frames_stray_data_and_eof() -> None:
 @pytest.mark.anyio
 async def test_async_channel_reports_peer_exit() -> None:
     a, b = socket.socketpair()
-    chan = AsyncChannel(a, max_body=100)
+    chan = Channel(a, max_body=100)
     try:
         await chan.send(Kind.EXEC, 1, b"x")
         assert recv_frame(b, max_body=100).body == b"x"

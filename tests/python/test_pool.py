@@ -75,9 +75,8 @@ def test_eviction_of_the_least_recently_used_idle_session() -> None:
 def test_queue_full_is_a_clear_error() -> None:
     async def scenario(svc: PythonExecutorService) -> list[object]:
         await svc._execute("pass", None, None)
-        assert svc._limiter is not None
         first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(1)", "q1", None))
-        while svc._limiter.borrowed_tokens < 1:  # noqa: ASYNC110 - yield until it holds the slot
+        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds the slot
             await asyncio.sleep(0)
         second = asyncio.ensure_future(svc._execute("print('second')", "q2", None))
         while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
@@ -98,9 +97,8 @@ def test_queue_full_is_a_clear_error() -> None:
 def test_all_sessions_busy_is_a_clear_error() -> None:
     async def scenario(svc: PythonExecutorService) -> list[object]:
         await svc._execute("pass", None, None)
-        assert svc._limiter is not None
         first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(0.5)", "busy", None))
-        while svc._limiter.borrowed_tokens < 1:  # noqa: ASYNC110 - yield until it holds the slot
+        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds the slot
             await asyncio.sleep(0)
         second = await asyncio.gather(
             svc._execute("print(1)", "other", None), return_exceptions=True

@@ -1,17 +1,26 @@
-"""The parent's end of a framed channel, driven by the event loop.
+"""The parent's end of a framed channel: awaited on the event loop or used blocking.
 
-On asyncio (the library's shared loop) the socket stays registered with the
-loop for the channel's life and a callback fills the buffer: registering and
-unregistering it around every wait (what ``anyio.wait_readable`` does) costs
-about as much as the rest of a round trip. Other backends use
-``anyio.wait_readable``.
+Waking a sleeping thread or process costs 50-150 us on a small VM, more than
+the rest of a round trip. So a receive may first *poll* the socket for a
+short, bounded time (``spin``) before it sleeps: a reply that comes back
+within that window costs no wake-up at all.
+
+On asyncio (the library's loop) the socket is registered with the loop on
+the first wait and stays registered while the channel is only used from the
+loop: registering around every wait (what ``anyio.wait_readable`` does)
+costs about as much as the rest of a round trip. A channel can also be used
+from another thread (the executor's direct path) while no task waits on it:
+if the loop then sees it readable, it unregisters it without reading, so the
+bytes stay for the thread. Other async backends use ``anyio.wait_readable``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
+import time
 
 import anyio
 
@@ -25,15 +34,17 @@ from toolservices.python._frames import (
     fds_from_ancdata,
 )
 
-__all__ = ["AsyncChannel"]
+__all__ = ["Channel"]
+
+_POLL_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
 
 
-class AsyncChannel:
-    """The parent's end of a channel: non-blocking socket driven by the event loop.
+class Channel:
+    """The parent's end of a channel: a non-blocking socket, one request/reply at a time.
 
-    One request/reply at a time (callers hold a lock); bytes that arrive when
-    no frame is expected are left in the buffer and reported by
-    :meth:`has_stray_data` so the caller can treat them as a violation.
+    Callers serialise their use (a lock per session). Bytes that arrive when
+    no frame is expected are reported by :meth:`has_stray_data` so the caller
+    can treat them as a violation.
     """
 
     def __init__(self, sock: socket.socket, *, max_body: int) -> None:
@@ -50,19 +61,40 @@ class AsyncChannel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    # --- sending ---------------------------------------------------------------------
+
+    def _send_some(self, data: memoryview, anc: list[tuple[int, int, bytes]]) -> memoryview:
+        """Write what the socket takes now; the rest of ``data``."""
+        try:
+            sent = self.sock.sendmsg([data], anc) if anc else self.sock.send(data)
+        except BlockingIOError:
+            return data
+        except OSError as exc:  # EPIPE, ECONNRESET: the peer is gone
+            raise PeerClosed(f"cannot write to peer: {exc}") from None
+        return data[sent:]
+
     async def send(self, kind: int, seq: int, body: bytes = b"", fds: tuple[int, ...] = ()) -> None:
         data = memoryview(HEADER.pack(len(body), seq, kind) + body)
         anc = ancillary(fds)
-        while data:
-            try:
-                sent = self.sock.sendmsg([data], anc) if anc else self.sock.send(data)
-            except BlockingIOError:
+        while True:
+            rest = self._send_some(data, anc)
+            if not rest:
+                return
+            if len(rest) < len(data):
+                anc = []  # the descriptors went with the first byte
+            else:
                 await anyio.wait_writable(self.sock)
-                continue
-            except OSError as exc:  # EPIPE, ECONNRESET: the peer is gone
-                raise PeerClosed(f"cannot write to peer: {exc}") from None
-            anc = []
-            data = data[sent:]
+            data = rest
+
+    def send_blocking(self, kind: int, seq: int, body: bytes, *, deadline: float) -> bool:
+        """Send one frame from any thread; False if ``deadline`` (monotonic) passed first."""
+        data = memoryview(HEADER.pack(len(body), seq, kind) + body)
+        while data := self._send_some(data, []):
+            if not self._wait_fd(select.POLLOUT, deadline):
+                return False
+        return True
+
+    # --- receiving -------------------------------------------------------------------
 
     def _pull(self) -> bool:
         """Read what is available without blocking; False when nothing was."""
@@ -78,15 +110,84 @@ class AsyncChannel:
         self._buf += chunk
         return True
 
+    def _take_frame(self) -> Frame | None:
+        """The next complete frame in the buffer, if there is one."""
+        if len(self._buf) < HEADER.size:
+            return None
+        length, seq, kind = HEADER.unpack_from(self._buf)
+        if length > self.max_body:
+            raise ProtocolViolation(f"frame of {length} bytes exceeds the limit of {self.max_body}")
+        end = HEADER.size + length
+        if len(self._buf) < end:
+            return None
+        body = bytes(self._buf[HEADER.size : end])
+        del self._buf[:end]
+        fds, self._fds = self._fds, []
+        return Frame(kind, seq, body, fds)
+
+    def _poll(self, spin: float) -> Frame | None:
+        """A frame if one is (or, within ``spin`` seconds, becomes) available; never sleeps."""
+        end = time.perf_counter() + spin if spin > 0 else 0.0
+        while True:
+            frame = self._take_frame()
+            if frame is not None:
+                return frame
+            if self._error is not None:
+                raise self._error
+            if not self._pull() and time.perf_counter() >= end:
+                return None
+
+    async def recv(self, *, spin: float = 0.0) -> Frame:
+        """Wait for the next complete frame (polling up to ``spin`` seconds first)."""
+        frame = self._poll(spin)
+        while frame is None:
+            await self._wait()
+            frame = self._poll(0.0)
+        return frame
+
+    def recv_blocking(self, *, deadline: float, spin: float = 0.0) -> Frame | None:
+        """The next frame, waiting in this thread; None if ``deadline`` (monotonic) passed."""
+        frame = self._poll(spin)
+        while frame is None:
+            if not self._wait_fd(_POLL_EVENTS, deadline):
+                return None
+            frame = self._poll(0.0)
+        return frame
+
+    def has_stray_data(self) -> bool:
+        """True when the peer sent bytes nobody asked for (or closed the channel)."""
+        if self._buf or self._fds or self._error is not None:
+            return True
+        try:
+            return self._pull()
+        except PeerClosed:
+            return True
+
+    # --- waiting ---------------------------------------------------------------------
+
+    def _wait_fd(self, events: int, deadline: float) -> bool:
+        """Block this thread until the socket is ready; False at the deadline."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), events)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if poller.poll(max(1, int(remaining * 1000 + 0.999))):
+                return True
+
     def _on_readable(self) -> None:
-        """Loop callback: move what arrived into the buffer, wake the waiter."""
+        """Loop callback: fill the buffer for the waiting task, or step aside."""
+        waiter = self._waiter
+        if waiter is None:  # nobody awaits: a thread may own the channel, leave its bytes
+            self._unregister()
+            return
         try:
             self._pull()
         except PeerClosed as exc:
             self._error = exc
             self._unregister()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
+        if not waiter.done():
             waiter.set_result(None)
 
     def _unregister(self) -> None:
@@ -101,45 +202,17 @@ class AsyncChannel:
         except RuntimeError:  # another backend
             await anyio.wait_readable(self.sock)
             return
+        self._waiter = loop.create_future()
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self.sock.fileno(), self._on_readable)
-        self._waiter = loop.create_future()
         try:
             await self._waiter
         finally:
             self._waiter = None
 
-    def has_stray_data(self) -> bool:
-        """True when the peer sent bytes nobody asked for (or closed the channel)."""
-        if self._buf or self._fds or self._error is not None:
-            return True
-        try:
-            return self._pull()
-        except PeerClosed:
-            return True
-
-    async def recv(self) -> Frame:
-        """Wait for the next complete frame."""
-        while True:
-            if len(self._buf) >= HEADER.size:
-                length, seq, kind = HEADER.unpack_from(self._buf)
-                if length > self.max_body:
-                    raise ProtocolViolation(
-                        f"frame of {length} bytes exceeds the limit of {self.max_body}"
-                    )
-                end = HEADER.size + length
-                if len(self._buf) >= end:
-                    body = bytes(self._buf[HEADER.size : end])
-                    del self._buf[:end]
-                    fds, self._fds = self._fds, []
-                    return Frame(kind, seq, body, fds)
-            if self._error is not None:
-                raise self._error
-            if not self._pull():
-                await self._wait()
-
     def close(self) -> None:
+        """Close the socket (on the loop's thread, which may have it registered)."""
         if not self.closed:
             self.closed = True
             self._unregister()

@@ -26,8 +26,9 @@ from typing import Any
 
 import anyio
 
+from toolservices import _portal
 from toolservices.errors import InfrastructureError
-from toolservices.python._channel import AsyncChannel
+from toolservices.python._channel import Channel
 from toolservices.python._frames import EXIT_BROKEN, Frame, Kind, PeerClosed, ProtocolViolation
 from toolservices.python._layers import fast_tmp_dir
 from toolservices.python._result import ExceptionInfo, ExecResult
@@ -49,6 +50,19 @@ _SERVER_SCRIPT = str(Path(__file__).resolve().with_name("_forkserver.py"))
 
 class SessionLost(Exception):
     """The session cannot serve the call (it was found broken before running it)."""
+
+
+class _Broken(ProtocolViolation):
+    """The worker reported that the code broke its machinery (it exits next)."""
+
+
+def _problem(exc: ProtocolViolation) -> str:
+    """How a failed call is described: a dead peer by its exit status, the rest by name."""
+    if isinstance(exc, PeerClosed):
+        return ""
+    if isinstance(exc, _Broken):
+        return str(exc)
+    return f"protocol violation: {exc}"
 
 
 def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
@@ -86,17 +100,19 @@ class ForkServerClient:
         sandbox: Any,
         preload: tuple[str, ...],
         max_output: int,
+        busy_poll: float = 0.0,
         python: str | None = None,
     ) -> None:
         self.layers = layers
         self.sandbox = sandbox
         self.preload = preload
         self.max_output = max_output
+        self.busy_poll = busy_poll
         self.python = python or sys.executable
         self.lock = anyio.Lock()
         self.seq = 0
         self.proc: subprocess.Popen[bytes] | None = None
-        self.chan: AsyncChannel | None = None
+        self.chan: Channel | None = None
         self._own_base = ""
         self.plan: Any = None
         self.report: dict[str, Any] = {}
@@ -148,10 +164,11 @@ class ForkServerClient:
             raise
         finally:
             theirs.close()
-        self.chan = AsyncChannel(ours, max_body=MAX_META)
+        self.chan = Channel(ours, max_body=MAX_META)
         config = {
             "base": "",  # the server takes it from its argv
             "max_output": self.max_output,
+            "busy_poll": self.busy_poll,
             "preload": list(self.preload),
             # the half of the isolation layers that runs in each session (stdlib only)
             "session_module": inspect.getsourcefile(self.layers.enter_session),
@@ -282,7 +299,7 @@ class ForkServerClient:
 class SessionHandle:
     """One live interpreter."""
 
-    def __init__(self, server: ForkServerClient, chan: AsyncChannel, workdir: str) -> None:
+    def __init__(self, server: ForkServerClient, chan: Channel, workdir: str) -> None:
         self.server = server
         self.chan = chan
         self.workdir = workdir
@@ -298,7 +315,7 @@ class SessionHandle:
         cls, server: ForkServerClient, sock: socket.socket, workdir: str
     ) -> SessionHandle:
         """Wait for the worker's HELLO (its pid and its two output memfds)."""
-        handle = cls(server, AsyncChannel(sock, max_body=MAX_META), workdir)
+        handle = cls(server, Channel(sock, max_body=MAX_META), workdir)
         try:
             with anyio.fail_after(SESSION_START_TIMEOUT):
                 frame = await handle.chan.recv()
@@ -357,41 +374,83 @@ class SessionHandle:
                 os.close(fd)
         self.out_fd = self.err_fd = -1
 
-    async def run(
-        self, code: str, *, limit: float, fresh: bool, session_id: str | None = None
-    ) -> ExecResult:
-        """Run one snippet; on timeout, crash or protocol violation the tree is killed."""
+    def _begin(self, code: str) -> tuple[int, bytes]:
+        """The next sequence number and the request body; refuses a broken session."""
         if self.dead or self.chan.has_stray_data():
             raise SessionLost("the interpreter sent unsolicited data or is gone")
         self.seq += 1
         self.calls += 1
-        seq = self.seq
+        return self.seq, code.encode("utf-8", "surrogatepass")
+
+    def _reply(self, frame: Frame, seq: int, start: float, session_id: str | None) -> ExecResult:
+        """The result carried by ``frame``; :class:`ProtocolViolation` if it is not one."""
+        if frame.kind != Kind.RESULT or frame.seq != seq or frame.fds:
+            for fd in frame.fds:
+                os.close(fd)
+            raise ProtocolViolation(f"unexpected frame kind {frame.kind} seq {frame.seq}")
+        meta = frame.json()
+        if not isinstance(meta, dict):
+            raise ProtocolViolation("the result is not an object")
+        if "fatal" in meta:
+            raise _Broken(str(meta["fatal"]))
+        return self._completed(meta, time.perf_counter() - start, session_id)
+
+    async def run(
+        self,
+        code: str,
+        *,
+        limit: float,
+        fresh: bool,
+        session_id: str | None = None,
+        spin: float = 0.0,
+    ) -> ExecResult:
+        """Run one snippet; on timeout, crash or protocol violation the tree is killed.
+
+        ``spin``: seconds to poll for the reply before sleeping (see ``_channel``).
+        """
+        seq, payload = self._begin(code)
         start = time.perf_counter()
-        frame: Frame | None = None
-        problem = ""
         try:
+            frame: Frame | None = None
             with anyio.move_on_after(limit):
-                await self.chan.send(Kind.EXEC, seq, code.encode("utf-8", "surrogatepass"))
-                frame = await self.chan.recv()
+                await self.chan.send(Kind.EXEC, seq, payload)
+                frame = await self.chan.recv(spin=spin)
             if frame is None:
                 return await self._killed(start, limit=limit, fresh=fresh, session_id=session_id)
-            if frame.kind != Kind.RESULT or frame.seq != seq or frame.fds:
-                raise ProtocolViolation(f"unexpected frame kind {frame.kind} seq {frame.seq}")
-            meta = frame.json()
-            if not isinstance(meta, dict) or "fatal" in meta:
-                problem = str(meta.get("fatal")) if isinstance(meta, dict) else "bad reply"
-            else:
-                return self._completed(meta, time.perf_counter() - start, session_id)
-        except PeerClosed:
-            problem = ""
+            return self._reply(frame, seq, start, session_id)
         except ProtocolViolation as exc:
-            problem = f"protocol violation: {exc}"
+            problem = _problem(exc)
         except BaseException:
             # cancelled by the caller mid-call: the interpreter is in an unknown state
             with anyio.CancelScope(shield=True):
                 await self.kill()
             raise
         return await self._killed(start, problem=problem, fresh=fresh, session_id=session_id)
+
+    def run_blocking(
+        self, code: str, *, limit: float, session_id: str | None = None, spin: float = 0.0
+    ) -> ExecResult:
+        """:meth:`run` for a session, waiting in the calling thread (not the loop's).
+
+        Only the rare endings (timeout, crash, violation, the caller interrupted)
+        go through the loop, which owns the fork server that kills the tree.
+        """
+        seq, payload = self._begin(code)
+        start = time.perf_counter()
+        deadline = time.monotonic() + limit
+        try:
+            frame = None
+            if self.chan.send_blocking(Kind.EXEC, seq, payload, deadline=deadline):
+                frame = self.chan.recv_blocking(deadline=deadline, spin=spin)
+            if frame is not None:
+                return self._reply(frame, seq, start, session_id)
+            killed = functools.partial(self._killed, start, limit=limit, fresh=False)
+        except ProtocolViolation as exc:
+            killed = functools.partial(self._killed, start, problem=_problem(exc), fresh=False)
+        except BaseException:  # Ctrl-C in the caller: the interpreter is in an unknown state
+            _portal.run_sync(self.kill)
+            raise
+        return _portal.run_sync(functools.partial(killed, session_id=session_id))
 
     def _completed(
         self, meta: dict[str, Any], duration: float, session_id: str | None

@@ -17,7 +17,7 @@ import socket
 import anyio
 
 from toolservices.errors import InfrastructureError
-from toolservices.python._channel import AsyncChannel
+from toolservices.python._channel import Channel
 from toolservices.python._client import MAX_META, ForkServerClient, SessionHandle
 from toolservices.python._frames import Kind, ProtocolViolation
 
@@ -50,7 +50,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
                 if frame.kind != Kind.FORKED or frame.seq != seq:
                     raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
                 for (ours, _), workdir in zip(pairs, workdirs, strict=True):
-                    handle = SessionHandle(server, AsyncChannel(ours, max_body=MAX_META), workdir)
+                    handle = SessionHandle(server, Channel(ours, max_body=MAX_META), workdir)
                     handles.append(handle)
                     handle._accept_hello(await handle.chan.recv())
             adopt = [[h.pid, h.workdir] for h in handles]

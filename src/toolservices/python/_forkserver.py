@@ -126,6 +126,7 @@ class ForkServer:
         self.ctrl = ctrl
         self.base: str = config["base"]
         self.max_output: int = config["max_output"]
+        self.busy_poll: float = config.get("busy_poll", 0.0)
         self.layers = _load_by_path("_toolservices_session_layers", config["session_module"])
         self.sessions: dict[str, int] = {}  # live session: workdir -> pid
         # A fresh session gets a "lineage" directory and works in <lineage>/w0; the
@@ -257,7 +258,7 @@ class ForkServer:
                 send_frame(chan, Kind.ERROR, 0, json.dumps({"error": message}).encode())
             finally:
                 os._exit(71)
-        serve_session(chan, max_output=self.max_output)
+        serve_session(chan, max_output=self.max_output, busy_poll=self.busy_poll)
 
     def kill(self, body: dict[str, Any]) -> dict[str, Any]:
         workdir = body["workdir"]

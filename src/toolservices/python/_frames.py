@@ -8,7 +8,7 @@ is killed, so one call's reply can never be taken for another's.
 
 The blocking helpers here are used by the fork server and the session workers
 (single-threaded, nothing else to do while waiting); the parent's end is
-:class:`toolservices.python._channel.AsyncChannel`. This module and the
+:class:`toolservices.python._channel.Channel`. This module and the
 other server-side ones (``_worker``, ``_forkserver``) import only the standard
 library: the fork server loads them by path, so that it (and every session
 forked from it) does not carry the rest of the package.

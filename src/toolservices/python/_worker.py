@@ -50,6 +50,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # bound once: user code that patches os or json (os.write = None) must not break the worker
 _write, _fstat, _dup2, _ftruncate, _lseek = os.write, os.fstat, os.dup2, os.ftruncate, os.lseek
 _dumps = json.dumps
+_perf_counter, _yield = time.perf_counter, os.sched_yield
+_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 
 def set_subreaper(on: bool) -> None:
@@ -102,9 +104,11 @@ def _text_stream(raw: _CappedFd, *, line_buffering: bool) -> io.TextIOWrapper:
 
 
 class _Worker:
-    def __init__(self, chan: socket.socket, max_output: int) -> None:
+    def __init__(self, chan: socket.socket, max_output: int, busy_poll: float = 0.0) -> None:
         self.chan = chan
         self.max_output = max_output
+        self.busy_poll = busy_poll
+        self._hot = False  # the last call came within busy_poll of the reply before it
         self.pid = os.getpid()
         self.calls = 0
         self._compiled: dict[str, types.CodeType] = {}
@@ -298,19 +302,43 @@ class _Worker:
 
     # --- loop -------------------------------------------------------------------
 
+    def _await_request(self, replied: float) -> None:
+        """Poll for the next request for up to ``busy_poll`` seconds, then let recv sleep.
+
+        Adaptive: only while calls come back to back (the previous one arrived
+        within the window), so an interpreter waiting seconds between turns of
+        a rollout spends one window of CPU, not one per call.
+        """
+        if self._hot:
+            end = replied + self.busy_poll
+            while _perf_counter() < end:
+                try:
+                    self.chan.recv(1, _PEEK)
+                except BlockingIOError:
+                    _yield()  # let a process that has work run first
+                    continue
+                except OSError:  # broken channel: the blocking recv reports it
+                    pass
+                return
+
     def serve(self) -> NoReturn:
         self.hello()
+        replied = 0.0
         while True:
+            self._await_request(replied)
             try:
                 frame = recv_frame(self.chan, max_body=MAX_REQUEST)
             except (OSError, ValueError):  # parent gone or channel broken by user code
                 os._exit(EXIT_BROKEN)
+            if self.busy_poll:
+                self._hot = _perf_counter() - replied <= self.busy_poll
             if frame.kind == Kind.EXEC:
                 meta = self.run(frame.body.decode("utf-8", "surrogatepass"))
                 try:
                     send_frame(self.chan, Kind.RESULT, frame.seq, _dumps(meta).encode())
                 except (OSError, TypeError, ValueError):  # channel or json broken by the code
                     os._exit(EXIT_BROKEN)
+                replied = _perf_counter()
                 if "fatal" in meta:
                     os._exit(EXIT_BROKEN)
             elif frame.kind == Kind.FORK:
@@ -351,12 +379,12 @@ def _safe_str(obj: object) -> str:
     return text if len(text) <= MAX_EXC_MESSAGE else text[:MAX_EXC_MESSAGE] + "..."
 
 
-def serve_session(chan: socket.socket, *, max_output: int) -> NoReturn:
+def serve_session(chan: socket.socket, *, max_output: int, busy_poll: float = 0.0) -> NoReturn:
     """Entry point in a freshly forked session child (never returns)."""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full output file gives EFBIG, not death
     signal.signal(signal.SIGINT, signal.default_int_handler)
     set_subreaper(True)
     try:
-        _Worker(chan, max_output).serve()
+        _Worker(chan, max_output, busy_poll).serve()
     except BaseException:  # the worker itself broke: exit, the parent reports and restarts
         os._exit(EXIT_BROKEN)
