@@ -144,6 +144,10 @@ def main() -> None:
             "< 0.15 ms",
         )
         row("warm print(1), on the service loop", median(core), None, "< 0.15 ms")
+        with PythonExecutorService(pool_size=2, timeout=30, busy_poll=0) as no_poll:
+            no_poll.execute("pass", session_id="warm")
+            plain = measure(lambda: no_poll.execute("print(1)", session_id="warm"), repeats=reps)
+        row("warm print(1), sync execute(), busy_poll=0", median(plain), None)
         row("(floor: socketpair echo to a process)", median(socket_floor(reps * 4)), None)
         print(
             f"|   (sync p90 {fmt_time(percentile(ours_rt, 90))}, loop p90 "

@@ -134,8 +134,10 @@ class Channel:
                 return frame
             if self._error is not None:
                 raise self._error
-            if not self._pull() and time.perf_counter() >= end:
-                return None
+            if not self._pull():
+                if time.perf_counter() >= end:
+                    return None
+                os.sched_yield()  # the peer may be waiting for this very CPU
 
     async def recv(self, *, spin: float = 0.0) -> Frame:
         """Wait for the next complete frame (polling up to ``spin`` seconds first)."""

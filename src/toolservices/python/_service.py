@@ -55,7 +55,7 @@ EVICTED_MEMORY = 65536
 #: the warm-up call of a new spare interpreter ("pass")
 SPAWN_WARMUP_TIMEOUT = 10.0
 #: the default of ``busy_poll``: a warm print(1) round trip is 30-80 us of work
-DEFAULT_BUSY_POLL = 200e-6
+DEFAULT_BUSY_POLL = 500e-6
 _clock = itertools.count(1)  # next() is atomic under the GIL: an LRU stamp from any thread
 
 
