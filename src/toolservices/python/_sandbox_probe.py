@@ -7,9 +7,11 @@ probe launch that checks a plan for real.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -144,24 +146,29 @@ def run_probe(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     bwrap's own message.
     """
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             argv,
             env=env,
             stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=PROBE_TIMEOUT,
-            check=False,
-            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: a timeout kills what it started too
         )
-    except subprocess.TimeoutExpired:
-        return {"error": f"probe launch did not finish within {PROBE_TIMEOUT:.0f} s"}
     except OSError as exc:
         return {"error": f"cannot start the launcher: {exc}"}
-    stderr = proc.stderr.decode(errors="replace").strip()
+    with proc:
+        try:
+            out, err = proc.communicate(timeout=PROBE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return {"error": f"probe launch did not finish within {PROBE_TIMEOUT:g} s"}
+    stderr = err.decode(errors="replace").strip()
     if proc.returncode != 0:
         return {"error": (stderr.splitlines() or [f"exit status {proc.returncode}"])[-1]}
     try:
-        result: dict[str, Any] = json.loads(proc.stdout)
+        result: dict[str, Any] = json.loads(out)
     except ValueError:
         return {"error": f"probe printed no report (stderr: {stderr[-300:]!r})"}
     return result

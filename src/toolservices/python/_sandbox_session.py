@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import resource
+import signal
 import stat
 import sys
 import time
@@ -39,6 +40,7 @@ STATE_ENV = "TOOLSERVICES_SANDBOX_STATE"
 
 # prctl options and seccomp constants (linux/prctl.h, linux/seccomp.h).
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 
@@ -411,6 +413,10 @@ def probe() -> dict[str, Any]:
     return result
 
 
+def _die_with_parent() -> None:
+    _get_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def _probe_session() -> dict[str, Any]:
     """Fork one session exactly as the server will and report what it got."""
     base = os.environ.get("TOOLSERVICES_WORKDIR_BASE") or "/tmp"
@@ -421,7 +427,9 @@ def _probe_session() -> dict[str, Any]:
     if pid == 0:  # the probe session
         os.close(read_fd)
         try:
+            _die_with_parent()  # a probe killed for hanging takes this one along
             enter_session(workdir=workdir)
+            _die_with_parent()  # a change of uid cleared it
             with open("/proc/self/status", encoding="ascii") as fh:
                 status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
             report: dict[str, Any] = {
