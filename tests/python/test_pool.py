@@ -141,6 +141,53 @@ def test_fork_session_copies_state_without_rerunning(
         service.fork_session("no-such-session", 1)
 
 
+def test_fork_session_copies_the_working_directory(
+    service: PythonExecutorService, sid: str
+) -> None:
+    setup = (
+        "import os\n"
+        "os.makedirs('data/deep/er')\n"
+        "open('data/deep/er/notes.txt', 'w').write('kept')\n"
+        "open('run.sh', 'w').write('echo hi')\n"
+        "os.chmod('run.sh', 0o750)\n"
+        "os.symlink('data/deep/er/notes.txt', 'link')\n"
+        "os.symlink('/etc/hostname', 'outside')\n"
+        "os.mkfifo('pipe')\n"
+        "os.makedirs('frozen/inner')\n"
+        "open('frozen/inner/x', 'w').write('x')\n"
+        "os.chmod('frozen', 0o500)"
+    )
+    assert service.execute(setup, session_id=sid).success
+    (copy,) = service.fork_session(sid, 1)
+    check = (
+        "import os, stat\n"
+        "print(open('data/deep/er/notes.txt').read())\n"
+        "print(oct(os.stat('run.sh').st_mode & 0o777))\n"
+        "print(os.readlink('link'), open('link').read())\n"
+        "print(os.readlink('outside'))\n"
+        "print(os.path.exists('pipe'))\n"
+        "print(oct(os.stat('frozen').st_mode & 0o777), open('frozen/inner/x').read())\n"
+        "open('mine.txt', 'w').write('copy only')"
+    )
+    result = service.execute(check, session_id=copy)
+    assert result.success, result.stderr
+    assert result.stdout.split("\n")[:6] == [
+        "kept",
+        "0o750",
+        "data/deep/er/notes.txt kept",
+        "/etc/hostname",
+        "False",  # a FIFO is not copied
+        "0o500 x",
+    ]
+    # the two directories are separate: the copy's new file is not in the source
+    assert (
+        service.execute("import os\nprint(os.path.exists('mine.txt'))", session_id=sid).stdout
+        == "False\n"
+    )
+    for session in (sid, copy):
+        service.close_session(session)
+
+
 def _is_fork_server(process: psutil.Process) -> bool:
     return "_forkserver.py" in " ".join(process.cmdline())
 

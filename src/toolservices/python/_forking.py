@@ -33,6 +33,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
     handles: list[SessionHandle] = []
     workdirs: list[str] = []
     failure: str | None = None
+    source_ok = False
     async with server.exclusive():
         try:
             workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n, "src": src.workdir}))[
@@ -41,7 +42,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
             src.seq += 1
             seq = src.seq
             theirs = tuple(b.fileno() for _, b in pairs)
-            body = json.dumps({"workdirs": workdirs}).encode()
+            body = json.dumps({"workdirs": workdirs, "source": src.workdir}).encode()
             with anyio.fail_after(FORK_TIMEOUT):
                 await src.chan.send(Kind.FORK, seq, body, theirs)
                 for _, b in pairs:
@@ -49,6 +50,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
                 frame = await src.chan.recv()
                 if frame.kind != Kind.FORKED or frame.seq != seq:
                     raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
+                source_ok = True  # from here on only the copies can fail
                 for (ours, _), workdir in zip(pairs, workdirs, strict=True):
                     handle = SessionHandle(server, Channel(ours, max_body=MAX_META), workdir)
                     handles.append(handle)
@@ -65,6 +67,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
             with contextlib.suppress(InfrastructureError):
                 await server.request_locked(Kind.RELEASE, {"workdirs": workdirs})
     if failure is not None:
-        await src.kill()  # its state is unknown now
+        if not source_ok:
+            await src.kill()  # its state is unknown now
         raise InfrastructureError(failure, retryable=True)
     return handles

@@ -199,8 +199,9 @@ class PythonExecutorService:
         """Copy a live session's interpreter into ``n`` new sessions; returns their ids.
 
         The copies are forks of the source process (its variables, imports and
-        objects, without re-running anything); files in its working directory
-        are not copied. The source keeps running unchanged.
+        objects, without re-running anything), and each gets a copy of the
+        files in the source's working directory. The source keeps running
+        unchanged. Child processes of the source are not copied.
         """
         return _portal.run_sync(self._fork_session, src_session_id, n)
 
@@ -626,8 +627,9 @@ class PythonExecutorService:
                 try:
                     handles = await fork_handles(server, slot.handle, n)
                 except InfrastructureError:
-                    slot.handle = None  # killed: its next call must say its state is gone
-                    slot.lost = True
+                    if slot.handle.dead:  # killed: its next call must say its state is gone
+                        slot.handle = None
+                        slot.lost = True
                     raise
         finally:
             slot.pending -= 1

@@ -20,6 +20,7 @@ import io
 import json
 import linecache
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -250,7 +251,8 @@ class _Worker:
         subreaper flag meanwhile), so the copies outlive this session and are
         killed and reaped by the server like any session.
         """
-        workdirs = frame.json()["workdirs"]
+        request = frame.json()
+        workdirs, source_dir = request["workdirs"], request.get("source")
         chans = list(frame.fds)
         source = self.pid
         server = os.getppid()  # the fork server: the copies' parent once the middle is gone
@@ -271,7 +273,7 @@ class _Worker:
                             _adopted_by(server)  # before HELLO: a KILL must find us
                             for other in chans[:index] + chans[index + 1 :]:
                                 os.close(other)
-                            self._become_copy(fd, workdir)
+                            self._become_copy(fd, workdir, source_dir)
                             return  # the copy continues the serve loop on its own channel
                         os._exit(0)
                     middles.append(middle)
@@ -287,12 +289,20 @@ class _Worker:
                     os.waitpid(middle, 0)
                 set_subreaper(True)
 
-    def _become_copy(self, fd: int, workdir: str) -> None:
+    def _become_copy(self, fd: int, workdir: str, source_dir: str | None) -> None:
         self.chan.close()
         self.chan = socket.socket(fileno=fd)
         os.setsid()
         set_subreaper(True)
         self.pid = os.getpid()
+        if source_dir:
+            # under the session's own layers: it can only copy what it could read anyway
+            try:
+                copy_tree(source_dir, workdir)
+            except OSError as exc:
+                body = json.dumps({"error": f"copying the working directory failed: {exc}"})
+                send_frame(self.chan, Kind.ERROR, 0, body.encode())
+                os._exit(EXIT_BROKEN)
         os.chdir(workdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
         os.close(self.out_fd)
@@ -345,6 +355,40 @@ class _Worker:
                 self.fork(frame)
             else:
                 os._exit(EXIT_BROKEN)
+
+
+def copy_tree(source: str, target: str) -> None:
+    """Copy a session's working directory into a copy's (existing, empty) one.
+
+    Regular files (with their permission bits), directories and symlinks (as
+    links, never followed); sockets, FIFOs and devices are skipped, and so is
+    what the code made unreadable to itself. Other errors (a full disk) raise.
+    Iterative, so a deep tree cannot exhaust the stack.
+    """
+    pending = [(source, target)]
+    modes: list[tuple[str, int]] = []  # directories get theirs last: 0o500 would stop the copy
+    while pending:
+        src_dir, dst_dir = pending.pop()
+        try:
+            entries = list(os.scandir(src_dir))
+        except PermissionError:
+            continue
+        for entry in entries:
+            dst = os.path.join(dst_dir, entry.name)
+            try:
+                if entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), dst)
+                elif entry.is_dir(follow_symlinks=False):
+                    os.mkdir(dst, 0o700)
+                    pending.append((entry.path, dst))
+                    modes.append((dst, entry.stat(follow_symlinks=False).st_mode & 0o777))
+                elif entry.is_file(follow_symlinks=False):
+                    shutil.copyfile(entry.path, dst, follow_symlinks=False)
+                    os.chmod(dst, entry.stat(follow_symlinks=False).st_mode & 0o777)
+            except PermissionError:
+                continue
+    for path, mode in reversed(modes):
+        os.chmod(path, mode)
 
 
 def _adopted_by(server: int) -> None:
