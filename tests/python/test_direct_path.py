@@ -8,6 +8,7 @@ library's event loop). ``stats()["direct_calls"]`` tells which route a call took
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -168,3 +169,35 @@ def test_sync_execute_from_the_loop_thread_is_refused(service: PythonExecutorSer
     with pytest.raises(RuntimeError, match="inside its own event loop"):
         _portal.run_sync(inside)
     service.close_session("loop-thread")
+
+
+def test_an_interrupted_call_makes_the_next_one_say_the_state_is_lost(
+    service: PythonExecutorService, sid: str
+) -> None:
+    """Ctrl-C in the caller (direct route) or a cancelled task (loop route)."""
+    service.execute("kept = 1", session_id=sid)
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            service.execute("import time\ntime.sleep(5)", session_id=sid)
+    finally:
+        timer.cancel()
+    after = service.execute("print('kept' in globals())", session_id=sid)
+    assert after.restarted and after.stdout == "False\n"
+
+    service.execute("kept = 2", session_id=sid)
+
+    async def cancel_mid_call() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                service.aexecute("import time\ntime.sleep(5)", session_id=sid), 0.3
+            )
+
+    asyncio.run(cancel_mid_call())
+    again = service.execute("print('kept' in globals())", session_id=sid)
+    assert again.restarted and again.stdout == "False\n"
+    assert not service.execute("print(1)", session_id=sid).restarted
+    service.close_session(sid)

@@ -573,7 +573,9 @@ class PythonExecutorService:
                 slot.pending -= 1
 
     async def _run_in_slot(self, slot: _Slot, code: str, limit: float) -> ExecResult:
-        restarted = slot.lost
+        # a dead handle still in place was killed under a call that never returned
+        # (cancelled, interrupted): that call could not say the state was lost, this one does
+        restarted = slot.lost or (slot.handle is not None and slot.handle.dead)
         if slot.handle is None or slot.handle.dead:
             slot.handle = await self._take_spare()
         spin = self.busy_poll if self._limiter.in_use == 1 else 0.0
