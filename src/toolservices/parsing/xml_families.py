@@ -71,6 +71,29 @@ class _ParamParser(SyntaxParser):
     param_close: ClassVar[str]
     #: What the model should write inside the outer block, for error messages.
     inner_hint: ClassVar[str]
+    #: How render() writes a parameter ({name}, {value}, {string}: "true" for a str
+    #: value), a call ({tool}, {params}, {open}, {close}) and the calls ({calls}, ...).
+    param_template: ClassVar[str]
+    call_template: ClassVar[str]
+    block_template: ClassVar[str] = "{open}\n{calls}{close}"
+    call_sep: ClassVar[str] = ""
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        tags = {"open": self.open_tag, "close": self.close_tag}
+        rendered = self.call_sep.join(
+            self.call_template.format(
+                tool=call.tool,
+                params="".join(
+                    self.param_template.format(
+                        name=k, value=_text_value(v), string=str(isinstance(v, str)).lower()
+                    )
+                    for k, v in call.args.items()
+                ),
+                **tags,
+            )
+            for call in calls
+        )
+        return after_text(text, self.block_template.format(calls=rendered, **tags))
 
     def _value(self, tool: str, match: re.Match[str], raw: str) -> Any:
         return self.schemas.coerce(tool, match.group(1).strip(), raw)
@@ -118,21 +141,14 @@ class Qwen3CoderParser(_ParamParser):
     param_re = re.compile(r"<parameter=([^>\n]*)>")
     param_close = "</parameter>"
     inner_hint = "<function=TOOL_NAME> with one <parameter=NAME>value</parameter> per argument"
+    param_template = "<parameter={name}>\n{value}\n</parameter>\n"
+    call_template = "{open}\n<function={tool}>\n{params}</function>\n{close}"
+    block_template = "{calls}"
+    call_sep = "\n"
     syntax = (
         "<tool_call>\n<function=TOOL_NAME>\n<parameter=ARG_NAME>\nvalue\n</parameter>\n"
         "</function>\n</tool_call>"
     )
-
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        blocks = []
-        for call in calls:
-            params = "".join(
-                f"<parameter={k}>\n{_text_value(v)}\n</parameter>\n" for k, v in call.args.items()
-            )
-            blocks.append(
-                f"{self.open_tag}\n<function={call.tool}>\n{params}</function>\n{self.close_tag}"
-            )
-        return after_text(text, "\n".join(blocks))
 
 
 class SeedOssParser(Qwen3CoderParser):
@@ -158,20 +174,12 @@ class MiniMaxM2Parser(_ParamParser):
     param_re = re.compile(r'<parameter\s+name="?([^">\n]*)"?\s*>')
     param_close = "</parameter>"
     inner_hint = '<invoke name="TOOL_NAME"> with <parameter name="ARG">value</parameter>'
+    param_template = '<parameter name="{name}">{value}</parameter>\n'
+    call_template = '<invoke name="{tool}">\n{params}</invoke>\n'
     syntax = (
         '<minimax:tool_call>\n<invoke name="TOOL_NAME">\n<parameter name="ARG_NAME">value'
         "</parameter>\n</invoke>\n</minimax:tool_call>"
     )
-
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        invokes = []
-        for call in calls:
-            params = "".join(
-                f'<parameter name="{k}">{_text_value(v)}</parameter>\n'
-                for k, v in call.args.items()
-            )
-            invokes.append(f'<invoke name="{call.tool}">\n{params}</invoke>\n')
-        return after_text(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
 
 
 _DSML = "｜DSML｜"
@@ -188,6 +196,10 @@ class DeepSeekV32Parser(_ParamParser):
     param_re = re.compile(rf'<{_DSML}parameter\s+name="([^"]*)"(?:\s+string="(true|false)")?\s*>')
     param_close = f"</{_DSML}parameter>"
     inner_hint = f'<{_DSML}invoke name="TOOL_NAME"> with parameters'
+    param_template = (
+        f'<{_DSML}parameter name="{{name}}" string="{{string}}">{{value}}</{_DSML}parameter>\n'
+    )
+    call_template = f'<{_DSML}invoke name="{{tool}}">\n{{params}}</{_DSML}invoke>\n'
     syntax = (
         f'<{_DSML}function_calls>\n<{_DSML}invoke name="TOOL_NAME">\n'
         f'<{_DSML}parameter name="ARG" string="true">text</{_DSML}parameter>\n'
@@ -205,17 +217,6 @@ class DeepSeekV32Parser(_ParamParser):
             return raw
         return super()._value(tool, match, raw)
 
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        invokes = []
-        for call in calls:
-            params = "".join(
-                f'<{_DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
-                f"{_text_value(v)}</{_DSML}parameter>\n"
-                for k, v in call.args.items()
-            )
-            invokes.append(f'<{_DSML}invoke name="{call.tool}">\n{params}</{_DSML}invoke>\n')
-        return after_text(text, f"{self.open_tag}\n{''.join(invokes)}{self.close_tag}")
-
 
 class Step3Parser(_ParamParser):
     """StepFun Step3: ``<steptml:invoke>`` elements inside the ``<｜tool_calls_begin｜>`` block."""
@@ -228,24 +229,17 @@ class Step3Parser(_ParamParser):
     param_re = re.compile(r'<steptml:parameter\s+name="([^"]*)"\s*>')
     param_close = "</steptml:parameter>"
     inner_hint = '<steptml:invoke name="TOOL_NAME"> with <steptml:parameter name="ARG">'
+    param_template = '<steptml:parameter name="{name}">{value}</steptml:parameter>'
+    call_template = (
+        '<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="{tool}">{params}'
+        "</steptml:invoke><｜tool_call_end｜>"
+    )
+    block_template = "{open}{calls}{close}"
     syntax = (
         "<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜>"
         '<steptml:invoke name="TOOL_NAME"><steptml:parameter name="ARG">value'
         "</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>"
     )
-
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        parts = []
-        for call in calls:
-            params = "".join(
-                f'<steptml:parameter name="{k}">{_text_value(v)}</steptml:parameter>'
-                for k, v in call.args.items()
-            )
-            parts.append(
-                "<｜tool_call_begin｜>function<｜tool_sep｜>"
-                f'<steptml:invoke name="{call.tool}">{params}</steptml:invoke><｜tool_call_end｜>'
-            )
-        return after_text(text, f"{self.open_tag}{''.join(parts)}{self.close_tag}")
 
 
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.DOTALL)
