@@ -27,6 +27,7 @@ from toolservices import _portal  # noqa: E402
 from toolservices.python import PythonExecutorService, isolation_report  # noqa: E402
 
 PRINT_100 = "for i in range(100):\n    print(i)"
+ROUNDS = 5  # interleaved rounds of the warm round-trip variants
 CPU = "s = 0\nfor i in range(1_500_000):\n    s += i * i\nprint(s)"
 
 
@@ -129,9 +130,28 @@ def main() -> None:
     try:
         svc.execute("pass", session_id="warm")
 
-        # warm print(1) round trip
-        ours_rt = measure(lambda: svc.execute("print(1)", session_id="warm"), repeats=reps)
-        core = core_round_trip(svc, "warm", reps)
+        # warm print(1) round trip: the variants interleaved in rounds, so that a drift
+        # of the machine (a neighbour on the host) does not favour one of them
+        no_poll = PythonExecutorService(pool_size=2, timeout=30, busy_poll=0)
+        no_poll.execute("pass", session_id="warm")
+        variants: dict[str, Callable[[int], list[float]]] = {
+            "sync": lambda n: measure(
+                lambda: svc.execute("print(1)", session_id="warm"), repeats=n
+            ),
+            "loop": lambda n: core_round_trip(svc, "warm", n),
+            "no_poll": lambda n: measure(
+                lambda: no_poll.execute("print(1)", session_id="warm"), repeats=n
+            ),
+            "no_poll_loop": lambda n: core_round_trip(no_poll, "warm", n),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        round_medians: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(ROUNDS):
+            for name, fn in variants.items():
+                batch = fn(max(10, reps // ROUNDS))
+                samples[name] += batch
+                round_medians[name].append(median(batch))
+        no_poll.close()
         theirs_rt = (
             measure(lambda: theirs_proc.execute("print(1)"), repeats=max(10, reps // 10))
             if theirs_proc
@@ -139,20 +159,17 @@ def main() -> None:
         )
         row(
             "warm print(1), sync execute()",
-            median(ours_rt),
+            median(samples["sync"]),
             median(theirs_rt) if theirs_rt else None,
             "< 0.15 ms",
         )
-        row("warm print(1), on the service loop", median(core), None, "< 0.15 ms")
-        with PythonExecutorService(pool_size=2, timeout=30, busy_poll=0) as no_poll:
-            no_poll.execute("pass", session_id="warm")
-            plain = measure(lambda: no_poll.execute("print(1)", session_id="warm"), repeats=reps)
-        row("warm print(1), sync execute(), busy_poll=0", median(plain), None)
+        row("warm print(1), on the service loop", median(samples["loop"]), None, "< 0.15 ms")
+        row("warm print(1), sync, busy_poll=0", median(samples["no_poll"]), None)
+        row("warm print(1), loop, busy_poll=0", median(samples["no_poll_loop"]), None)
         row("(floor: socketpair echo to a process)", median(socket_floor(reps * 4)), None)
-        print(
-            f"|   (sync p90 {fmt_time(percentile(ours_rt, 90))}, loop p90 "
-            f"{fmt_time(percentile(core, 90))})"
-        )
+        for name in ("sync", "loop"):
+            spread = ", ".join(fmt_time(m) for m in round_medians[name])
+            print(f"|   ({name}: p90 {fmt_time(percentile(samples[name], 90))}; rounds {spread})")
 
         # 100-line print
         ours_100 = measure(lambda: svc.execute(PRINT_100, session_id="warm"), repeats=reps // 2)
