@@ -337,18 +337,28 @@ def test_two_slots_give_more_throughput_on_cpu_bound_snippets() -> None:
         pytest.skip(f"the machine is busy (load {os.getloadavg()[0]:.1f}): no idle second core")
     code = "s = 0\nfor i in range(600_000):\n    s += i * i"
 
-    def elapsed(pool_size: int) -> float:
+    def elapsed(svc: PythonExecutorService) -> float:
         import time
 
-        with PythonExecutorService(pool_size=pool_size, timeout=60) as svc:
-            svc.execute("pass")
-            started = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                results = list(pool.map(lambda k: svc.execute(code, session_id=f"c{k}"), range(6)))
-            assert all(r.success for r in results)
-            return time.perf_counter() - started
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda k: svc.execute(code, session_id=f"c{k}"), range(6)))
+        assert all(r.success for r in results)
+        return time.perf_counter() - started
 
-    assert elapsed(1) / elapsed(2) > 1.3
+    with (
+        PythonExecutorService(pool_size=1, timeout=60) as one,
+        PythonExecutorService(pool_size=2, timeout=60) as two,
+    ):
+        for svc in (one, two):  # the sessions exist before anything is timed
+            for k in range(6):
+                svc.execute("pass", session_id=f"c{k}")
+        # interleaved, best of three: a noisy neighbour slows one run, not the ratio
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(3):
+            times[1].append(elapsed(one))
+            times[2].append(elapsed(two))
+    assert min(times[1]) / min(times[2]) > 1.3, times
 
 
 def test_preloaded_modules_are_already_imported() -> None:
