@@ -34,7 +34,10 @@ from toolservices.python._frames import (
     fds_from_ancdata,
 )
 
-__all__ = ["Channel"]
+__all__ = ["Channel", "Outgoing"]
+
+#: the unsent rest of a frame and the descriptors still to go with its first byte
+Outgoing = tuple[memoryview, list[tuple[int, int, bytes]]]
 
 _POLL_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
 
@@ -73,18 +76,27 @@ class Channel:
             raise PeerClosed(f"cannot write to peer: {exc}") from None
         return data[sent:]
 
-    async def send(self, kind: int, seq: int, body: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+    def start_send(
+        self, kind: int, seq: int, body: bytes = b"", fds: tuple[int, ...] = ()
+    ) -> Outgoing:
+        """Write as much of a frame as the socket takes now; the rest for :meth:`finish_send`."""
         data = memoryview(HEADER.pack(len(body), seq, kind) + body)
         anc = ancillary(fds)
-        while True:
+        rest = self._send_some(data, anc)
+        return rest, (anc if len(rest) == len(data) else [])
+
+    async def finish_send(self, outgoing: Outgoing) -> None:
+        """Write the rest of a frame begun with :meth:`start_send` (nothing if none is left)."""
+        data, anc = outgoing
+        while data:
+            await anyio.wait_writable(self.sock)
             rest = self._send_some(data, anc)
-            if not rest:
-                return
             if len(rest) < len(data):
                 anc = []  # the descriptors went with the first byte
-            else:
-                await anyio.wait_writable(self.sock)
             data = rest
+
+    async def send(self, kind: int, seq: int, body: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+        await self.finish_send(self.start_send(kind, seq, body, fds))
 
     def send_blocking(self, kind: int, seq: int, body: bytes, *, deadline: float) -> bool:
         """Send one frame from any thread; False if ``deadline`` (monotonic) passed first."""
@@ -125,7 +137,7 @@ class Channel:
         fds, self._fds = self._fds, []
         return Frame(kind, seq, body, fds)
 
-    def _poll(self, spin: float) -> Frame | None:
+    def poll(self, spin: float = 0.0) -> Frame | None:
         """A frame if one is (or, within ``spin`` seconds, becomes) available; never sleeps."""
         end = time.perf_counter() + spin if spin > 0 else 0.0
         while True:
@@ -141,19 +153,19 @@ class Channel:
 
     async def recv(self, *, spin: float = 0.0) -> Frame:
         """Wait for the next complete frame (polling up to ``spin`` seconds first)."""
-        frame = self._poll(spin)
+        frame = self.poll(spin)
         while frame is None:
             await self._wait()
-            frame = self._poll(0.0)
+            frame = self.poll()
         return frame
 
     def recv_blocking(self, *, deadline: float, spin: float = 0.0) -> Frame | None:
         """The next frame, waiting in this thread; None if ``deadline`` (monotonic) passed."""
-        frame = self._poll(spin)
+        frame = self.poll(spin)
         while frame is None:
             if not self._wait_fd(_POLL_EVENTS, deadline):
                 return None
-            frame = self._poll(0.0)
+            frame = self.poll()
         return frame
 
     def has_stray_data(self) -> bool:

@@ -411,10 +411,13 @@ class SessionHandle:
         seq, payload = self._begin(code)
         start = time.perf_counter()
         try:
-            frame: Frame | None = None
-            with anyio.move_on_after(limit):
-                await self.chan.send(Kind.EXEC, seq, payload)
-                frame = await self.chan.recv(spin=spin)
+            # a quick reply needs no cancel scope: no await comes before it
+            outgoing = self.chan.start_send(Kind.EXEC, seq, payload)
+            frame = None if outgoing[0] else self.chan.poll(min(spin, limit))
+            if frame is None:
+                with anyio.move_on_after(limit - (time.perf_counter() - start)):
+                    await self.chan.finish_send(outgoing)
+                    frame = await self.chan.recv()
             if frame is None:
                 return await self._killed(start, limit=limit, fresh=fresh, session_id=session_id)
             return self._reply(frame, seq, start, session_id)
