@@ -150,8 +150,7 @@ class ForkServerClient:
             self.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns in milliseconds
                 plan.argv,
                 env=plan.env,
-                preexec_fn=plan.preexec_fn,
-                pass_fds=(theirs.fileno(), *plan.pass_fds),
+                pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._errlog,

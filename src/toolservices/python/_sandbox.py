@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,8 +165,7 @@ class LaunchPlan:
     """How to start one fork server; owns the uid slot and the host workdir base.
 
     Start the server with ``subprocess.Popen(plan.argv, env=plan.env,
-    preexec_fn=plan.preexec_fn, pass_fds=plan.pass_fds + your_fds,
-    start_new_session=True)`` from a long-lived thread (bubblewrap's
+    pass_fds=your_fds, start_new_session=True)`` from a long-lived thread (bubblewrap's
     ``--die-with-parent`` fires when the *thread* that started it exits). The
     server creates one directory per session under ``workdir_base`` (the path
     as the server sees it: the argv element ``"@WORKDIR_BASE@"`` is replaced
@@ -179,8 +178,6 @@ class LaunchPlan:
 
     argv: list[str]
     env: dict[str, str]
-    preexec_fn: Callable[[], None] | None
-    pass_fds: tuple[int, ...]
     report: dict[str, Any]
     workdir_base: str
     host_workdir_base: str

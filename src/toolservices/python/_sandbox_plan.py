@@ -395,8 +395,6 @@ def _choose(
         return LaunchPlan(
             argv=_launcher_argv(spec),
             env=_launcher_env(),
-            preexec_fn=None,
-            pass_fds=(),
             report=report,
             workdir_base=inside_base,
             host_workdir_base=host_base,
