@@ -20,7 +20,14 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["get_loop", "on_loop_thread", "run_sync", "shutdown_portal", "wait_on_loop"]
+__all__ = [
+    "get_loop",
+    "on_loop_thread",
+    "run_sync",
+    "shutdown_portal",
+    "started_loop",
+    "wait_on_loop",
+]
 
 T = TypeVar("T")
 
@@ -58,6 +65,12 @@ def get_loop() -> asyncio.AbstractEventLoop:
             _loop = new_loop
             atexit.register(shutdown_portal)
         return _loop
+
+
+def started_loop() -> asyncio.AbstractEventLoop | None:
+    """The shared loop if it is running (never starts it)."""
+    loop = _loop
+    return loop if loop is not None and loop.is_running() else None
 
 
 def on_loop_thread() -> bool:

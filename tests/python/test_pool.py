@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import os
 import pickle
 import signal
 import threading
+import time
 
 import anyio
 import psutil
@@ -421,3 +423,17 @@ def test_fork_session_while_fresh_runs_are_discarded(sid: str) -> None:
                 stop.set()
             for churner in churners:
                 churner.result()
+
+
+def test_a_service_dropped_without_close_stops_its_fork_server(sid: str) -> None:
+    svc = PythonExecutorService(pool_size=1, timeout=5)
+    svc.execute("x = 1", session_id=sid)
+    svc.execute("print(x)", session_id=sid)  # the direct route has used the session too
+    while svc.stats()["spares"] < svc.spares:  # background refills hold the service meanwhile
+        time.sleep(0.005)
+    server = svc._server
+    assert server is not None and server.proc is not None
+    proc = server.proc
+    del svc, server
+    gc.collect()  # the finalizer ran: the server is told to stop and is reaped
+    assert proc.poll() is not None

@@ -33,6 +33,7 @@ from toolservices.python._frames import (
     ancillary,
     fds_from_ancdata,
 )
+from toolservices.python._gate import on_loop
 
 __all__ = ["Channel", "Outgoing"]
 
@@ -205,9 +206,9 @@ class Channel:
             waiter.set_result(None)
 
     def _unregister(self) -> None:
-        if self._loop is not None:
-            self._loop.remove_reader(self.sock.fileno())
-            self._loop = None
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self.sock.fileno())
 
     async def _wait(self) -> None:
         """Until more data (or EOF) arrived."""
@@ -226,14 +227,22 @@ class Channel:
             self._waiter = None
 
     def close(self) -> None:
-        """Close the socket (on the loop's thread, which may have it registered)."""
-        if not self.closed:
-            self.closed = True
-            self._unregister()
-            self.sock.close()
-            for fd in self._fds:
-                _close_quietly(fd)
-            self._fds = []
+        """Close the socket; from another thread, the loop it is registered with does it."""
+        if self.closed:
+            return
+        self.closed = True
+        loop = self._loop
+        if loop is not None and loop.is_running() and not on_loop(loop):
+            loop.call_soon_threadsafe(self._release)  # a finalizer, or the direct path
+        else:
+            self._release()
+
+    def _release(self) -> None:
+        self._unregister()
+        self.sock.close()
+        for fd in self._fds:
+            _close_quietly(fd)
+        self._fds = []
 
 
 def _close_quietly(fd: int) -> None:

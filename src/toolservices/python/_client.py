@@ -120,6 +120,7 @@ class ForkServerClient:
         self._errlog: Any = None
         self.pidfd = -1
         self.stopping = False  # set when we end it ourselves (its exit is then expected)
+        self.handles: set[SessionHandle] = set()  # live ones: released if we are dropped
 
     @property
     def alive(self) -> bool:
@@ -202,6 +203,15 @@ class ForkServerClient:
         self._errlog.seek(max(0, size - limit))
         return self._errlog.read().decode("utf-8", "replace")
 
+    def release_files(self) -> None:
+        """Close what this client holds open besides the control channel."""
+        if self._errlog is not None:
+            self._errlog.close()
+            self._errlog = None
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
         """Hold the control channel across several requests (``fork_session``)."""
@@ -279,12 +289,7 @@ class ForkServerClient:
                         break
                     except subprocess.TimeoutExpired:
                         continue
-            if self._errlog is not None:
-                self._errlog.close()
-                self._errlog = None
-            if self.pidfd >= 0:
-                os.close(self.pidfd)
-                self.pidfd = -1
+            self.release_files()
             plan, self.plan = self.plan, None
             if plan is not None and hasattr(plan, "close"):
                 await anyio.to_thread.run_sync(plan.close)
@@ -308,6 +313,7 @@ class SessionHandle:
         self.seq = 0
         self.dead = False
         self.calls = 0
+        server.handles.add(self)
 
     @classmethod
     async def connect(
@@ -348,6 +354,7 @@ class SessionHandle:
         if self.dead:
             return None
         self.dead = True
+        self.server.handles.discard(self)
         self.chan.close()
         status = None
         try:
@@ -364,6 +371,7 @@ class SessionHandle:
     def abandon(self) -> None:
         """Forget an interpreter whose fork server is gone (nothing left to ask)."""
         self.dead = True
+        self.server.handles.discard(self)
         self.chan.close()
         self._close_fds()
 

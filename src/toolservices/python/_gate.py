@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from types import TracebackType
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "on_loop"]
 
 
 class _Waiter:
@@ -104,7 +104,7 @@ class Gate:
         assert loop is not None
         if loop.is_closed():  # the library is shutting down: nobody is left to wake
             return
-        if _on_loop(loop):
+        if on_loop(loop):
             _wake(waiter.future)
         else:
             loop.call_soon_threadsafe(_wake, waiter.future)
@@ -121,7 +121,8 @@ class Gate:
         self.release()
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """True when called from inside ``loop`` (in its thread, while it runs)."""
     try:
         return asyncio.get_running_loop() is loop
     except RuntimeError:

@@ -314,7 +314,9 @@ class PythonExecutorService:
             if self._finalizer is not None:  # the previous server's net, now useless
                 self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _last_resort_stop, server)
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(server))
+            self._watcher = asyncio.get_running_loop().create_task(
+                _watch(weakref.ref(self), server)
+            )
             self._schedule_refill()
         finally:
             self._starting.set()
@@ -339,9 +341,8 @@ class PythonExecutorService:
         if self._server is not None:
             await self._server.stop()
 
-    async def _watch(self, server: ForkServerClient) -> None:
+    async def _on_server_exit(self, server: ForkServerClient) -> None:
         """When the fork server dies, so do its sessions: forget them at once."""
-        await server.wait_exit()
         if server is self._server and not self._closed and not server.stopping:
             log.warning("the Python fork server exited; sessions are restarted on their next call")
             if server.chan is not None:
@@ -659,8 +660,23 @@ class PythonExecutorService:
                 self._finalizer.detach()
 
 
+async def _watch(ref: weakref.ref[PythonExecutorService], server: ForkServerClient) -> None:
+    """Wait for the fork server's exit; holds the service weakly, so dropping it frees it."""
+    await server.wait_exit()
+    service = ref()
+    if service is not None:
+        await service._on_server_exit(server)
+    else:  # dropped without close(): its finalizer stopped the server, the pidfd is ours
+        server.release_files()
+
+
 def _rebuild(cls: type[PythonExecutorService], config: dict[str, Any]) -> PythonExecutorService:
     return cls(**config)
+
+
+def _abandon_sessions(server: ForkServerClient) -> None:
+    for handle in list(server.handles):
+        handle.abandon()
 
 
 def _last_resort_stop(server: ForkServerClient) -> None:
@@ -672,6 +688,12 @@ def _last_resort_stop(server: ForkServerClient) -> None:
     server.stopping = True
     if server.chan is not None:
         server.chan.close()
+    # the sessions' channels belong to the loop, which may be using one right now
+    loop = _portal.started_loop()
+    if loop is not None and not _portal.on_loop_thread():
+        loop.call_soon_threadsafe(_abandon_sessions, server)
+    else:
+        _abandon_sessions(server)
     proc = server.proc
     if proc is not None and proc.poll() is None:
         try:
@@ -679,5 +701,8 @@ def _last_resort_stop(server: ForkServerClient) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=2.0)
+    if server._errlog is not None:  # the pidfd may be awaited on the loop: its watcher closes it
+        server._errlog.close()
+        server._errlog = None
     if server.plan is not None and hasattr(server.plan, "close"):
         server.plan.close()
