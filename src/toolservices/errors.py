@@ -14,7 +14,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
+    "ErrorKind",
     "ExecutorBusyError",
     "InfrastructureError",
     "SandboxUnavailableError",
@@ -33,6 +36,20 @@ __all__ = [
 ]
 
 
+#: Why a call failed, as a :class:`~toolservices.dispatch.CallResult` says it: a
+#: :class:`ToolError` kind, or what the dispatcher itself decided.
+ErrorKind = Literal[
+    "tool_error",
+    "unknown_tool",
+    "invalid_arguments",
+    "tool_failed",
+    "timeout",
+    "parse_error",
+    "skipped",
+    "infrastructure",
+]
+
+
 class ToolServicesError(Exception):
     """Base class of every exception this library raises on purpose."""
 
@@ -46,7 +63,7 @@ class ToolError(ToolServicesError):
     ``kind`` is a short machine-readable label used in metrics and results.
     """
 
-    kind: str = "tool_error"
+    kind: ErrorKind = "tool_error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

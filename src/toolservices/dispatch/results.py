@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from toolservices.errors import ErrorKind
 from toolservices.parsing.base import ParseResult
 
 __all__ = ["CallResult", "EpisodeMetrics", "ItemResult", "StepMetrics", "value_text"]
@@ -40,8 +41,9 @@ class CallResult:
     #: What the model reads when the call failed.
     error: str | None = None
     #: ``unknown_tool``, ``invalid_arguments``, ``tool_failed``, ``timeout``,
-    #: ``parse_error``, ``skipped`` or ``infrastructure``.
-    error_kind: str | None = None
+    #: ``parse_error``, ``skipped``, ``infrastructure``, or ``tool_error`` for a
+    #: plain :class:`~toolservices.errors.ToolError` a tool raised itself.
+    error_kind: ErrorKind | None = None
     duration: float = 0.0
 
     @property
