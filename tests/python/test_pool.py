@@ -205,8 +205,13 @@ def test_fork_server_loss_is_recovered(sid: str) -> None:
             for p in [launched, *launched.children(recursive=True)]
             if _is_fork_server(p) and not _is_fork_server(p.parent())
         ]
+        sessions = fork_server.children(recursive=True)
         fork_server.send_signal(signal.SIGKILL)
         server.proc.wait(timeout=10)
+        # the sessions die by their death signal, a moment after the server: until then
+        # a call may still reach its live interpreter (and rightly keep its state)
+        _gone, alive = psutil.wait_procs(sessions, timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
         result = svc.execute("print('kept' in globals())", session_id=sid)
         # the call either noticed the loss while running or ran in a fresh interpreter
         assert result.restarted
