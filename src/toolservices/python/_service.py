@@ -4,10 +4,10 @@ The core is async and runs on the library's shared event loop
 (:mod:`toolservices._portal`); ``execute`` and friends are thin sync faces
 over it, and ``aexecute`` from any other loop hops onto it. Scheduling:
 
-* ``pool_size`` execution slots (a ``CapacityLimiter``) bound the calls
+* ``pool_size`` execution slots (a :class:`~toolservices.python._gate.Gate`) bound the calls
   running at once; sessions are separate interpreters bounded by
   ``max_sessions`` (the least recently used idle one is evicted beyond it);
-* a call first takes its session's lock, then a slot, so a slow call never
+* a call first takes its session's gate, then a slot, so a slow call never
   holds a slot that a call of another session could use and two calls never
   share an interpreter;
 * calls waiting for a session or a slot are counted; beyond ``max_queue``
