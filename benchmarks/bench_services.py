@@ -12,12 +12,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from toolservices.services import get_services
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _util  # noqa: E402
+from _util import median, percentile  # noqa: E402
+
+from toolservices.services import get_services  # noqa: E402
 
 RAY_INIT = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
 
@@ -30,19 +35,11 @@ class Echo:
 
 
 def _stats(samples: list[float]) -> tuple[float, float]:
-    samples = sorted(samples)
-    return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.9)] * 1e3
+    return median(samples) * 1e3, percentile(samples, 90) * 1e3
 
 
 def measure(fn: Callable[[], Any], calls: int, warmup: int = 20) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return _stats(samples)
+    return _stats(_util.measure(fn, repeats=calls, warmup=warmup))
 
 
 def ameasure(fn: Callable[[], Awaitable[Any]], calls: int, warmup: int = 20) -> tuple[float, float]:

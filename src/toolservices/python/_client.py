@@ -203,11 +203,14 @@ class ForkServerClient:
         self._errlog.seek(max(0, size - limit))
         return self._errlog.read().decode("utf-8", "replace")
 
-    def release_files(self) -> None:
-        """Close what this client holds open besides the control channel."""
+    def close_errlog(self) -> None:
         if self._errlog is not None:
             self._errlog.close()
             self._errlog = None
+
+    def release_files(self) -> None:
+        """Close what this client holds open besides the control channel."""
+        self.close_errlog()
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1

@@ -701,8 +701,6 @@ def _last_resort_stop(server: ForkServerClient) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=2.0)
-    if server._errlog is not None:  # the pidfd may be awaited on the loop: its watcher closes it
-        server._errlog.close()
-        server._errlog = None
+    server.close_errlog()  # not the pidfd: the watcher may be awaiting it, and closes it
     if server.plan is not None and hasattr(server.plan, "close"):
         server.plan.close()
