@@ -18,7 +18,13 @@ from toolservices.parsing.base import ParseError, ParseResult, ToolCall, make_ca
 from toolservices.tools import FunctionTool, Tool, ToolRegistry
 from toolservices.tools._function_schema import STATE_PARAMETER
 
-__all__ = ["ParserLike", "resolve_parser", "resolve_registry", "tools_from_mapping"]
+__all__ = [
+    "ParserLike",
+    "resolve_parser",
+    "resolve_registry",
+    "resolve_simple_parser",
+    "tools_from_mapping",
+]
 
 #: A parser family name, a ToolParser, or any ``callable(text) -> mapping``.
 ParserLike = Any
@@ -37,6 +43,20 @@ def resolve_parser(parser: ParserLike, *, tools: Any = None) -> Callable[[str], 
             f"parser must be a parser family name, a ToolParser or a callable, got {parser!r}"
         )
     return _ForeignParser(parser)
+
+
+def resolve_simple_parser(
+    parser: ParserLike, pattern: str | None, *, tools: Any
+) -> Callable[[str], ParseResult]:
+    """The ``<tool>`` transforms' rule: ``parser`` if given, else a regex
+    ``pattern``, else the ``simple_tool`` family."""
+    if parser is not None:
+        return resolve_parser(parser, tools=tools)
+    if pattern is not None:
+        from toolservices.parsing import RegexParser
+
+        return RegexParser(pattern, tools=tools)
+    return resolve_parser("simple_tool", tools=tools)
 
 
 class _ForeignParser:

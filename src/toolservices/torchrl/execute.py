@@ -10,7 +10,12 @@ from toolservices.errors import UserError
 from toolservices.parsing.base import ParseResult, ToolCall
 from toolservices.tools import ToolRegistry
 from toolservices.torchrl._base import METRICS_KEY, ItemOutput, ToolTransformBase
-from toolservices.torchrl._calls import ParserLike, resolve_parser, tools_from_mapping
+from toolservices.torchrl._calls import (
+    ParserLike,
+    resolve_parser,
+    resolve_simple_parser,
+    tools_from_mapping,
+)
 from toolservices.torchrl._history import ToolMessage
 
 __all__ = ["DispatchingTransform", "ExecuteToolsInOrder", "SimpleToolTransform"]
@@ -167,18 +172,10 @@ class SimpleToolTransform(DispatchingTransform):
         metrics_key: str | None = METRICS_KEY,
         record_call_ids: bool = False,
     ) -> None:
-        from toolservices.parsing import RegexParser
-
         registry = tools_from_mapping(tools, tool_schemas)
-        if parser is not None:
-            resolved = resolve_parser(parser, tools=registry)
-        elif tool_call_pattern is not None:
-            resolved = RegexParser(tool_call_pattern, tools=registry)
-        else:
-            resolved = resolve_parser("simple_tool", tools=registry)
         super().__init__(
             registry=registry,
-            parser=resolved,
+            parser=resolve_simple_parser(parser, tool_call_pattern, tools=registry),
             timeout=timeout,
             max_concurrency=max_concurrency,
             stop_on_error=False,

@@ -17,7 +17,7 @@ from toolservices.mcp import MCPToolset
 from toolservices.parsing.base import ParseResult
 from toolservices.tools import ToolRegistry
 from toolservices.torchrl._base import METRICS_KEY
-from toolservices.torchrl._calls import ParserLike, resolve_parser
+from toolservices.torchrl._calls import ParserLike, resolve_simple_parser
 from toolservices.torchrl._history import ToolMessage
 from toolservices.torchrl.execute import DispatchingTransform, _call_of, simple_result_text
 
@@ -51,7 +51,6 @@ class MCPToolTransform(DispatchingTransform):
         record_call_ids: bool = False,
     ) -> None:
         from toolservices.errors import UserError
-        from toolservices.parsing import RegexParser
 
         if (servers is None) == (toolset is None):
             raise UserError("MCPToolTransform needs exactly one of 'servers' and 'toolset'")
@@ -62,12 +61,7 @@ class MCPToolTransform(DispatchingTransform):
         toolset.connect()
         registry = ToolRegistry()
         toolset.register_into(registry)
-        if parser is not None:
-            resolved = resolve_parser(parser, tools=registry)
-        elif tool_call_pattern is not None:
-            resolved = RegexParser(tool_call_pattern, tools=registry)
-        else:
-            resolved = resolve_parser("simple_tool", tools=registry)
+        resolved = resolve_simple_parser(parser, tool_call_pattern, tools=registry)
         default_server = next(iter(toolset.servers))
         super().__init__(
             registry=registry,
