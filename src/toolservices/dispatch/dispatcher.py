@@ -79,14 +79,20 @@ class Dispatcher:
         items: Sequence[DispatchItem],
         *,
         states: Sequence[Mapping[str, Any] | None] | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
     ) -> list[ItemResult]:
-        """Run every item's calls; one :class:`ItemResult` per item, in order."""
+        """Run every item's calls; one :class:`ItemResult` per item, in order.
+
+        ``limiter`` is a bound shared with other concurrent ``arun`` calls
+        (what episodes stepping independently share); every call takes it.
+        """
         if states is not None and len(states) != len(items):
             raise UserError(f"got {len(states)} states for {len(items)} items")
         # Calls of one item are sequential, so a batch no larger than the bound
         # cannot exceed it; the limiter then only sizes the worker threads.
-        limiter = anyio.CapacityLimiter(self.max_concurrency)
-        bounded = len(items) > self.max_concurrency
+        bounded = limiter is not None or len(items) > self.max_concurrency
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(self.max_concurrency)
         outcomes: list[ItemResult] = [ItemResult() for _ in items]
 
         async def one(i: int) -> None:
