@@ -28,6 +28,7 @@ from toolservices.parsing.json_families import (
     Phi4MiniParser,
     XLAMParser,
 )
+from toolservices.parsing.newer_families import DeepSeekV4Parser, Gemma4Parser, Lfm2Parser
 from toolservices.parsing.pythonic import Llama4PythonicParser, Olmo3Parser, PythonicParser
 from toolservices.parsing.special_tokens import (
     DeepSeekV3Parser,
@@ -83,6 +84,9 @@ PARSERS: dict[str, type[ToolParser]] = {
         GigaChat3Parser,
         ErnieParser,
         FunctionGemmaParser,
+        Gemma4Parser,
+        DeepSeekV4Parser,
+        Lfm2Parser,
     )
 }
 
@@ -96,6 +100,13 @@ ALIASES: dict[str, str] = {
     "glm47": "glm45",
     "gpt_oss": "openai",
     "harmony": "openai",
+    # Same syntax as an existing family (checked against the published templates):
+    "nemotron_v3": "qwen3_coder",  # NVIDIA Nemotron 3 Nano/Super
+    "nemotron3": "qwen3_coder",
+    "qwen3_5": "qwen3_coder",  # Qwen3.5
+    "qwen3_6": "qwen3_coder",  # Qwen3.6
+    "deepseekv4": "deepseek_v4",  # SGLang's name
+    "lfm2_5": "lfm2",  # LFM2.5
 }
 
 
