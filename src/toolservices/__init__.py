@@ -18,7 +18,7 @@ from toolservices.dispatch import (
     render_tool_results,
     to_openai_messages,
 )
-from toolservices.env import EnvStep, ToolEnv
+from toolservices.env import EnvStep, Episode, ToolEnv, python_tool
 from toolservices.errors import (
     ExecutorBusyError,
     InfrastructureError,
@@ -64,6 +64,7 @@ __all__ = [
     "CallResult",
     "Dispatcher",
     "EnvStep",
+    "Episode",
     "EpisodeMetrics",
     "ExecResult",
     "ExecutorBusyError",
@@ -103,6 +104,7 @@ __all__ = [
     "get_parser",
     "get_services",
     "isolation_report",
+    "python_tool",
     "render_tool_results",
     "tool",
     "to_openai_messages",

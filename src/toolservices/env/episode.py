@@ -1,0 +1,376 @@
+"""One trajectory in which a model calls tools: the per-episode core.
+
+An :class:`Episode` owns what belongs to one rollout: its conversation, its
+per-episode ``state``, its metrics, its failure streak and, with an executor,
+its own Python session. Episodes step independently (no batch barrier): a
+trainer or rollout driver calls :meth:`Episode.step` whenever the model has
+answered, and many episodes sharing one :class:`~toolservices.Dispatcher`
+stay within its ``max_concurrency``. :class:`~toolservices.ToolEnv` (batched,
+lockstep) and the TorchRL transforms are thin layers over this class.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from toolservices.dispatch import (
+    Dispatcher,
+    EpisodeMetrics,
+    ItemResult,
+    render_tool_results,
+    to_openai_messages,
+)
+from toolservices.env._python_tool import PYTHON_SESSION_KEY, PythonTool
+from toolservices.errors import UserError
+from toolservices.parsing.base import ParseResult, ToolParser, response_text
+from toolservices.tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from toolservices.python import PythonExecutorService
+
+__all__ = ["EndReason", "Episode", "Message", "ResultFormat"]
+
+Message = dict[str, Any]
+ResultFormat = Literal["openai", "tool_results"]
+#: Why an episode ended.
+EndReason = Literal["answered", "max_turns", "too_many_failures", "closed"]
+Prompt = str | Sequence[Mapping[str, Any]] | None
+ParserLike = str | ToolParser | Callable[[Any], ParseResult]
+
+#: One concurrency bound per shared dispatcher (episodes built on it take it).
+_LIMITERS: weakref.WeakKeyDictionary[Dispatcher, anyio.CapacityLimiter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_limiter(dispatcher: Dispatcher) -> anyio.CapacityLimiter:
+    """The bound every episode sharing ``dispatcher`` takes for each call."""
+    limiter = _LIMITERS.get(dispatcher)
+    if limiter is None:
+        limiter = _LIMITERS.setdefault(
+            dispatcher, anyio.CapacityLimiter(dispatcher.max_concurrency)
+        )
+    return limiter
+
+
+class Episode:
+    """One trajectory: its tools, parser, Python session, state and metrics.
+
+    ``step(response)`` appends the assistant turn, runs its tool calls and
+    appends and returns the tool messages (OpenAI format). The episode ends
+    (``done``, with ``reason``) when a response makes no call
+    (``"answered"``, unless ``end_on_answer=False``), after ``max_turns``
+    turns (``None``: no limit), after ``max_failed_turns`` consecutive turns
+    whose calls all failed or were malformed, or on :meth:`aclose`.
+
+    Sharing: pass one ``dispatcher`` to many episodes to put all their calls
+    under its ``max_concurrency`` (the calls run against *this* episode's
+    tools, with this episode's ``timeout``, ``stop_on_error`` and
+    ``pass_state``). Parsers and registries given as objects are shared too.
+
+    Python: with ``python`` (an executor), the episode's ``python_session``
+    (its id, the interpreter is created on first use) goes to the tools in
+    ``_state["python_session"]``; :func:`~toolservices.python_tool` runs code
+    there. If ``python`` is not given and the tools include a ``python_tool``,
+    its executor is used. :meth:`aclose` (or ``async with``) ends the session.
+    """
+
+    def __init__(
+        self,
+        tools: ToolRegistry | Iterable[Any],
+        *,
+        parser: ParserLike = "hermes",
+        prompt: Prompt = None,
+        system_prompt: str | None = None,
+        max_turns: int | None = 8,
+        max_failed_turns: int | None = None,
+        result_format: ResultFormat = "openai",
+        timeout: float | None = 10.0,
+        dispatcher: Dispatcher | None = None,
+        python: PythonExecutorService | None = None,
+        episode_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+        stop_on_error: bool = False,
+        pass_state: bool = True,
+        end_on_answer: bool = True,
+    ) -> None:
+        if max_turns is not None and max_turns < 1:
+            raise UserError(f"max_turns must be at least 1 or None, got {max_turns}")
+        if max_failed_turns is not None and max_failed_turns < 1:
+            raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
+        if result_format not in ("openai", "tool_results"):
+            raise UserError(
+                f"Unknown result_format {result_format!r}; valid: 'openai', 'tool_results'"
+            )
+        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self.registry = registry
+        self.parser = _resolve_parser(parser, registry)
+        self.python = _resolve_python(registry, python)
+        if dispatcher is None:
+            dispatcher = Dispatcher(registry, timeout=timeout)
+        self._limiter = shared_limiter(dispatcher)
+        if (
+            dispatcher.registry is registry
+            and dispatcher.timeout == timeout
+            and dispatcher.stop_on_error == stop_on_error
+            and dispatcher.pass_state == pass_state
+        ):
+            self._dispatcher = dispatcher
+        else:  # same bound, this episode's tools and settings
+            self._dispatcher = Dispatcher(
+                registry,
+                max_concurrency=dispatcher.max_concurrency,
+                timeout=timeout,
+                stop_on_error=stop_on_error,
+                pass_state=pass_state,
+            )
+        self.dispatcher = dispatcher
+        self.max_turns = max_turns
+        self.max_failed_turns = max_failed_turns
+        self.result_format: ResultFormat = result_format
+        self.end_on_answer = end_on_answer
+        self.id: str = episode_id if episode_id is not None else f"ep-{uuid.uuid4().hex[:16]}"
+        self.python_session: str | None = self.id if self.python is not None else None
+        self.messages: list[Message] = _conversation(prompt, system_prompt)
+        self.state: dict[str, Any] = dict(state or {})
+        self.done = False
+        self.reason: EndReason | None = None
+        self.turns = 0
+        self.failed_streak = 0
+        self.metrics = EpisodeMetrics()
+        self.last: ItemResult | None = None
+        self.closed = False
+        self._busy = False
+
+    # -- views -----------------------------------------------------------------------------
+
+    @property
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """OpenAI-style specs to pass to the chat template (or API) as ``tools=``."""
+        return self.registry.openai_specs()
+
+    def __repr__(self) -> str:
+        status = f"done={self.reason}" if self.done else "running"
+        return f"Episode({self.id!r}, turns={self.turns}, {status})"
+
+    # -- stepping --------------------------------------------------------------------------
+
+    async def step(self, response: str | Mapping[str, Any]) -> list[Message]:
+        """Append the assistant turn, run its calls, append and return the tool messages.
+
+        ``response`` is the model's text, or an assistant message dict whose
+        server-parsed ``tool_calls`` are used when present. Sets ``done`` and
+        ``reason``. Never raises for anything the model or a tool did; raises
+        :class:`UserError` when the episode is done or already stepping.
+        """
+        outcome = await self.run_turn(response)
+        messages = self.render(outcome)
+        self.messages.append(self._assistant_message(response, outcome))
+        self.messages.extend(messages)
+        return messages
+
+    async def run_turn(self, response: str | Mapping[str, Any]) -> ItemResult:
+        """Parse and run one turn, update turns, metrics and ``done``; return the results.
+
+        Unlike :meth:`step` this leaves :attr:`messages` alone and renders
+        nothing: for layers that keep the conversation themselves (TorchRL's
+        ``History``) and format results their own way.
+        """
+        self._check_usable("step")
+        if not isinstance(response, str | Mapping):
+            raise UserError(
+                "step() takes the model's text or an assistant message dict, "
+                f"got {type(response).__name__}"
+            )
+        self._busy = True
+        try:
+            parsed = self.parser(response if isinstance(response, str) else dict(response))
+            call_state = {**self.state, **self._call_state()}
+            (outcome,) = await self._dispatcher.arun(
+                [parsed], states=[call_state], limiter=self._limiter
+            )
+        finally:
+            self._busy = False
+        self.record_turn(outcome)
+        return outcome
+
+    def record_turn(self, outcome: ItemResult) -> EndReason | None:
+        """Count one turn's results: metrics, failure streak, ``done``/``reason``.
+
+        :meth:`run_turn` calls it; layers that run a turn's calls by other
+        means (TorchRL's per-item hook) call it with their outcome. Returns
+        the reason when this turn ended the episode.
+        """
+        self.turns += 1
+        self.last = outcome
+        self.metrics.add_step(outcome.metrics)
+        results = outcome.results
+        metrics = outcome.metrics
+        all_failed = bool(results) and metrics.failed_calls + metrics.parse_errors >= len(results)
+        # a turn without calls, or with one call that worked, breaks the streak
+        self.failed_streak = self.failed_streak + 1 if all_failed else 0
+        reason: EndReason | None = None
+        if not results and self.end_on_answer:
+            reason = "answered"
+        elif self.max_failed_turns is not None and self.failed_streak >= self.max_failed_turns:
+            reason = "too_many_failures"
+        elif self.max_turns is not None and self.turns >= self.max_turns:
+            reason = "max_turns"
+        if reason is not None:
+            self.done = True
+            self.reason = reason
+        return reason
+
+    def render(self, outcome: ItemResult) -> list[Message]:
+        """The tool messages for ``outcome`` in this episode's ``result_format``."""
+        if not outcome.results:
+            return []
+        if self.result_format == "tool_results":
+            return [{"role": "tool", "content": render_tool_results(outcome.results)}]
+        return to_openai_messages(outcome.results)
+
+    def _call_state(self) -> dict[str, Any]:
+        """The standard ``_state`` entries (over the user's ``state``) for the next turn."""
+        return {
+            "episode_id": self.id,
+            "turn": self.turns + 1,
+            PYTHON_SESSION_KEY: self.python_session,
+        }
+
+    def _assistant_message(self, response: str | Mapping[str, Any], outcome: ItemResult) -> Message:
+        message: Message = {"role": "assistant", "content": response_text(response)}
+        calls = outcome.parse.calls if outcome.parse is not None else []
+        if calls:
+            # the ids the tool messages carry, so the two always match
+            ids = {r.index: r.call_id for r in outcome.results if r.error_kind != "parse_error"}
+            message["tool_calls"] = [
+                {
+                    "id": ids.get(index, call.id),
+                    "type": "function",
+                    "function": {
+                        "name": call.tool,
+                        "arguments": json.dumps(call.args, default=str),
+                    },
+                }
+                for index, call in enumerate(calls)
+            ]
+        return message
+
+    def _check_usable(self, action: str) -> None:
+        if self.done:
+            raise UserError(
+                f"cannot {action} episode {self.id!r}: it is done (reason: {self.reason})"
+            )
+        if self._busy:
+            raise UserError(f"cannot {action} episode {self.id!r}: a step() is still running")
+
+    # -- GRPO groups -----------------------------------------------------------------------
+
+    async def fork(self, n: int) -> list[Episode]:
+        """``n`` copies that go on independently from here.
+
+        Each copy gets a copy of the messages, ``state`` (deep-copied),
+        metrics, counters and, with an executor, of the Python session (its
+        variables and working-directory files, via ``fork_session``). Copies
+        share the tools, parser and concurrency bound.
+        """
+        if n < 1:
+            raise UserError(f"fork() needs n >= 1, got {n}")
+        if self.closed:
+            raise UserError(f"cannot fork episode {self.id!r}: it was closed")
+        if self._busy:
+            raise UserError(f"cannot fork episode {self.id!r}: a step() is still running")
+        try:
+            states = [copy.deepcopy(self.state) for _ in range(n)]
+        except Exception as exc:  # an uncopyable object in the user's state
+            raise UserError(
+                f"cannot fork episode {self.id!r}: its state could not be copied ({exc})"
+            ) from exc
+        sessions: list[str | None] = [None] * n
+        if self.python is not None and self.python_session is not None:
+            self._busy = True
+            try:
+                # fork_session copies a live interpreter: make sure there is one
+                await self.python.aexecute("pass", session_id=self.python_session)
+                sessions = list(await self.python.afork_session(self.python_session, n))
+            finally:
+                self._busy = False
+        return [self._copy(states[k], sessions[k]) for k in range(n)]
+
+    def _copy(self, state: dict[str, Any], session: str | None) -> Episode:
+        twin = copy.copy(self)
+        twin.id = f"{self.id}/{uuid.uuid4().hex[:8]}"
+        twin.python_session = session
+        twin.messages = copy.deepcopy(self.messages)
+        twin.state = state
+        twin.metrics = dataclasses.replace(self.metrics)
+        return twin
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """End the episode and release its Python session; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.done:
+            self.done = True
+            self.reason = "closed"
+        if self.python is not None and self.python_session is not None:
+            with anyio.CancelScope(shield=True):
+                await self.python.aclose_session(self.python_session)
+
+    async def __aenter__(self) -> Episode:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:
+    if prompt is not None and not isinstance(prompt, str):
+        return [dict(m) for m in prompt]
+    messages: list[Message] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    if prompt is not None:
+        messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+def _resolve_parser(parser: ParserLike, registry: ToolRegistry) -> Callable[[Any], ParseResult]:
+    from toolservices.parsing import get_parser
+
+    if isinstance(parser, str | ToolParser):
+        return get_parser(parser, tools=registry)
+    if callable(parser):
+        return parser
+    raise UserError(f"parser must be a parser name, a ToolParser or a callable, got {parser!r}")
+
+
+def _resolve_python(
+    registry: ToolRegistry, python: PythonExecutorService | None
+) -> PythonExecutorService | None:
+    """``python``, else the executor of the tools' ``python_tool``; never two executors."""
+    executors = {id(t.executor): t.executor for t in registry if isinstance(t, PythonTool)}
+    if python is not None:
+        others = [e for key, e in executors.items() if key != id(python)]
+        if others:
+            raise UserError(
+                "a python_tool among the tools runs on another executor than python=; "
+                "build it with python_tool(<the same executor>)"
+            )
+        return python
+    if len(executors) > 1:
+        raise UserError(
+            "the tools include python_tools on different executors; pass python= to choose"
+        )
+    return next(iter(executors.values()), None)

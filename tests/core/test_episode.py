@@ -1,0 +1,369 @@
+"""The per-episode core: independent stepping, state, Python sessions, fork, close."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from toolservices import Dispatcher, Episode, ToolRegistry, UserError, python_tool, tool
+from toolservices.python import PythonExecutorService
+
+
+def hermes(name: str, args: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+def py(code: str) -> str:
+    return hermes("python", {"code": code})
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: First addend.
+        b: Second addend.
+    """
+    return a + b
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[PythonExecutorService]:
+    svc = PythonExecutorService(pool_size=4, timeout=3.0, max_sessions=64)
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+@pytest.fixture
+async def python_episode(executor: PythonExecutorService) -> AsyncIterator[Episode]:
+    async with Episode([python_tool(executor)], python=executor) as episode:
+        yield episode
+
+
+async def test_step_appends_the_turn_and_returns_tool_messages() -> None:
+    episode = Episode([add], prompt="2+3?", system_prompt="Use tools.")
+    assert episode.messages == [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "2+3?"},
+    ]
+    assert episode.tool_specs[0]["function"]["name"] == "add"
+    messages = await episode.step(hermes("add", {"a": 2, "b": "3"}))
+    (message,) = messages
+    assert message["role"] == "tool" and message["content"] == "5" and message["name"] == "add"
+    assistant = episode.messages[2]
+    assert assistant["tool_calls"][0]["id"] == message["tool_call_id"]
+    assert episode.messages[3] == message
+    assert not episode.done and episode.turns == 1 and episode.last is not None
+    assert await episode.step("It is 5.") == []
+    assert episode.done and episode.reason == "answered"
+    assert episode.metrics.turns == 2 and episode.metrics.calls == 1
+    with pytest.raises(UserError, match="done"):
+        await episode.step("again")
+
+
+async def test_server_parsed_tool_calls_and_tool_results_format() -> None:
+    episode = Episode([add], result_format="tool_results", max_turns=1)
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "srv-1", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+            {
+                "id": "srv-2",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+            },
+        ],
+    }
+    (result,) = await episode.step(message)
+    assert result["content"].startswith("<tool_results>\nTool add (call 1) failed:")
+    assert "Tool add (call 2) succeeded:\n  Result: 3" in result["content"]
+    assert [c["id"] for c in episode.messages[0]["tool_calls"]] == ["srv-1", "srv-2"]
+    assert episode.done and episode.reason == "max_turns"
+
+
+async def test_malformed_output_gives_parse_error_messages() -> None:
+    episode = Episode([add], max_failed_turns=2)
+    broken = '<tool_call>\n{"name": "add", "arguments": {"a": 1,\n</tool_call>'
+    (message,) = await episode.step(broken)
+    assert message["role"] == "tool" and message["content"].startswith("Error: ")
+    assert episode.metrics.parse_errors == 1 and not episode.done
+    (message,) = await episode.step(hermes("nope", {}))
+    assert "Unknown tool: nope" in message["content"]
+    assert episode.done and episode.reason == "too_many_failures"
+
+
+async def test_a_hanging_tool_ends_with_a_timeout_result() -> None:
+    release = threading.Event()
+
+    @tool
+    async def hang() -> str:
+        """Never returns."""
+        await anyio.sleep_forever()
+        return "unreachable"
+
+    @tool
+    def block() -> str:
+        """Blocks its thread until the test ends."""
+        release.wait(60)
+        return "late"
+
+    episode = Episode([hang, block], timeout=0.2)
+    try:
+        first, second = await episode.step(hermes("hang", {}) + hermes("block", {}))
+    finally:
+        release.set()
+    for message, name in ((first, "hang"), (second, "block")):
+        assert message["content"].startswith(f"Error: Tool '{name}' timed out after 0.2 s")
+    assert episode.metrics.timeouts == 2 and not episode.done
+
+
+async def test_step_while_stepping_raises() -> None:
+    started, release = anyio.Event(), anyio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Waits for the test."""
+        started.set()
+        await release.wait()
+        return "ok"
+
+    episode = Episode([wait])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(episode.step, hermes("wait", {}))
+        await started.wait()
+        with pytest.raises(UserError, match="still running"):
+            await episode.step("x")
+        with pytest.raises(UserError, match="still running"):
+            await episode.fork(2)
+        release.set()
+    assert episode.turns == 1
+
+
+async def test_episodes_step_independently_under_one_bound() -> None:
+    """Six episodes meet inside their tool calls: only possible if they run at once."""
+    n = 6
+    arrived, everyone = 0, anyio.Event()
+
+    @tool
+    async def meet() -> str:
+        """Waits until every episode is inside this tool."""
+        nonlocal arrived
+        arrived += 1
+        if arrived == n:
+            everyone.set()
+        await everyone.wait()
+        return "met"
+
+    shared = Dispatcher(ToolRegistry([meet]), max_concurrency=n)
+    episodes = [Episode(shared.registry, dispatcher=shared, timeout=60) for _ in range(n)]
+    outcomes: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+
+    async def drive(i: int) -> None:
+        outcomes[i] = await episodes[i].step(hermes("meet", {}))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(drive, i)
+    assert [m[0]["content"] for m in outcomes] == ["met"] * n
+
+
+async def test_shared_dispatcher_bounds_all_episodes() -> None:
+    active = peak = 0
+
+    @tool
+    async def work() -> str:
+        """Holds a slot briefly."""
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await anyio.sleep(0.05)
+        active -= 1
+        return "done"
+
+    shared = Dispatcher(ToolRegistry([work]), max_concurrency=2)
+    # different settings than the dispatcher: same bound, own dispatcher view
+    episodes = [Episode([work], dispatcher=shared, timeout=30) for _ in range(6)]
+    async with anyio.create_task_group() as tg:
+        for episode in episodes:
+            tg.start_soon(episode.step, hermes("work", {}) + hermes("work", {}))
+    assert peak == 2
+    assert all(e.metrics.calls == 2 and e.metrics.failed_calls == 0 for e in episodes)
+
+
+async def test_concurrent_episodes_take_about_the_slowest_time_not_the_sum() -> None:
+    @tool
+    async def slow(seconds: float) -> str:
+        """Sleeps.
+
+        Args:
+            seconds: How long.
+        """
+        await anyio.sleep(seconds)
+        return "ok"
+
+    shared = Dispatcher(ToolRegistry([slow]))
+    plans = [(1 + k % 3, 0.05 * (k + 1)) for k in range(6)]  # (turns, latency)
+    episodes = [Episode(shared.registry, dispatcher=shared, max_turns=10) for _ in plans]
+
+    async def drive(episode: Episode, turns: int, latency: float) -> None:
+        for _ in range(turns):
+            await episode.step(hermes("slow", {"seconds": latency}))
+        await episode.step("finished")
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for episode, (turns, latency) in zip(episodes, plans, strict=True):
+            tg.start_soon(drive, episode, turns, latency)
+    elapsed = time.perf_counter() - started
+    total = sum(e.metrics.tool_time for e in episodes)  # what running them in turn would take
+    assert all(e.reason == "answered" for e in episodes)
+    assert elapsed < 0.75 * total, (elapsed, total)
+
+
+async def test_state_reaches_tools_and_stays_in_its_episode() -> None:
+    seen: list[dict[str, Any]] = []
+
+    @tool
+    def record(_state: dict[str, Any]) -> str:
+        """Records the call state."""
+        seen.append(_state)
+        _state["mutated"] = True  # a copy: must not leak into the episode
+        return "ok"
+
+    a = Episode([record], state={"user": "a"}, episode_id="ep-a")
+    b = Episode([record], state={"user": "b"})
+    await a.step(hermes("record", {}))
+    await b.step(hermes("record", {}))
+    await a.step(hermes("record", {}))
+    assert [(s["episode_id"], s["user"], s["turn"]) for s in seen] == [
+        ("ep-a", "a", 1),
+        (b.id, "b", 1),
+        ("ep-a", "a", 2),
+    ]
+    assert seen[0]["call_index"] == 0 and seen[0]["python_session"] is None
+    assert "mutated" not in a.state
+
+
+async def test_python_state_is_per_episode(executor: PythonExecutorService) -> None:
+    run = python_tool(executor)
+    async with Episode([run]) as a, Episode([run]) as b:  # python= taken from the tool
+        assert a.python is executor and a.python_session != b.python_session
+        await a.step(py("x = 41\nopen('note.txt', 'w').write('from a')"))
+        (other,) = await b.step(
+            py("import os\nprint('x' in globals(), os.path.exists('note.txt'))")
+        )
+        assert other["content"] == "False False\n"
+        (mine,) = await a.step(py("print(x + 1, open('note.txt').read())"))
+        assert mine["content"] == "42 from a\n"
+
+
+async def test_python_errors_are_tool_messages(python_episode: Episode) -> None:
+    (message,) = await python_episode.step(py("raise ValueError('Test error')"))
+    assert (
+        message["content"].startswith("Error: ") and "ValueError: Test error" in message["content"]
+    )
+    assert python_episode.metrics.failed_calls == 1
+
+
+async def test_python_timeout_is_reported_and_the_session_restarts(
+    python_episode: Episode,
+) -> None:
+    await python_episode.step(py("y = 1"))
+    (message,) = await python_episode.step(py("while True:\n    pass"))
+    assert message["content"].startswith("Error: TimeoutError: ")
+    assert "time limit" in message["content"] and "restarted" in message["content"]
+    assert python_episode.metrics.timeouts == 1
+    (message,) = await python_episode.step(py("print('y' in globals())"))
+    assert message["content"].startswith("False")
+
+
+async def test_fork_copies_python_state_then_diverges(executor: PythonExecutorService) -> None:
+    async with Episode([python_tool(executor)], python=executor, prompt="go") as parent:
+        parent.state["picked"] = ["base"]
+        await parent.step(py("x = 1\nopen('f.txt', 'w').write('base')"))
+        left, right = await parent.fork(2)
+        try:
+            assert len({parent.id, left.id, right.id}) == 3
+            assert len({parent.python_session, left.python_session, right.python_session}) == 3
+            assert left.messages == parent.messages and left.turns == parent.turns == 1
+            assert left.metrics == parent.metrics and left.metrics is not parent.metrics
+            left.state["picked"].append("left")
+            assert parent.state["picked"] == ["base"] == right.state["picked"]
+
+            await left.step(py("x = 2\nopen('f.txt', 'w').write('left')"))
+            show = py("print(x, open('f.txt').read())")
+            assert (await right.step(show))[0]["content"] == "1 base\n"
+            assert (await parent.step(show))[0]["content"] == "1 base\n"
+            assert (await left.step(show))[0]["content"] == "2 left\n"
+            assert len(left.messages) == 7 and len(parent.messages) == 5
+            assert left.messages[:3] == parent.messages[:3] != right.messages[:4]
+        finally:
+            await left.aclose()
+            await right.aclose()
+
+
+async def test_fork_without_python_and_of_a_fresh_session(executor: PythonExecutorService) -> None:
+    plain = Episode([add], prompt="hi")
+    (copy,) = await plain.fork(1)
+    assert copy.python_session is None and copy.messages == plain.messages
+    with pytest.raises(UserError, match="n >= 1"):
+        await plain.fork(0)
+    async with Episode([python_tool(executor)]) as fresh:  # no call yet: forks an empty session
+        (twin,) = await fresh.fork(1)
+        async with twin:
+            assert (await twin.step(py("print(1)")))[0]["content"] == "1\n"
+
+
+async def test_close_releases_the_session(executor: PythonExecutorService) -> None:
+    episode = Episode([python_tool(executor)], python=executor)
+    await episode.step(py("z = 3"))
+    (copy,) = await episode.fork(1)
+    before = executor.stats()["sessions"]
+    await episode.aclose()
+    await episode.aclose()  # idempotent
+    assert executor.stats()["sessions"] == before - 1
+    assert episode.done and episode.reason == "closed"
+    with pytest.raises(UserError, match="done"):
+        await episode.step(py("print(z)"))
+    with pytest.raises(UserError, match="closed"):
+        await episode.fork(1)
+    # the copy is independent of its closed parent
+    assert (await copy.step(py("print(z)")))[0]["content"] == "3\n"
+    await copy.aclose()
+    assert executor.stats()["sessions"] == before - 2
+
+
+async def test_configuration_errors(executor: PythonExecutorService) -> None:
+    with pytest.raises(UserError, match="max_turns"):
+        Episode([add], max_turns=0)
+    with pytest.raises(UserError, match="result_format"):
+        Episode([add], result_format="xml")  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="parser"):
+        Episode([add], parser=42)  # type: ignore[arg-type]
+    other = PythonExecutorService(pool_size=1)
+    try:
+        with pytest.raises(UserError, match="another executor"):
+            Episode([python_tool(executor)], python=other)
+    finally:
+        other.close()
+    episode = Episode([add])
+    with pytest.raises(UserError, match="assistant message"):
+        await episode.step(None)  # type: ignore[arg-type]
+
+
+async def test_python_tool_outside_an_episode_runs_fresh(executor: PythonExecutorService) -> None:
+    dispatcher = Dispatcher(ToolRegistry([python_tool(executor)]))
+    parse = Episode(dispatcher.registry).parser(py("print(6 * 7)"))
+    (outcome,) = await dispatcher.arun([parse])
+    assert outcome.results[0].ok and outcome.results[0].value == "42\n"
