@@ -44,6 +44,7 @@ __version__ = "0.1.0.dev0"
 # Names served from subpackages that are imported only when first used.
 _LAZY = {
     "get_parser": "toolservices.parsing",
+    "available_parsers": "toolservices.parsing",
     "XMLBlockParser": "toolservices.parsing",
     "JSONCallParser": "toolservices.parsing",
     "get_services": "toolservices.services",
@@ -101,6 +102,7 @@ __all__ = [
     "UserError",
     "XMLBlockParser",
     "__version__",
+    "available_parsers",
     "get_parser",
     "get_services",
     "isolation_report",

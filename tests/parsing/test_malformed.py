@@ -206,6 +206,28 @@ MALFORMED: list[tuple[str, str, str, str]] = [
         "call:TOOL_NAME",
     ),
     ("mistral", "[TOOL_CALLS] hello there", "invalid_json", "write its JSON arguments"),
+    # newer families (more cases in test_new_families.py)
+    ("gemma4", 'Checking.<|tool_call>call:get_weather{city:<|"|>Par', "truncated", "never closed"),
+    ("gemma4", "<|tool_call>call:f{a 1}<tool_call|>", "invalid_syntax", "key:value"),
+    (
+        "deepseek_v4",
+        f'<{DSML}tool_calls>\n<{DSML}invoke name="f">\n<{DSML}parameter name="a" string="true">x',
+        "truncated",
+        "cut off",
+    ),
+    (
+        "deepseek_v4",
+        f'<{DSML}tool_calls><{DSML}invoke name="f">{{"a": x}}</{DSML}invoke></{DSML}tool_calls>',
+        "invalid_json",
+        "invalid JSON",
+    ),
+    ("lfm2", "<|tool_call_start|>[get_weather(city='Par", "truncated", "never closed"),
+    (
+        "lfm2",
+        "<|tool_call_start|>[get_weather('Paris')]<|tool_call_end|>",
+        "invalid_syntax",
+        "keyword only",
+    ),
 ]
 
 

@@ -70,8 +70,10 @@ JSON_FAMILIES = [
     "phi4_mini_json",
     "gigachat3",
     "openai",
+    "gemma4",
+    "deepseek_v4",
 ]
-PYTHON_FAMILIES = ["pythonic", "llama4_pythonic", "olmo3"]
+PYTHON_FAMILIES = ["pythonic", "llama4_pythonic", "olmo3", "lfm2"]
 TEXT_FAMILIES = ["qwen3_coder", "seed_oss", "minimax_m2", "glm45", "step3"]
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,6 +184,9 @@ _FRAGMENTS = [
     '{"name": "f", "arguments": ', '{"name": "f", "parameters": {', '"message": ', '"tools": [',
     "{", "}", "[", "]", "(", ")", "f(", "a=", "'x'", '"y"', "1", "-2.5", "true", "null", ",", ";",
     ":", "\n", " ", "é", "東", "\\", "'''",
+    "<|tool_call>", "<tool_call|>", '<|"|>', "call:f{", "<|tool_call_start|>", "<|tool_call_end|>",
+    "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", '<｜DSML｜invoke name="f">',
+    "</｜DSML｜invoke>",
 ]  # fmt: skip
 
 
