@@ -1,0 +1,166 @@
+"""One chat-completions request with bounded retries, and reading its answer.
+
+Transient failures (HTTP 408, 409, 429 and 5xx, connection errors,
+timeouts) are retried with exponential backoff and jitter, honouring a
+short ``Retry-After``; anything else (a 400 for a bad request, a 401, a
+malformed answer) ends the request at once with a readable reason. Nothing
+here raises for what the server did: the caller gets a :class:`Answer`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from toolservices.errors import UserError
+
+__all__ = ["Answer", "RetryPolicy", "request_completion"]
+
+#: Statuses a server uses for "try again later".
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How often and how patiently a failed request is tried again.
+
+    The n-th retry waits ``min(max_backoff, backoff * 2**(n-1))`` seconds,
+    scaled by a random factor in [0.5, 1] so that many episodes hit by the
+    same outage do not come back in lockstep. A ``Retry-After`` header from
+    the server wins when it asks for no more than ``max_backoff``.
+    """
+
+    #: Attempts per request, the first included (1 disables retries).
+    max_attempts: int = 4
+    backoff: float = 0.5
+    max_backoff: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise UserError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise UserError("RetryPolicy.backoff and max_backoff must not be negative")
+
+    def delay(self, retry: int, *, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        if retry_after is not None and 0 <= retry_after <= self.max_backoff:
+            return retry_after
+        base = min(self.max_backoff, self.backoff * 2 ** (retry - 1))
+        return base * random.uniform(0.5, 1.0)
+
+
+@dataclass(kw_only=True)
+class Answer:
+    """The outcome of one request: a completion, or why there is none."""
+
+    completion: Any = None
+    error: str | None = None
+    attempts: int = 0
+    elapsed: float = 0.0
+    #: One line per failed attempt (for logs and tests).
+    failures: list[str] = field(default_factory=list)
+
+
+def _retry_after(exc: Exception) -> float | None:
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def classify(exc: BaseException, timeout: float) -> tuple[bool, str]:
+    """(transient?, reason) for an exception raised by one attempt."""
+    import openai
+
+    if isinstance(exc, TimeoutError | openai.APITimeoutError):
+        return True, f"no answer within the request timeout ({timeout:g} s)"
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return True, f"connection error: {type(cause).__name__}: {cause}"
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        transient = status in TRANSIENT_STATUSES or status >= 500
+        body = exc.body
+        detail = body.get("message") if isinstance(body, dict) else None
+        return transient, f"HTTP {status}: {detail if isinstance(detail, str) else exc.message}"
+    return False, f"{type(exc).__name__}: {exc}"
+
+
+async def request_completion(
+    client: Any,
+    *,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    request_timeout: float,
+    retry: RetryPolicy,
+) -> Answer:
+    """``client.chat.completions.create`` with retries; never raises for the server's doing."""
+    import openai
+
+    answer = Answer()
+    started = time.perf_counter()
+    while True:
+        answer.attempts += 1
+        try:
+            # The SDK's timeout bounds each phase (connect, read...); this
+            # bounds the whole attempt, so a trickling answer cannot stall it.
+            with anyio.fail_after(request_timeout):
+                completion = await client.chat.completions.create(
+                    messages=list(messages), timeout=request_timeout, **params
+                )
+        except (TimeoutError, openai.OpenAIError) as exc:
+            transient, reason = classify(exc, request_timeout)
+            answer.failures.append(reason)
+            if not transient:
+                answer.error = reason
+                break
+            if answer.attempts >= retry.max_attempts:
+                answer.error = f"gave up after {answer.attempts} attempt(s); last: {reason}"
+                break
+            await anyio.sleep(retry.delay(answer.attempts, retry_after=_retry_after(exc)))
+            continue
+        if not getattr(completion, "choices", None):
+            answer.error = "the server's answer has no choices"
+            break
+        answer.completion = completion
+        break
+    answer.elapsed = time.perf_counter() - started
+    return answer
+
+
+def assistant_message(choice: Any) -> dict[str, Any]:
+    """The choice's message as a plain dict (``None`` fields dropped, extras kept)."""
+    message: dict[str, Any] = choice.message.model_dump(exclude_none=True)
+    message["role"] = "assistant"
+    message.setdefault("content", None)
+    if not message.get("tool_calls"):
+        message.pop("tool_calls", None)
+    return message
+
+
+def token_details(completion: Any) -> dict[str, Any]:
+    """Token ids, log-probabilities and usage, where the server sent them."""
+    choice = completion.choices[0]
+    extra = completion.model_extra or {}
+    choice_extra = choice.model_extra or {}
+    details: dict[str, Any] = {
+        "prompt_token_ids": extra.get("prompt_token_ids"),
+        "completion_token_ids": choice_extra.get("token_ids"),
+        "usage": completion.usage.model_dump(exclude_none=True) if completion.usage else None,
+    }
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if content is not None:
+        details["tokens"] = [entry.token for entry in content]
+        details["logprobs"] = [entry.logprob for entry in content]
+        if any(entry.top_logprobs for entry in content):
+            details["top_logprobs"] = [
+                {top.token: top.logprob for top in entry.top_logprobs} for entry in content
+            ]
+    return details

@@ -1,0 +1,312 @@
+"""Run many tool-using episodes against an OpenAI-compatible chat endpoint."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from toolservices._portal import run_sync
+from toolservices.dispatch import Dispatcher, StepMetrics
+from toolservices.errors import InfrastructureError, UserError
+from toolservices.parsing.base import ParseResult, ToolParser
+from toolservices.rollout._request import (
+    RetryPolicy,
+    assistant_message,
+    request_completion,
+    token_details,
+)
+from toolservices.rollout._trajectory import Trajectory, TurnRecord
+from toolservices.tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from toolservices.env.episode import Episode
+    from toolservices.python import PythonExecutorService
+
+__all__ = ["Rollout", "rollout"]
+
+Prompt = str | Sequence[Mapping[str, Any]]
+
+#: Request fields the rollout sets itself; ``request_options`` may not override them.
+_OWNED = frozenset({"messages", "model", "tools", "stream", "n", "timeout"})
+
+
+class _ServerCalls(ToolParser):
+    """``parser=None``: only the server's ``tool_calls`` count; text is never parsed."""
+
+    name = "server"
+
+    def _parse(self, text: str) -> ParseResult:
+        return ParseResult(text.strip())
+
+
+class Rollout:
+    """Episodes driven by a chat-completions endpoint (vLLM, SGLang, OpenAI...).
+
+    Each episode sends its conversation with the tools' specs as ``tools=``,
+    hands the answer to an :class:`~toolservices.Episode` (which runs the
+    calls and appends the results) and repeats until the episode ends. At
+    most ``max_concurrency`` episodes are in flight; their tool calls share
+    one :class:`~toolservices.Dispatcher` (``max_tool_concurrency``).
+
+    ``parser=None`` executes the calls the server parsed (``tool_calls``; a
+    vLLM server started with ``--enable-auto-tool-choice --tool-call-parser``);
+    a parser name parses the raw text on this side instead (server-parsed
+    ``tool_calls`` are still used when a server sends them).
+
+    Requests time out after ``request_timeout`` seconds and transient
+    failures are retried per ``retry``; a request that still fails ends its
+    episode with ``finish_reason="request_error"`` and the reason in
+    ``error``, and the other episodes go on. ``logprobs`` (an int: 0 for the
+    sampled tokens only, k for k alternatives too) and ``return_token_ids``
+    (vLLM's extension) ask the server for what RL training needs;
+    ``request_options`` go to every request as is (``temperature``,
+    ``max_tokens``, ``tool_choice``, ``extra_body``...).
+    """
+
+    def __init__(
+        self,
+        tools: ToolRegistry | Iterable[Any],
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: AsyncOpenAI | None = None,
+        parser: str | ToolParser | None = None,
+        max_turns: int = 8,
+        max_failed_turns: int | None = None,
+        system_prompt: str | None = None,
+        max_concurrency: int = 32,
+        request_timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        logprobs: int | None = None,
+        return_token_ids: bool = False,
+        request_options: Mapping[str, Any] | None = None,
+        send_tools: bool = True,
+        tool_timeout: float | None = 10.0,
+        max_tool_concurrency: int = 64,
+        python: PythonExecutorService | None = None,
+    ) -> None:
+        if not model:
+            raise UserError("Rollout needs model= (the name the server serves)")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise UserError("pass either client= or base_url=/api_key=, not both")
+        if max_concurrency < 1:
+            raise UserError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        if max_turns < 1:
+            raise UserError(f"max_turns must be at least 1, got {max_turns}")
+        if request_timeout <= 0:
+            raise UserError(f"request_timeout must be positive, got {request_timeout}")
+        if logprobs is not None and logprobs < 0:
+            raise UserError(f"logprobs must be None or >= 0, got {logprobs}")
+        owned = sorted(_OWNED & set(request_options or {}))
+        if owned:
+            raise UserError(
+                f"request_options may not set {owned}: the rollout sets them "
+                "(use model=, request_timeout=, send_tools=)"
+            )
+        self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        if parser is None:
+            self.parser: ToolParser = _ServerCalls()
+        else:
+            from toolservices.parsing import get_parser
+
+            self.parser = get_parser(parser, tools=self.registry)
+        self.model = model
+        self.max_turns = max_turns
+        self.max_failed_turns = max_failed_turns
+        self.system_prompt = system_prompt
+        self.max_concurrency = max_concurrency
+        self.request_timeout = request_timeout
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.tool_timeout = tool_timeout
+        self.python = python
+        self.dispatcher = Dispatcher(
+            self.registry, max_concurrency=max_tool_concurrency, timeout=tool_timeout
+        )
+        self._params = self._request_params(
+            request_options or {}, logprobs, return_token_ids, send_tools
+        )
+        self._owns_client = client is None
+        # Retries are ours (bounded, visible in the trajectory), never the SDK's too.
+        self.client = (
+            client.with_options(max_retries=0)
+            if client is not None
+            else _make_client(base_url, api_key)
+        )
+
+    def _request_params(
+        self,
+        options: Mapping[str, Any],
+        logprobs: int | None,
+        return_token_ids: bool,
+        send_tools: bool,
+    ) -> dict[str, Any]:
+        params = dict(options)
+        params["model"] = self.model
+        specs = self.registry.openai_specs()
+        if send_tools and specs:
+            params["tools"] = specs
+        if logprobs is not None:
+            params["logprobs"] = True
+            if logprobs:
+                params["top_logprobs"] = logprobs
+        if return_token_ids:
+            params["extra_body"] = {**(params.get("extra_body") or {}), "return_token_ids": True}
+        return params
+
+    # -- running -----------------------------------------------------------
+
+    async def arun(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        states: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[Trajectory]:
+        """Run one episode per prompt (a user string or a message list); trajectories in order.
+
+        ``states[i]`` seeds episode i's ``state`` (the tools see it in ``_state``).
+        """
+        if states is not None and len(states) != len(prompts):
+            raise UserError(f"got {len(states)} states for {len(prompts)} prompts")
+        results: list[Trajectory | None] = [None] * len(prompts)
+        limiter = anyio.CapacityLimiter(self.max_concurrency)
+
+        async def one(index: int) -> None:
+            async with limiter:
+                state = states[index] if states is not None else None
+                results[index] = await self._episode(index, prompts[index], state)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(prompts)):
+                tg.start_soon(one, index)
+        return [t for t in results if t is not None]
+
+    def run(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        states: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[Trajectory]:
+        """Synchronous :meth:`arun` (on the library's background loop)."""
+        return run_sync(functools.partial(self.arun, prompts, states=states))
+
+    def new_episode(self, prompt: Prompt, state: Mapping[str, Any] | None = None) -> Episode:
+        """The :class:`~toolservices.Episode` a prompt starts (tools, parser, limits)."""
+        from toolservices.env.episode import Episode
+
+        return Episode(
+            self.registry,
+            parser=self.parser,
+            prompt=prompt,
+            system_prompt=self.system_prompt,
+            max_turns=self.max_turns,
+            max_failed_turns=self.max_failed_turns,
+            timeout=self.tool_timeout,
+            dispatcher=self.dispatcher,
+            python=self.python,
+            state=state,
+        )
+
+    async def _episode(
+        self, index: int, prompt: Prompt, state: Mapping[str, Any] | None
+    ) -> Trajectory:
+        started = time.perf_counter()
+        episode = self.new_episode(prompt, state)
+        trajectory = Trajectory(
+            index=index,
+            episode_id=episode.id,
+            messages=episode.messages,
+            turns=[],
+            metrics=episode.metrics,
+            finish_reason="running",
+        )
+        async with episode:
+            try:
+                await self._drive(episode, trajectory)
+            except InfrastructureError as exc:
+                trajectory.finish_reason = "infrastructure_error"
+                trajectory.error = f"{type(exc).__name__}: {exc}"
+            if trajectory.finish_reason == "running":
+                trajectory.finish_reason = episode.reason or "closed"
+        trajectory.messages = episode.messages
+        trajectory.metrics = episode.metrics
+        trajectory.state = episode.state
+        trajectory.wall_time = time.perf_counter() - started
+        return trajectory
+
+    async def _drive(self, episode: Episode, trajectory: Trajectory) -> None:
+        while not episode.done:
+            answer = await request_completion(
+                self.client,
+                messages=episode.messages,
+                params=self._params,
+                request_timeout=self.request_timeout,
+                retry=self.retry,
+            )
+            trajectory.requests += answer.attempts
+            trajectory.request_time += answer.elapsed
+            if answer.error is not None:
+                trajectory.finish_reason = "request_error"
+                trajectory.error = answer.error
+                return
+            choice = answer.completion.choices[0]
+            message = assistant_message(choice)
+            record = TurnRecord(
+                message=message,
+                tool_messages=[],
+                finish_reason=choice.finish_reason,
+                attempts=answer.attempts,
+                request_time=answer.elapsed,
+                **token_details(answer.completion),
+            )
+            trajectory.turns.append(record)
+            record.tool_messages = await episode.step(message)
+            record.metrics = episode.last.metrics if episode.last is not None else StepMetrics()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this rollout made it."""
+        if self._owns_client:
+            await self.client.close()
+
+    def close(self) -> None:
+        run_sync(self.aclose)
+
+    async def __aenter__(self) -> Rollout:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _make_client(base_url: str | None, api_key: str | None) -> AsyncOpenAI:
+    try:
+        from openai import AsyncOpenAI
+    except ImportError as exc:
+        raise UserError(
+            "toolservices.rollout needs the openai SDK: pip install 'toolservices[rollout]'"
+        ) from exc
+    # Local servers (vLLM, SGLang) accept any key; the SDK insists on one.
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "EMPTY")
+    return AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+
+
+async def rollout(
+    prompts: Sequence[Prompt],
+    tools: ToolRegistry | Iterable[Any],
+    *,
+    model: str,
+    states: Sequence[Mapping[str, Any]] | None = None,
+    **options: Any,
+) -> list[Trajectory]:
+    """One-shot :class:`Rollout`: run ``prompts`` and close the client."""
+    async with Rollout(tools, model=model, **options) as runner:
+        return await runner.arun(prompts, states=states)
