@@ -66,7 +66,8 @@ def test_failures_count_and_end_the_episode_when_asked() -> None:
     step = env.step([hermes("broken", {})])
     assert not step.done[0]
     assert step.metrics[0].failed_calls == 1
-    assert step.tool_messages[0][0]["content"] == "Error: backend unavailable"
+    content = step.tool_messages[0][0]["content"]
+    assert content.startswith("Error: ") and content.endswith("backend unavailable")
     step = env.step(['<tool_call>\n{"name": "add", "arguments": {"a": 1,\n</tool_call>'])
     assert step.metrics[0].parse_errors == 1
     assert step.done[0] and step.reasons[0] == "too_many_failures"
@@ -121,3 +122,33 @@ def test_configuration_errors() -> None:
     env.reset(["a", "b"])
     with pytest.raises(UserError, match=r"got 1 response\(s\) for a batch of 2"):
         env.step(["x"])
+
+
+def test_items_are_episodes_with_their_own_python_sessions() -> None:
+    from toolservices import python_tool
+    from toolservices.python import PythonExecutorService
+
+    seen: list[dict] = []
+
+    @tool
+    def where(_state: dict) -> str:
+        """Reports the call state."""
+        seen.append(_state)
+        return "ok"
+
+    with PythonExecutorService(pool_size=2, timeout=5.0) as executor:
+        env = ToolEnv([python_tool(executor), where], parser="hermes")
+        env.reset(["a", "b"])
+        assert [e.python for e in env.episodes] == [executor, executor]
+        code = "x = 1\nprint('x' in globals())"
+        step = env.step([hermes("python", {"code": code}), hermes("where", {})])
+        assert step.tool_messages[0][0]["content"] == "True\n"
+        assert seen[0]["batch_index"] == 1 and seen[0]["episode_id"] == env.episodes[1].id
+        step = env.step(["done", hermes("python", {"code": code[6:]})])
+        assert step.tool_messages[1][0]["content"] == "False\n"  # item 1 never saw item 0's x
+        assert step.reasons == ["answered", None]
+        live = executor.stats()["sessions"]
+        env.reset(["c"])  # ends the two sessions of the previous batch
+        assert executor.stats()["sessions"] == live - 2
+        env.close()
+        assert env.done == [True] and env.reasons == ["closed"]

@@ -36,7 +36,15 @@ from toolservices.tools import ToolRegistry
 if TYPE_CHECKING:
     from toolservices.python import PythonExecutorService
 
-__all__ = ["EndReason", "Episode", "Message", "ResultFormat"]
+__all__ = [
+    "EndReason",
+    "Episode",
+    "Message",
+    "ResultFormat",
+    "check_limits",
+    "resolve_parser",
+    "shared_limiter",
+]
 
 Message = dict[str, Any]
 ResultFormat = Literal["openai", "tool_results"]
@@ -102,17 +110,10 @@ class Episode:
         pass_state: bool = True,
         end_on_answer: bool = True,
     ) -> None:
-        if max_turns is not None and max_turns < 1:
-            raise UserError(f"max_turns must be at least 1 or None, got {max_turns}")
-        if max_failed_turns is not None and max_failed_turns < 1:
-            raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
-        if result_format not in ("openai", "tool_results"):
-            raise UserError(
-                f"Unknown result_format {result_format!r}; valid: 'openai', 'tool_results'"
-            )
+        check_limits(max_turns, max_failed_turns, result_format)
         registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.registry = registry
-        self.parser = _resolve_parser(parser, registry)
+        self.parser = resolve_parser(parser, registry)
         self.python = _resolve_python(registry, python)
         if dispatcher is None:
             dispatcher = Dispatcher(registry, timeout=timeout)
@@ -318,21 +319,36 @@ class Episode:
 
     async def aclose(self) -> None:
         """End the episode and release its Python session; idempotent."""
+        session = self._mark_closed()
+        if session is not None and self.python is not None:
+            with anyio.CancelScope(shield=True):
+                await self.python.aclose_session(session)
+
+    def _mark_closed(self) -> str | None:
+        """Mark the episode closed; the Python session still to release, if any."""
         if self.closed:
-            return
+            return None
         self.closed = True
         if not self.done:
             self.done = True
             self.reason = "closed"
-        if self.python is not None and self.python_session is not None:
-            with anyio.CancelScope(shield=True):
-                await self.python.aclose_session(self.python_session)
+        return self.python_session if self.python is not None else None
 
     async def __aenter__(self) -> Episode:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def check_limits(max_turns: int | None, max_failed_turns: int | None, result_format: str) -> None:
+    """Raise :class:`UserError` for options an episode (or a batch of them) cannot use."""
+    if max_turns is not None and max_turns < 1:
+        raise UserError(f"max_turns must be at least 1 or None, got {max_turns}")
+    if max_failed_turns is not None and max_failed_turns < 1:
+        raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
+    if result_format not in ("openai", "tool_results"):
+        raise UserError(f"Unknown result_format {result_format!r}; valid: 'openai', 'tool_results'")
 
 
 def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:
@@ -346,7 +362,7 @@ def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:
     return messages
 
 
-def _resolve_parser(parser: ParserLike, registry: ToolRegistry) -> Callable[[Any], ParseResult]:
+def resolve_parser(parser: ParserLike, registry: ToolRegistry) -> Callable[[Any], ParseResult]:
     from toolservices.parsing import get_parser
 
     if isinstance(parser, str | ToolParser):
