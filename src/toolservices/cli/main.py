@@ -22,6 +22,18 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--repeats", type=int, default=1, help="episodes per format and scenario (default 1: 32)"
     )
+    demo.add_argument(
+        "--server",
+        metavar="URL",
+        help="play the scenarios against an OpenAI-compatible endpoint (e.g. http://host:8000/v1)",
+    )
+    demo.add_argument("--model", help="the model name the server serves (with --server)")
+    demo.add_argument(
+        "--parser",
+        help="parse tool calls from the raw text in this format (with --server; "
+        "default: the server's tool_calls)",
+    )
+    demo.add_argument("--api-key", help="API key for --server (default: $OPENAI_API_KEY)")
     check = commands.add_parser(
         "sandbox-check", help="report which isolation layers the Python sandbox can use here"
     )
@@ -50,7 +62,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.repeats < 1:
             print("--repeats must be at least 1", file=sys.stderr)
             return 2
-        return run_demo(repeats=args.repeats, out=sys.stdout)
+        if args.server is None:
+            if args.model or args.parser or args.api_key:
+                print("--model, --parser and --api-key need --server", file=sys.stderr)
+                return 2
+            return run_demo(repeats=args.repeats, out=sys.stdout)
+        if not args.model:
+            print("--server needs --model", file=sys.stderr)
+            return 2
+        from toolservices.cli._demo_server import run_server_demo
+
+        return run_server_demo(
+            server=args.server,
+            model=args.model,
+            parser=args.parser,
+            api_key=args.api_key,
+            repeats=args.repeats,
+            out=sys.stdout,
+        )
     if args.command == "sandbox-check":
         from toolservices.python import isolation_report
         from toolservices.python._sandbox import format_isolation_report
