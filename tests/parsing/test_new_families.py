@@ -231,6 +231,16 @@ def test_deepseek_v4_does_not_read_the_v32_wrapper() -> None:
             "invalid JSON",
         ),
         (
+            f'<{D}tool_calls><{D}invoke name="f">{{"a": [1, 2}}</{D}invoke></{D}tool_calls>',
+            "invalid_json",
+            "invalid JSON",
+        ),
+        (
+            f'<{D}tool_calls><{D}invoke name="f">{{"a": 1</{D}invoke></{D}tool_calls>',
+            "invalid_json",
+            "brackets",
+        ),
+        (
             f'<{D}tool_calls><{D}invoke name="f">just some words</{D}invoke></{D}tool_calls>',
             "invalid_syntax",
             "one JSON object",

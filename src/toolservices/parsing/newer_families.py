@@ -231,7 +231,9 @@ class DeepSeekV4Parser(DeepSeekV32Parser):
             try:
                 return arguments_from_text(stripped)
             except ArgumentsError as error:
-                raise ArgumentsError(f"tool {tool!r}: {error.message}", kind=error.kind) from None
+                # The invoke is closed: a missing bracket is bad JSON, not a cut-off.
+                kind = "invalid_json" if error.truncated else error.kind
+                raise ArgumentsError(f"tool {tool!r}: {error.message}", kind=kind) from None
         pairs = xml_params(inner, self.param_re, self.param_close, stops=(self.section_close,))
         if not pairs and stripped:
             raise ArgumentsError(
