@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import subprocess
 import threading
 import uuid
@@ -113,8 +114,7 @@ class PythonExecutorService:
     ) -> None:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
-        if timeout <= 0:
-            raise UserError(f"timeout must be positive, got {timeout}")
+        timeout = _check_timeout(timeout)
         if max_sessions < pool_size:
             raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
         if max_output < 1 or max_queue < 1 or spares < 0:
@@ -184,16 +184,21 @@ class PythonExecutorService:
         self, code: str, *, session_id: str | None = None, timeout: float | None = None
     ) -> ExecResult:
         """Run ``code``; see :meth:`aexecute`."""
+        limit = self._call_limit(timeout)
         if session_id is not None:
-            result = self._execute_direct(code, str(session_id), timeout)
+            result = self._execute_direct(code, _check_session_id(session_id), limit)
             if result is not None:
                 return result
-        return _portal.run_sync(self._execute, code, session_id, timeout)
+        return _portal.run_sync(self._execute, code, session_id, limit)
 
-    def close_session(self, session_id: str) -> None:
+    def close_session(self, session_id: str) -> bool:
         """End one session: after a call running in it, kill its process tree, delete its
-        working directory. Unknown ids are ignored; the id can be used again (fresh)."""
-        _portal.run_sync(self._close_session, session_id)
+        working directory. The id can be used again (a fresh session).
+
+        Returns True when a live session was closed, False when there was no such
+        session (never created, closed already, evicted, or lost with its fork server).
+        """
+        return _portal.run_sync(self._close_session, _check_session_id(session_id))
 
     def fork_session(self, src_session_id: str, n: int = 1) -> list[str]:
         """Copy a live session's interpreter into ``n`` new sessions; returns their ids.
@@ -203,7 +208,7 @@ class PythonExecutorService:
         files in the source's working directory. The source keeps running
         unchanged. Child processes of the source are not copied.
         """
-        return _portal.run_sync(self._fork_session, src_session_id, n)
+        return _portal.run_sync(self._fork_session, _check_session_id(src_session_id), n)
 
     def isolation_report(self) -> dict[str, Any]:
         """Which isolation layers the sessions get, and why others are missing."""
@@ -253,13 +258,17 @@ class PythonExecutorService:
         timeouts are in the result); raises :class:`ExecutorBusyError` when the
         queue is full and :class:`InfrastructureError` when the machinery fails.
         """
-        return await self._hop(self._execute, code, session_id, timeout)
+        limit = self._call_limit(timeout)
+        if session_id is not None:
+            session_id = _check_session_id(session_id)
+        return await self._hop(self._execute, code, session_id, limit)
 
-    async def aclose_session(self, session_id: str) -> None:
-        await self._hop(self._close_session, session_id)
+    async def aclose_session(self, session_id: str) -> bool:
+        """See :meth:`close_session`."""
+        return await self._hop(self._close_session, _check_session_id(session_id))
 
     async def afork_session(self, src_session_id: str, n: int = 1) -> list[str]:
-        return await self._hop(self._fork_session, src_session_id, n)
+        return await self._hop(self._fork_session, _check_session_id(src_session_id), n)
 
     async def aclose(self) -> None:
         await self._hop(self._aclose)
@@ -399,13 +408,14 @@ class PythonExecutorService:
         except InfrastructureError as exc:  # the server is gone: its sweep took the session
             log.debug("discarding a Python session failed: %s", exc)
 
-    def _enter_queue(self) -> None:
+    def _enter_queue(self) -> _Ticket:
         if self._queued >= self.max_queue:
             raise ExecutorBusyError(
                 f"the Python executor queue is full ({self.max_queue} calls waiting); retry later",
                 retryable=True,
             )
         self._queued += 1
+        return _Ticket(self)
 
     async def _execute(
         self,
@@ -415,26 +425,25 @@ class PythonExecutorService:
     ) -> ExecResult:
         if not isinstance(code, str):
             raise UserError(f"code must be a str, got {type(code).__name__}")
-        limit = self.timeout if timeout is None else float(timeout)
-        if limit <= 0:
-            raise UserError(f"timeout must be positive, got {timeout}")
+        limit = self._call_limit(timeout)
+        if session_id is not None:
+            session_id = _check_session_id(session_id)
         server = await self._ensure_started()
-        self._enter_queue()
-        queued = True
+        ticket = self._enter_queue()
         try:
             if session_id is None:
                 async with self._limiter:
-                    self._queued -= 1
-                    queued = False
+                    ticket.leave()
                     result = await self._run_fresh(server, code, limit)
             else:
-                result = await self._run_session(str(session_id), code, limit)
-                queued = False
+                result = await self._run_session(session_id, code, limit, ticket)
         finally:
-            if queued:
-                self._queued -= 1
+            ticket.leave()  # counted once, however the call ended (cancelled, raised)
         self._count(result)
         return result
+
+    def _call_limit(self, timeout: object) -> float:
+        return self.timeout if timeout is None else _check_timeout(timeout)
 
     def _count(self, result: ExecResult, *, direct: bool = False) -> None:
         with self._stats_lock:
@@ -449,22 +458,17 @@ class PythonExecutorService:
         with self._stats_lock:
             self._counters[counter] += n
 
-    def _execute_direct(
-        self, code: str, session_id: str, timeout: float | None
-    ) -> ExecResult | None:
+    def _execute_direct(self, code: str, session_id: str, limit: float) -> ExecResult | None:
         """The call from this thread, if its session is live and idle and a slot is free.
 
         None when the loop must take it: a new, busy, lost or closed session,
         no free slot, a bad argument (the loop path raises the error), or a
         call from the loop's own thread.
         """
-        limit = self.timeout if timeout is None else timeout
         slot = self._slots.get(session_id)
         if (
             slot is None
             or not isinstance(code, str)
-            or not isinstance(limit, (int, float))
-            or limit <= 0
             or self._closed
             or _portal.on_loop_thread()
             or not slot.gate.try_acquire()
@@ -486,9 +490,7 @@ class PythonExecutorService:
             try:
                 slot.last_used = next(_clock)
                 spin = self.busy_poll if self._limiter.in_use == 1 else 0.0
-                result = handle.run_blocking(
-                    code, limit=float(limit), session_id=session_id, spin=spin
-                )
+                result = handle.run_blocking(code, limit=limit, session_id=session_id, spin=spin)
             except SessionLost:  # found broken before running: the loop path restarts it
                 return None
             finally:
@@ -551,7 +553,9 @@ class PythonExecutorService:
             self._spawn_background(self._discard(victim.handle))
             victim.handle = None
 
-    async def _run_session(self, session_id: str, code: str, limit: float) -> ExecResult:
+    async def _run_session(
+        self, session_id: str, code: str, limit: float, ticket: _Ticket
+    ) -> ExecResult:
         limiter = self._limiter
         while True:
             slot = self._slot_for(session_id)
@@ -562,7 +566,7 @@ class PythonExecutorService:
                     if slot.closed:  # closed or evicted while we waited: look it up again
                         continue
                     await limiter.acquire()
-                    self._queued -= 1
+                    ticket.leave()
                     slot.last_used = next(_clock)
                     try:
                         return await self._run_in_slot(slot, code, limit)
@@ -600,21 +604,23 @@ class PythonExecutorService:
             result = dataclasses.replace(result, restarted=True)
         return result
 
-    async def _close_session(self, session_id: str) -> None:
-        slot = self._slots.pop(str(session_id), None)
+    async def _close_session(self, session_id: str) -> bool:
+        self._evicted.pop(session_id, None)  # its next use is a new session, not a lost one
+        slot = self._slots.pop(session_id, None)
         if slot is None:
-            return
+            return False
         slot.closed = True
         async with slot.gate:
             if slot.handle is not None:
                 await self._discard(slot.handle)
                 slot.handle = None
+        return True
 
     async def _fork_session(self, src: str, n: int) -> list[str]:
         if n < 1:
             raise UserError(f"fork_session needs n >= 1, got {n}")
         server = await self._ensure_started()
-        slot = self._slots.get(str(src))
+        slot = self._slots.get(src)
         if slot is None:
             raise UserError(f"cannot fork unknown session {src!r}; create it with execute() first")
         slot.pending += 1
@@ -668,6 +674,40 @@ async def _watch(ref: weakref.ref[PythonExecutorService], server: ForkServerClie
         await service._on_server_exit(server)
     else:  # dropped without close(): its finalizer stopped the server, the pidfd is ours
         server.release_files()
+
+
+class _Ticket:
+    """One call's place in the queue count: leaves it at most once, however the call ends."""
+
+    __slots__ = ("service", "waiting")
+
+    def __init__(self, service: PythonExecutorService) -> None:
+        self.service = service
+        self.waiting = True
+
+    def leave(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self.service._queued -= 1
+
+
+def _check_timeout(value: object) -> float:
+    """A timeout as a float; UserError for anything but a finite number of seconds > 0."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value) and value > 0:
+            return float(value)
+    raise UserError(
+        f"timeout must be a finite number of seconds > 0 (an int or a float), got {value!r}"
+    )
+
+
+def _check_session_id(value: object) -> str:
+    """Session ids are non-empty strings: 5 and "5" must not silently share a session."""
+    if isinstance(value, str) and value:
+        return value
+    raise UserError(
+        f"session_id must be a non-empty str (or None for a fresh interpreter), got {value!r}"
+    )
 
 
 def _rebuild(cls: type[PythonExecutorService], config: dict[str, Any]) -> PythonExecutorService:
