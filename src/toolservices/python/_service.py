@@ -693,9 +693,9 @@ class _Ticket:
 
 def _check_timeout(value: object) -> float:
     """A timeout as a float; UserError for anything but a finite number of seconds > 0."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and value > 0:
-            return float(value)
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is not None and math.isfinite(number) and number > 0:
+        return float(number)
     raise UserError(
         f"timeout must be a finite number of seconds > 0 (an int or a float), got {value!r}"
     )
