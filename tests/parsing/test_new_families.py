@@ -130,6 +130,12 @@ def test_gemma4_complete_call_without_end_token_is_accepted() -> None:
             "call:TOOL_NAME",
         ),
         ("<|tool_call>call:f{a 1}<tool_call|>", "invalid_syntax", "key:value"),
+        (
+            "<|tool_call>call:f{a:1<tool_call|>",
+            "invalid_syntax",
+            "never closed before <tool_call|>",
+        ),
+        (f"<|tool_call>call:f{{a:{S}x}}<tool_call|>", "invalid_syntax", "never closed before"),
         ("<|tool_call>call:f{a:,b:1}<tool_call|>", "invalid_syntax", "value is missing"),
         ("<|tool_call>call:f{a:1}} extra<tool_call|>", "invalid_syntax", "unexpected text"),
         ("<|tool_call>call:{a:1}<tool_call|>", "invalid_syntax", "not a tool name"),

@@ -183,6 +183,11 @@ class Gemma4Parser(SyntaxParser):
             try:
                 args = reader.object(1)
             except ArgumentsError as error:
+                if error.truncated and block.closed:  # a bracket or delimiter is missing
+                    error = ArgumentsError(
+                        error.message.replace(" (truncated?)", f" before {_G4_END}"),
+                        kind="invalid_syntax",
+                    )
                 found.arguments_error(error, raw, tool=name)
                 continue
             if head[reader.pos :].strip():
