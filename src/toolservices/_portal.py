@@ -10,12 +10,20 @@ blocking portal: on this kind of machine a thread wake-up costs ~60 us, and
 the portal adds more of them per call. The loop runs one long-lived root task
 (``run_until_complete``), which anyio uses to scope its worker threads;
 without it anyio would start fresh threads for every submitted call.
+
+The loop thread must outlive anything run on it. A ``SystemExit`` or
+``KeyboardInterrupt`` raised inside a task escapes asyncio's task machinery
+and would stop the loop (and with it every sync caller, forever): a
+coroutine submitted through :func:`wait_on_loop` hands such an exception to
+its caller's thread instead, and for any other task :func:`get_loop`'s
+thread logs it and keeps the loop running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -30,6 +38,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("toolservices.portal")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -57,7 +67,20 @@ def get_loop() -> asyncio.AbstractEventLoop:
 
             def serve() -> None:
                 asyncio.set_event_loop(new_loop)
-                new_loop.run_until_complete(root())
+                main = new_loop.create_task(root())
+                while True:
+                    try:
+                        new_loop.run_until_complete(main)
+                        return
+                    except (SystemExit, KeyboardInterrupt) as exc:
+                        # raised by some task on the loop (asyncio re-raises these out
+                        # of run_forever); the task has failed, the loop goes on
+                        logger.error(
+                            "toolservices: %s escaped a task on the shared loop; the loop "
+                            "keeps running",
+                            type(exc).__name__,
+                            exc_info=exc,
+                        )
 
             _thread = threading.Thread(target=serve, name="toolservices-loop", daemon=True)
             _thread.start()
@@ -106,21 +129,36 @@ def wait_on_loop(
     interrupted: list[bool] = []
     tasks: list[asyncio.Task[Any]] = []
 
-    async def guarded() -> T:
+    async def guarded() -> T | _Escaped:
         task = asyncio.current_task()
         if task is not None:
             tasks.append(task)
         if interrupted:
             raise asyncio.CancelledError
-        return await fn(*args)
+        try:
+            return await fn(*args)
+        except (SystemExit, KeyboardInterrupt) as exc:  # would stop the loop: the caller's
+            return _Escaped(exc)
 
     try:
-        return asyncio.run_coroutine_threadsafe(guarded(), loop).result()
+        outcome = asyncio.run_coroutine_threadsafe(guarded(), loop).result()
     except BaseException:
         interrupted.append(True)
         if not loop.is_closed():  # cancels a task still running; a no-op for a finished one
             loop.call_soon_threadsafe(_cancel_tasks, tasks)
         raise
+    if isinstance(outcome, _Escaped):
+        raise outcome.exc
+    return outcome
+
+
+class _Escaped:
+    """A ``SystemExit`` or ``KeyboardInterrupt`` on its way to the caller's thread."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 def _cancel_tasks(tasks: list[asyncio.Task[Any]]) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "ServiceTimeoutError",
     "ServiceUnavailableError",
     "ToolArgumentError",
+    "ToolBusyError",
     "ToolDefinitionError",
     "ToolError",
     "ToolExecutionError",
@@ -33,11 +34,13 @@ __all__ = [
     "ToolServicesError",
     "ToolTimeoutError",
     "UserError",
+    "describe_exception",
 ]
 
 
 #: Why a call failed, as a :class:`~toolservices.dispatch.CallResult` says it: a
-#: :class:`ToolError` kind, or what the dispatcher itself decided.
+#: :class:`ToolError` kind, or what the dispatcher itself decided. ``internal``
+#: is a bug in this library (logged with its traceback), never the model's fault.
 ErrorKind = Literal[
     "tool_error",
     "unknown_tool",
@@ -47,6 +50,7 @@ ErrorKind = Literal[
     "parse_error",
     "skipped",
     "infrastructure",
+    "internal",
 ]
 
 
@@ -160,9 +164,34 @@ class ExecutorBusyError(InfrastructureError):
         super().__init__(message, retryable=retryable)
 
 
+class ToolBusyError(InfrastructureError):
+    """The dispatcher refused to start a sync tool: too many of its earlier calls
+    timed out and are still running in their threads (which Python cannot kill).
+
+    Always ``retryable``: the tool is accepted again as those calls finish.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message, retryable=retryable)
+
+
 class SandboxUnavailableError(InfrastructureError):
     """The isolation level a sandbox configuration requires cannot be reached here.
 
     Raised when an executor starts, with the reason of every level that failed;
     ``retryable`` is False (the machine will not change by itself).
     """
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` for an exception (``Type`` alone when the message is empty).
+
+    Never raises: an exception whose ``__str__`` fails is still described, so
+    a broken exception class cannot turn one failed call into a crashed step.
+    """
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception as failure:
+        message = f"<str() of the exception failed: {type(failure).__name__}>"
+    return f"{name}: {message}" if message else name

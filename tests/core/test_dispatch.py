@@ -202,7 +202,7 @@ def test_every_call_and_parse_error_gets_one_result() -> None:
     (outcome,) = Dispatcher(REGISTRY).run([parse])
     kinds = [r.error_kind for r in outcome.results]
     assert kinds == ["tool_failed", "unknown_tool", "invalid_arguments", None, "parse_error"]
-    assert outcome.results[0].error == "Test error"
+    assert outcome.results[0].error == "ValueError: Test error"
     assert "Unknown tool: missing" in outcome.results[1].error
     assert outcome.metrics.calls == 4
     assert outcome.metrics.failed_calls == 3
@@ -242,12 +242,12 @@ def test_rendering_matches_the_contract() -> None:
         "Tool stateless (call 2) [tag: A] succeeded:\n"
         "  Result: 2\n"
         "Tool fail (call 3) failed:\n"
-        "  Error: Test error\n"
+        "  Error: ValueError: Test error\n"
         "</tool_results>"
     )
     messages = to_openai_messages(outcome.results)
     assert [m["role"] for m in messages] == ["tool"] * 3
-    assert messages[2]["content"] == "Error: Test error"
+    assert messages[2]["content"] == "Error: ValueError: Test error"
     assert messages[1]["tool_call_id"] == outcome.results[1].call_id
 
 

@@ -2,12 +2,18 @@
 
 Every parsed call and every parse error yields exactly one
 :class:`CallResult`; nothing a tool or a model does raises out of
-:meth:`Dispatcher.arun`.
+:meth:`Dispatcher.arun`. That includes a tool that calls ``sys.exit()``,
+raises ``KeyboardInterrupt`` or another ``BaseException``, raises an exception
+whose ``__str__`` fails, or returns a value that cannot be shown as text: each
+is a failed call, and the shared background loop keeps running. A real
+cancellation of the caller (a timeout around ``arun``, Ctrl-C in a sync
+caller) still propagates.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -17,16 +23,37 @@ import anyio
 import anyio.to_thread
 
 from toolservices._portal import run_sync
-from toolservices.dispatch.results import CallResult, ItemResult, StepMetrics
-from toolservices.errors import InfrastructureError, ToolError, UserError
+from toolservices.dispatch._guard import (
+    ThreadRun,
+    admit,
+    current_task,
+    is_real_cancellation,
+    wait_abandoned,
+)
+from toolservices.dispatch.results import CallResult, ItemResult, StepMetrics, value_text
+from toolservices.errors import (
+    InfrastructureError,
+    ToolBusyError,
+    ToolError,
+    ToolTimeoutError,
+    UserError,
+    describe_exception,
+)
 from toolservices.parsing.base import ParseResult, ToolCall, make_call_id
 from toolservices.tools._function_schema import STATE_PARAMETER
 from toolservices.tools.registry import ToolRegistry
 
-__all__ = ["Dispatcher", "DispatchItem"]
+__all__ = ["DEFAULT_MAX_ABANDONED_THREADS", "DispatchItem", "Dispatcher", "call_id_of"]
+
+logger = logging.getLogger("toolservices.dispatch")
 
 #: What a batch item may be: a parse result, or a plain sequence of calls.
 DispatchItem = ParseResult | Sequence[ToolCall]
+
+#: Default cap on the calls of one sync tool still running after timing out.
+#: Each holds a thread (Python cannot kill one); past the cap the tool is
+#: refused until one of them ends, so a hung tool cannot grow threads forever.
+DEFAULT_MAX_ABANDONED_THREADS = 8
 
 
 class Dispatcher:
@@ -37,11 +64,22 @@ class Dispatcher:
       once (async tools natively, sync tools in worker threads);
     * each call has a time limit (the tool's own ``timeout`` or ``timeout``);
       a sync tool that overruns is abandoned in its thread, since Python
-      cannot kill a thread, and reported as timed out;
+      cannot kill a thread, and reported as timed out. At most
+      ``max_abandoned_threads`` calls of one tool may still be running that
+      way (counted over every dispatcher of the process); while a tool is at
+      that cap its calls are refused (``infrastructure``, a
+      :class:`~toolservices.errors.ToolBusyError` the model reads as "try
+      again later") and a warning is logged;
     * with ``stop_on_error`` the calls after a failed one are not run and are
       reported as ``skipped``;
     * with ``pass_state`` the per-call state dict goes, as ``_state=``, to the
       tools that accept it, and only to those.
+
+    Failures are reported, never raised: a tool's exception becomes
+    ``Type: message`` (``tool_failed``; a :class:`ToolError` keeps its own
+    message and kind), and a bug in this library becomes an ``internal``
+    result and is logged with its traceback on the ``toolservices.dispatch``
+    logger. :attr:`CallResult.exception` keeps the exception either way.
     """
 
     def __init__(
@@ -52,16 +90,22 @@ class Dispatcher:
         timeout: float | None = 10.0,
         stop_on_error: bool = False,
         pass_state: bool = True,
+        max_abandoned_threads: int = DEFAULT_MAX_ABANDONED_THREADS,
     ) -> None:
         if max_concurrency < 1:
             raise UserError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if timeout is not None and not timeout > 0:
             raise UserError(f"timeout must be a positive number of seconds or None, got {timeout}")
+        if max_abandoned_threads < 1:
+            raise UserError(
+                f"max_abandoned_threads must be at least 1, got {max_abandoned_threads}"
+            )
         self.registry = registry
         self.max_concurrency = max_concurrency
         self.timeout = timeout
         self.stop_on_error = stop_on_error
         self.pass_state = pass_state
+        self.max_abandoned_threads = max_abandoned_threads
 
     # -- public entry points -------------------------------------------------------
 
@@ -84,7 +128,8 @@ class Dispatcher:
         """Run every item's calls; one :class:`ItemResult` per item, in order.
 
         ``limiter`` is a bound shared with other concurrent ``arun`` calls
-        (what episodes stepping independently share); every call takes it.
+        (what episodes stepping independently share: env/episode.py passes
+        it); every call takes it.
         """
         if states is not None and len(states) != len(items):
             raise UserError(f"got {len(states)} states for {len(items)} items")
@@ -97,7 +142,11 @@ class Dispatcher:
 
         async def one(i: int) -> None:
             state = states[i] if states is not None else None
-            outcomes[i] = await self._run_item(items[i], state, limiter, bounded)
+            try:
+                outcomes[i] = await self._run_item(items[i], state, limiter, bounded)
+            except Exception as exc:  # a bug of ours: logged, and every call still answered
+                logger.error("toolservices: dispatching batch item %d failed", i, exc_info=exc)
+                outcomes[i] = _failed_item(items[i], exc)
 
         if len(items) == 1:
             await one(0)
@@ -125,16 +174,20 @@ class Dispatcher:
         one response get different ids).
         """
         started = time.perf_counter()
+        call_id = call_id_of(call, index)
 
         def result(**fields: Any) -> CallResult:
             return CallResult(
                 tool=call.tool,
-                call_id=_call_id(call, index),
+                call_id=call_id,
                 tag=call.tag,
                 index=index,
                 duration=time.perf_counter() - started,
                 **fields,
             )
+
+        def failed(exc: BaseException, kind: Any, error: str) -> CallResult:
+            return result(ok=False, error=error, error_kind=kind, exception=exc)
 
         try:
             tool = self.registry.get(call.tool)
@@ -142,30 +195,73 @@ class Dispatcher:
             if self.pass_state and tool.accepts_state and state is not None:
                 args[STATE_PARAMETER] = dict(state)
             limit = tool.timeout if tool.timeout is not None else self.timeout
-            with anyio.move_on_after(limit if limit is not None else math.inf) as scope:
-                if tool.is_async:
-                    if limiter is None or not bound_async:
-                        value = await tool.acall(**args)
-                    else:
-                        async with limiter:
-                            value = await tool.acall(**args)
-                else:
-                    value = await anyio.to_thread.run_sync(
-                        functools.partial(tool, **args), abandon_on_cancel=True, limiter=limiter
-                    )
-            if scope.cancelled_caught:
-                return result(
-                    ok=False,
-                    error=f"Tool '{call.tool}' timed out after {limit:g} s and was abandoned",
-                    error_kind="timeout",
-                )
         except ToolError as exc:
-            return result(ok=False, error=exc.message, error_kind=exc.kind)
-        except InfrastructureError as exc:
-            return result(ok=False, error=exc.message, error_kind="infrastructure")
-        except Exception as exc:  # the tool's own failure, reported to the model
-            return result(ok=False, error=str(exc) or type(exc).__name__, error_kind="tool_failed")
-        return result(ok=True, value=value)
+            return failed(exc, exc.kind, exc.message)
+        except Exception as exc:  # lookup and validation are ours: a bug, not the model's
+            return failed(exc, "internal", _internal(call.tool, exc))
+
+        run = None if tool.is_async else ThreadRun(tool, functools.partial(tool, **args))
+        if run is not None and not admit(tool, self.max_abandoned_threads):
+            busy = ToolBusyError(
+                f"Tool '{call.tool}' was not run: {self.max_abandoned_threads} earlier calls of "
+                "it timed out and are still running. Try again later or use another tool."
+            )
+            return failed(busy, "infrastructure", busy.message)
+        task = current_task()
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            with anyio.move_on_after(limit if limit is not None else math.inf) as scope:
+                if run is not None:
+                    await anyio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=limiter)
+                    value, error = run.value, run.error
+                elif limiter is None or not bound_async:
+                    value = await tool.acall(**args)
+                else:
+                    async with limiter:
+                        value = await tool.acall(**args)
+        except BaseException as exc:
+            if is_real_cancellation(exc, task):
+                if run is not None:  # the caller gave up: the thread runs on, counted
+                    run.abandon(self.max_abandoned_threads)
+                raise
+            error = exc
+        if scope.cancelled_caught:
+            if run is not None:
+                run.abandon(self.max_abandoned_threads)
+            timeout = ToolTimeoutError(
+                f"Tool '{call.tool}' timed out after {limit:g} s and was abandoned"
+            )
+            return failed(timeout, "timeout", timeout.message)
+        if error is not None:
+            if isinstance(error, ToolError):
+                return failed(error, error.kind, error.message)
+            if isinstance(error, InfrastructureError):
+                return failed(error, "infrastructure", error.message)
+            # the tool's own failure, whatever it raised, reported to the model
+            return failed(error, "tool_failed", describe_exception(error))
+        try:
+            text = value_text(value)
+        except Exception as exc:  # a __str__ that fails, a value nested too deep
+            message = (
+                f"Tool '{call.tool}' returned a {type(value).__name__} that cannot be shown as "
+                f"text: {describe_exception(exc)}"
+            )
+            return failed(exc, "tool_failed", message)
+        return result(ok=True, value=value, text=text)
+
+    def abandoned_calls(self) -> dict[str, int]:
+        """Calls per tool still running in threads after timing out (tools with any)."""
+        counts = {t.name: t._abandoned_threads for t in self.registry}
+        return {name: n for name, n in counts.items() if n}
+
+    def wait_abandoned(self, timeout: float | None = None) -> bool:
+        """Block until every abandoned call of this registry's tools has ended.
+
+        For a clean shutdown: those threads cannot be killed, only waited for.
+        Returns False if some are still running after ``timeout`` seconds.
+        """
+        return wait_abandoned(self.registry, timeout)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -176,11 +272,7 @@ class Dispatcher:
         limiter: anyio.CapacityLimiter,
         bounded: bool,
     ) -> ItemResult:
-        parse: ParseResult | None = None
-        if isinstance(item, ParseResult):
-            parse, calls = item, list(item.calls)
-        else:
-            calls = list(item)
+        parse, calls = _split(item)
         results: list[CallResult] = []
         stopped = False
         for index, call in enumerate(calls):
@@ -188,7 +280,7 @@ class Dispatcher:
                 results.append(
                     CallResult(
                         tool=call.tool,
-                        call_id=_call_id(call, index),
+                        call_id=call_id_of(call, index),
                         tag=call.tag,
                         index=index,
                         ok=False,
@@ -205,18 +297,7 @@ class Dispatcher:
             )
             results.append(outcome)
             stopped = self.stop_on_error and not outcome.ok
-        if parse is not None:
-            for offset, error in enumerate(parse.errors):
-                results.append(
-                    CallResult(
-                        tool=error.tool or "<unparsed>",
-                        call_id=make_call_id(len(calls) + offset, error.tool or "", {}),
-                        index=len(calls) + offset,
-                        ok=False,
-                        error=error.message,
-                        error_kind="parse_error",
-                    )
-                )
+        results.extend(_parse_error_results(parse, len(calls)))
         return ItemResult(
             results=results,
             metrics=StepMetrics.from_results(results),
@@ -225,5 +306,89 @@ class Dispatcher:
         )
 
 
-def _call_id(call: ToolCall, index: int) -> str:
-    return call.id or make_call_id(index, call.tool, call.args)
+def call_id_of(call: ToolCall, index: int) -> str:
+    """The id of the call at ``index`` of its response: its own, else the derived one.
+
+    The one place the dispatcher names calls (results, skipped calls, parse
+    errors); it derives ids exactly as the parsers do, so a call's id is the
+    same whether a parser or the dispatcher filled it in.
+    """
+    if call.id:
+        return call.id
+    try:
+        return make_call_id(index, call.tool, call.args, raw=call.raw)
+    except Exception:  # arguments that cannot even be serialised: position and name only
+        return make_call_id(index, str(call.tool), {})
+
+
+def _split(item: DispatchItem) -> tuple[ParseResult | None, list[ToolCall]]:
+    if isinstance(item, ParseResult):
+        return item, list(item.calls)
+    return None, list(item)
+
+
+def _parse_error_results(parse: ParseResult | None, first: int) -> list[CallResult]:
+    """One failed result per parse error, numbered after the calls."""
+    if parse is None:
+        return []
+    results = []
+    for offset, error in enumerate(parse.errors):
+        tool = error.tool or ""
+        results.append(
+            CallResult(
+                tool=tool or "<unparsed>",
+                call_id=call_id_of(ToolCall(tool, {}), first + offset),
+                index=first + offset,
+                ok=False,
+                error=error.message,
+                error_kind="parse_error",
+            )
+        )
+    return results
+
+
+def _internal(tool: str, exc: BaseException) -> str:
+    """Log a bug of this library with its traceback; the text the model reads."""
+    logger.error("toolservices: internal error while calling tool %r", tool, exc_info=exc)
+    return (
+        f"Tool '{tool}' could not be run because of an internal error in toolservices "
+        f"({describe_exception(exc)}); this is not your fault"
+    )
+
+
+def _failed_item(item: DispatchItem, exc: Exception) -> ItemResult:
+    """Every call of an item whose dispatch failed on a bug of ours, answered."""
+    message = (
+        "Not executed because of an internal error in toolservices "
+        f"({describe_exception(exc)}); this is not your fault"
+    )
+    try:
+        parse, calls = _split(item)
+        results = [
+            CallResult(
+                tool=str(call.tool),
+                call_id=call_id_of(call, index),
+                tag=call.tag,
+                index=index,
+                ok=False,
+                error=message,
+                error_kind="internal",
+                exception=exc,
+            )
+            for index, call in enumerate(calls)
+        ]
+        results.extend(_parse_error_results(parse, len(calls)))
+    except Exception:  # the item itself is unreadable: one result says so
+        parse, results = None, []
+    if not results:
+        results = [
+            CallResult(
+                tool="<unknown>",
+                call_id=make_call_id(0, "", {}),
+                ok=False,
+                error=message,
+                error_kind="internal",
+                exception=exc,
+            )
+        ]
+    return ItemResult(results=results, metrics=StepMetrics.from_results(results), parse=parse)

@@ -1,13 +1,25 @@
-"""Rendering of call results for the model: one place, three shapes."""
+"""Rendering of call results for the model: one function per output format.
+
+* ``tool_results``: :func:`render_tool_results`, TorchRL's block, one message per turn;
+* ``openai``: :func:`openai_content` per result (:func:`to_openai_messages` wraps
+  it into ``{"role": "tool", ...}`` messages);
+* ``simple``: :func:`render_simple`, TorchRL's ``SimpleToolTransform`` and
+  ``MCPToolTransform`` text, one message per call.
+
+Every layer (ToolEnv, Episode, the TorchRL transforms) renders through these,
+and none of them raises: a value or an exception that cannot be turned into
+text is described instead.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from toolservices.dispatch.results import CallResult
+from toolservices.errors import describe_exception
 
-__all__ = ["render_tool_results", "to_openai_messages"]
+__all__ = ["openai_content", "render_simple", "render_tool_results", "to_openai_messages"]
 
 
 def render_tool_results(results: Sequence[CallResult]) -> str:
@@ -33,17 +45,47 @@ def render_tool_results(results: Sequence[CallResult]) -> str:
     return "\n".join(lines)
 
 
+def openai_content(result: CallResult) -> str:
+    """The content of the OpenAI-style tool message answering ``result``."""
+    return result.content if result.ok else f"Error: {result.content}"
+
+
 def to_openai_messages(results: Sequence[CallResult]) -> list[dict[str, Any]]:
     """One OpenAI-style ``{"role": "tool", ...}`` message per result."""
-    messages: list[dict[str, Any]] = []
-    for result in results:
-        content = result.content if result.ok else f"Error: {result.content}"
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": result.call_id,
-                "name": result.tool,
-                "content": content,
-            }
-        )
-    return messages
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": result.call_id,
+            "name": result.tool,
+            "content": openai_content(result),
+        }
+        for result in results
+    ]
+
+
+def render_simple(result: CallResult, *, available: Iterable[str] = (), name: str = "") -> str:
+    """TorchRL's ``Tool NAME executed successfully:`` / ``Tool NAME failed:`` text.
+
+    A value is shown with ``str()`` as TorchRL does (not JSON); ``available``
+    lists the tools named when the model called an unknown one; ``name``
+    overrides the tool name shown.
+    """
+    tool = name or result.tool
+    if result.ok:
+        return f"Tool {tool} executed successfully:\n{_str(result)}"
+    error = result.error or "unknown error"
+    if result.error_kind == "unknown_tool":
+        error = f"Tool {tool} not found. Available tools: {', '.join(available) or 'none'}"
+    elif result.error_kind == "tool_failed":
+        error = f"Tool execution failed: {error}"
+    return f"Tool {tool} failed:\n{error}"
+
+
+def _str(result: CallResult) -> str:
+    value = result.value
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception as exc:  # a container holding an object whose repr() fails
+        return f"<a {type(value).__name__} that str() cannot show: {describe_exception(exc)}>"

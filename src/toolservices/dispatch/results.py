@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from toolservices.errors import ErrorKind
+from toolservices.errors import ErrorKind, describe_exception
 from toolservices.parsing.base import ParseResult
 
-__all__ = ["CallResult", "EpisodeMetrics", "ItemResult", "StepMetrics", "value_text"]
+__all__ = [
+    "CallResult",
+    "EpisodeMetrics",
+    "ItemResult",
+    "StepMetrics",
+    "safe_value_text",
+    "value_text",
+]
 
 
 def value_text(value: Any) -> str:
@@ -17,7 +24,8 @@ def value_text(value: Any) -> str:
 
     Strings are shown as they are; everything else as indented JSON (the
     format TorchRL's ``<tool_results>`` block uses), with ``str()`` for values
-    JSON cannot encode.
+    JSON cannot encode. Raises what ``str()`` raises, and ``RecursionError``
+    for absurdly deep values: the dispatcher turns that into a failed call.
     """
     if isinstance(value, str):
         return value
@@ -25,6 +33,14 @@ def value_text(value: Any) -> str:
         return json.dumps(value, indent=2, default=str)
     except (TypeError, ValueError):
         return str(value)
+
+
+def safe_value_text(value: Any) -> str:
+    """:func:`value_text` that never raises (a placeholder naming the failure instead)."""
+    try:
+        return value_text(value)
+    except Exception as exc:
+        return f"<a {type(value).__name__} that cannot be shown as text: {describe_exception(exc)}>"
 
 
 @dataclass(kw_only=True)
@@ -45,6 +61,12 @@ class CallResult:
     #: plain :class:`~toolservices.errors.ToolError` a tool raised itself.
     error_kind: ErrorKind | None = None
     duration: float = 0.0
+    #: The exception behind a failure (the tool's own, or ours for ``internal``),
+    #: for logs and debugging; it is not rendered, compared or serialised.
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+    #: ``value`` as the model reads it, made once by the dispatcher (``None``:
+    #: derived from ``value`` when read).
+    text: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def timed_out(self) -> bool:
@@ -52,13 +74,16 @@ class CallResult:
 
     @property
     def content(self) -> str:
-        """The text a model sees for this result."""
+        """The text a model sees for this result (never raises)."""
         if self.ok:
-            return value_text(self.value)
+            return self.text if self.text is not None else safe_value_text(self.value)
         return self.error or "unknown error"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as plain data (without ``exception``, which may not copy)."""
+        data = asdict(replace(self, exception=None))
+        del data["exception"]
+        return data
 
 
 @dataclass(kw_only=True)

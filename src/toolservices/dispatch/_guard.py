@@ -1,0 +1,127 @@
+"""Keeping a tool's failures inside its call: worker threads and cancellation.
+
+Two things can turn one bad tool into a wedged process. A ``SystemExit`` or
+``KeyboardInterrupt`` that reaches the event loop stops the loop thread; so
+sync tools run in threads that catch everything (:class:`ThreadRun`), and
+async tools' exceptions are sorted by :func:`is_real_cancellation` into the
+tool's own failures and a real cancellation of the caller. And a sync tool
+that hangs keeps its thread after the dispatcher gave up on it; the count of
+such threads per tool is kept here (:func:`admit`, :meth:`ThreadRun.abandon`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio
+
+from toolservices.tools.base import Tool
+
+__all__ = ["ThreadRun", "admit", "current_task", "is_real_cancellation", "wait_abandoned"]
+
+logger = logging.getLogger("toolservices.dispatch")
+
+#: Guards every tool's count of abandoned calls (taken briefly, from any thread);
+#: notified whenever a count drops.
+_abandoned_lock = threading.Condition()
+
+
+def admit(tool: Tool, cap: int) -> bool:
+    """Whether a new call of ``tool`` may start (it has fewer than ``cap`` abandoned)."""
+    with _abandoned_lock:
+        return tool._abandoned_threads < cap
+
+
+def wait_abandoned(tools: Iterable[Tool], timeout: float | None) -> bool:
+    """Block until no tool of ``tools`` has abandoned calls left; False on timeout."""
+    tools = list(tools)
+    with _abandoned_lock:
+        return _abandoned_lock.wait_for(
+            lambda: not any(t._abandoned_threads for t in tools), timeout
+        )
+
+
+class ThreadRun:
+    """One sync tool call in a worker thread, as the thread and the dispatcher share it.
+
+    The thread catches everything the tool raises, ``SystemExit`` and
+    ``KeyboardInterrupt`` included: raised into the event loop, those would
+    stop the shared loop thread and wedge every later sync call. A call the
+    dispatcher abandons at its timeout is counted on the tool until the
+    thread ends.
+    """
+
+    __slots__ = ("abandoned", "error", "finished", "fn", "tool", "value")
+
+    def __init__(self, tool: Tool, fn: Callable[[], Any]) -> None:
+        self.tool, self.fn = tool, fn
+        self.finished = self.abandoned = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def __call__(self) -> ThreadRun:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # the tool's: the dispatcher reports it, never raised here
+            self.error = exc
+        finally:
+            with _abandoned_lock:
+                self.finished = True
+                if self.abandoned:
+                    self.tool._abandoned_threads -= 1
+                    _abandoned_lock.notify_all()
+            if self.abandoned:
+                logger.debug("an abandoned call of tool %r has ended", self.tool.name)
+        return self
+
+    def abandon(self, cap: int) -> None:
+        """The dispatcher stopped waiting: count the thread on the tool while it runs."""
+        with _abandoned_lock:
+            if self.finished:
+                return
+            self.abandoned = True
+            self.tool._abandoned_threads += 1
+            count = self.tool._abandoned_threads
+        if count >= cap:
+            logger.warning(
+                "toolservices: %d calls of tool %r timed out and are still running in their "
+                "threads (cap %d); its calls are refused until one of them ends",
+                count,
+                self.tool.name,
+                cap,
+            )
+
+
+# -- cancellation ------------------------------------------------------------------------
+
+
+def current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # not on an asyncio loop (trio through anyio)
+        return None
+
+
+def is_real_cancellation(exc: BaseException, task: asyncio.Task[Any] | None) -> bool:
+    """Whether ``exc`` stops this coroutine for real (so it must propagate).
+
+    A tool can raise ``CancelledError``, ``GeneratorExit`` or
+    ``KeyboardInterrupt`` itself; then it is only the tool's failure. A real
+    cancellation is a ``CancelledError`` while our task has a pending cancel
+    request, a ``GeneratorExit`` thrown in while the coroutine is being
+    closed (from outside our task), or a ``KeyboardInterrupt`` in the main
+    thread (Ctrl-C can only land there). Before Python 3.11 a task cannot say
+    whether it is being cancelled, so there every ``CancelledError`` is real.
+    """
+    if isinstance(exc, asyncio.CancelledError):
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        return cancelling is None or cancelling() > 0
+    if isinstance(exc, GeneratorExit):
+        return task is None or current_task() is not task
+    if isinstance(exc, KeyboardInterrupt):
+        return threading.current_thread() is threading.main_thread()
+    return isinstance(exc, anyio.get_cancelled_exc_class())

@@ -1,0 +1,233 @@
+"""Dispatcher guarantees of issues 10 and 12: bounded abandoned threads, real
+cancellation kept, library bugs logged and answered, exceptions kept on results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import anyio
+import pytest
+
+from toolservices import Dispatcher, ParseError, ParseResult, ToolCall, ToolRegistry, tool
+from toolservices.dispatch import CallResult, StepMetrics
+from toolservices.errors import ToolBusyError, ToolTimeoutError
+
+
+class Gate:
+    """Counts the calls inside a blocking tool and lets them all out at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.changed = threading.Condition()
+        self.running = 0
+        self.peak = 0
+        self.entered = 0
+
+    def hold(self) -> str:
+        with self.changed:
+            self.running += 1
+            self.entered += 1
+            self.peak = max(self.peak, self.running)
+            self.changed.notify_all()
+        try:
+            self.release.wait(120)
+        finally:
+            with self.changed:
+                self.running -= 1
+                self.changed.notify_all()
+        return "late"
+
+
+def test_timed_out_sync_calls_hold_at_most_the_cap_of_threads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """200 timeouts of a hung tool used to leave 200 threads behind."""
+    gate = Gate()
+
+    @tool(timeout=0.05)
+    def hang() -> str:
+        """Blocks until the test releases it."""
+        return gate.hold()
+
+    @tool
+    def quick() -> str:
+        """Answers at once."""
+        return "ok"
+
+    dispatcher = Dispatcher(ToolRegistry([hang, quick]), max_abandoned_threads=3)
+    try:
+        with caplog.at_level(logging.WARNING, logger="toolservices.dispatch"):
+            results = [dispatcher.run([[ToolCall("hang", {})]])[0].results[0] for _ in range(40)]
+        kinds = [r.error_kind for r in results]
+        assert kinds == ["timeout"] * 3 + ["infrastructure"] * 37
+        assert gate.entered == 3 and gate.peak == 3
+        assert dispatcher.abandoned_calls() == {"hang": 3}
+        refused = results[-1]
+        assert isinstance(refused.exception, ToolBusyError) and refused.exception.retryable
+        assert refused.error is not None
+        assert "3 earlier calls of it timed out and are still running" in refused.error
+        assert isinstance(results[0].exception, ToolTimeoutError)
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "'hang'" in warnings[0].getMessage()
+        # other tools are not affected
+        (outcome,) = dispatcher.run([[ToolCall("quick", {})]])
+        assert outcome.results[0].ok
+    finally:
+        gate.release.set()
+    assert dispatcher.wait_abandoned(timeout=60)
+    assert dispatcher.abandoned_calls() == {}
+    # the tool is accepted again once its threads ended
+    result = dispatcher.run([[ToolCall("hang", {})]])[0].results[0]
+    assert result.ok and result.value == "late"
+
+
+async def test_cancelling_the_caller_propagates_and_counts_the_thread() -> None:
+    """A real cancellation is not turned into a failed call, and the sync tool's
+    thread it leaves behind counts towards the cap."""
+    gate = Gate()
+
+    @tool
+    def hang() -> str:
+        """Blocks until released."""
+        return gate.hold()
+
+    waiting = anyio.Event()
+
+    @tool
+    async def waits() -> str:
+        """Waits on the loop until cancelled."""
+        waiting.set()
+        await anyio.sleep(3600)
+        return "never"
+
+    dispatcher = Dispatcher(ToolRegistry([hang, waits]), timeout=None)
+    try:
+        for name in ("hang", "waits"):
+            returned = False
+            with anyio.CancelScope() as scope:
+
+                async def cancel_when_started(name: str = name) -> None:
+                    if name == "hang":
+                        await anyio.to_thread.run_sync(_wait_entered, gate)
+                    else:
+                        await waiting.wait()
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(cancel_when_started)
+                    await dispatcher.arun([[ToolCall(name, {})]])
+                    returned = True
+            assert scope.cancelled_caught and not returned, name
+        assert dispatcher.abandoned_calls() == {"hang": 1}
+    finally:
+        gate.release.set()
+    assert await anyio.to_thread.run_sync(dispatcher.wait_abandoned, 60)
+
+
+def _wait_entered(gate: Gate) -> None:
+    with gate.changed:
+        assert gate.changed.wait_for(lambda: gate.entered > 0, 60)
+
+
+async def test_closing_a_suspended_call_is_not_swallowed() -> None:
+    """``coroutine.close()`` throws GeneratorExit into the call; it must leave
+    (a coroutine that ignores GeneratorExit makes close() raise RuntimeError)."""
+    started = asyncio.Event()
+
+    @tool
+    async def waits() -> str:
+        """Waits until closed."""
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    coro = Dispatcher(ToolRegistry([waits])).acall(ToolCall("waits", {}))
+    task = asyncio.ensure_future(coro)
+    await started.wait()
+    coro.close()  # raises RuntimeError if the GeneratorExit was swallowed
+    task.cancel()
+    with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+        await task
+
+
+@tool
+def fails() -> None:
+    """Raises a plain exception."""
+    raise KeyError("missing key")
+
+
+@tool
+def plain(x: int) -> int:
+    """Returns x."""
+    return x
+
+
+REGISTRY = ToolRegistry([fails, plain])
+
+
+def test_a_tool_exception_reads_type_and_message_and_is_kept() -> None:
+    (outcome,) = Dispatcher(REGISTRY).run([[ToolCall("fails", {})]])
+    (result,) = outcome.results
+    assert result.error == "KeyError: 'missing key'"
+    assert isinstance(result.exception, KeyError)
+    # the exception is for debugging: not compared, not in repr, not serialised
+    twin = CallResult(**{**result.to_dict(), "exception": None})
+    assert twin == result
+    assert "exception=" not in repr(result)
+    assert "exception" not in result.to_dict()
+
+
+def test_a_library_bug_is_logged_with_its_traceback_and_answered(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fault injection: lookup of the tool (our code) breaks."""
+
+    def broken_get(self: ToolRegistry, name: str) -> None:
+        raise AttributeError("registry bug")
+
+    monkeypatch.setattr(ToolRegistry, "get", broken_get)
+    with caplog.at_level(logging.ERROR, logger="toolservices.dispatch"):
+        (outcome,) = Dispatcher(REGISTRY).run([[ToolCall("plain", {"x": 1})]])
+    (result,) = outcome.results
+    assert result.error_kind == "internal" and isinstance(result.exception, AttributeError)
+    assert result.error is not None and "internal error in toolservices" in result.error
+    assert "AttributeError: registry bug" in result.error
+    (record,) = caplog.records
+    assert record.exc_info is not None and record.exc_info[1] is result.exception
+
+
+def test_a_bug_while_dispatching_an_item_still_answers_every_call(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fault injection: building the item's metrics (our code) breaks after the calls ran."""
+
+    def broken(cls: type[StepMetrics], results: list[CallResult]) -> StepMetrics:
+        if results and results[0].error_kind != "internal":
+            raise ZeroDivisionError("metrics bug")
+        return StepMetrics(calls=len(results), failed_calls=len(results))
+
+    monkeypatch.setattr(StepMetrics, "from_results", classmethod(broken))
+    parse = ParseResult(
+        calls=[ToolCall("plain", {"x": 1}), ToolCall("plain", {"x": 2})],
+        errors=[ParseError("bad call")],
+    )
+    with caplog.at_level(logging.ERROR, logger="toolservices.dispatch"):
+        good, bad = Dispatcher(REGISTRY).run([[], parse])
+    assert good.results == []
+    kinds = [r.error_kind for r in bad.results]
+    assert kinds == ["internal", "internal", "parse_error"]
+    assert all(r.error and "metrics bug" in r.error for r in bad.results[:2])
+    assert len({r.call_id for r in bad.results}) == 3
+    assert any(r.exc_info for r in caplog.records)
+
+
+def test_call_ids_are_derived_once_and_match_the_parsers() -> None:
+    """A call without an id gets the id a parser would have given it."""
+    from toolservices.parsing import make_call_id
+
+    calls = [ToolCall("plain", {"x": 1}, raw="<raw>"), ToolCall("plain", {"x": 1})]
+    (outcome,) = Dispatcher(REGISTRY).run([calls])
+    assert outcome.results[0].call_id == make_call_id(0, "plain", {"x": 1}, raw="<raw>")
+    assert outcome.results[1].call_id == make_call_id(1, "plain", {"x": 1})

@@ -1,0 +1,231 @@
+"""Issue 10: nothing a tool does may wedge the process or escape a step.
+
+A tool that exits, interrupts, raises any ``BaseException``, raises an
+exception that cannot be printed, or returns a value that cannot be shown as
+text gets one failed result; the shared background loop keeps serving every
+later sync call, and a batch is never left half-updated.
+
+Each sync call runs under :func:`returns`, which fails the test if the call
+does not come back (before the fix it never did) instead of hanging until
+the per-test timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from toolservices import Dispatcher, ToolCall, ToolEnv, ToolRegistry, tool
+from toolservices.dispatch import CallResult, render_tool_results, to_openai_messages
+
+T = TypeVar("T")
+
+
+def returns(fn: Callable[[], T], *, within: float = 60.0) -> T:
+    """``fn()`` run in a helper thread; fails the test if it has not returned in time.
+
+    The bound is only the hang detector: a working call returns in milliseconds.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(within)
+    if thread.is_alive():
+        pytest.fail(f"the call did not return within {within:g} s: the process is wedged")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class Custom(BaseException):
+    """A BaseException subclass that is neither an exit nor an interrupt."""
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class NoStr:
+    def __str__(self) -> str:
+        raise ValueError("str() refused")
+
+    def __repr__(self) -> str:
+        raise ValueError("repr() refused")
+
+
+def _deep(depth: int = 100_000) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+RAISED: dict[str, Callable[[], BaseException]] = {
+    "SystemExit": lambda: SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "Custom": lambda: Custom("custom base"),
+    "GeneratorExit": GeneratorExit,
+    "CancelledError": asyncio.CancelledError,
+    "Unprintable": Unprintable,
+}
+
+
+@tool
+def sync_raise(kind: str) -> str:
+    """Raise the named exception from a worker thread."""
+    if kind == "exit":
+        sys.exit(3)
+    raise RAISED[kind]()
+
+
+@tool
+async def async_raise(kind: str) -> str:
+    """Raise the named exception on the event loop."""
+    if kind == "exit":
+        sys.exit(3)
+    raise RAISED[kind]()
+
+
+@tool
+def sync_return(kind: str) -> Any:
+    """Return a value that cannot be shown as text."""
+    return NoStr() if kind == "nostr" else _deep()
+
+
+@tool
+async def async_return(kind: str) -> Any:
+    """Return a value that cannot be shown as text, from async code."""
+    return NoStr() if kind == "nostr" else _deep()
+
+
+@tool
+def ok() -> str:
+    """Works."""
+    return "fine"
+
+
+REGISTRY = ToolRegistry([sync_raise, async_raise, sync_return, async_return, ok])
+KINDS = ["exit", *RAISED]
+
+
+def _still_working() -> None:
+    """Every kind of later sync call still answers (the loop thread is alive)."""
+    (outcome,) = returns(lambda: Dispatcher(REGISTRY).run([[ToolCall("ok", {})]]))
+    assert outcome.results[0].ok and outcome.results[0].value == "fine"
+
+
+@pytest.mark.parametrize("name", ["sync_raise", "async_raise"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_exception_from_a_tool_is_a_failed_call(name: str, kind: str) -> None:
+    calls = [ToolCall(name, {"kind": kind}), ToolCall("ok", {})]
+    (outcome,) = returns(lambda: Dispatcher(REGISTRY).run([calls]))
+    failed, after = outcome.results
+    assert not failed.ok and failed.error_kind == "tool_failed"
+    expected = "SystemExit" if kind == "exit" else kind
+    assert failed.error is not None and failed.error.startswith(expected)
+    assert type(failed.exception).__name__ == expected
+    assert after.ok, "the call after the failed one must still run"
+    _still_working()
+
+
+def test_an_unprintable_exception_still_reads() -> None:
+    (outcome,) = returns(
+        lambda: Dispatcher(REGISTRY).run([[ToolCall("sync_raise", {"kind": "Unprintable"})]])
+    )
+    assert outcome.results[0].error == "Unprintable: <str() of the exception failed: RuntimeError>"
+
+
+@pytest.mark.parametrize("name", ["sync_return", "async_return"])
+@pytest.mark.parametrize(("kind", "cause"), [("nostr", "ValueError"), ("deep", "RecursionError")])
+def test_a_value_that_cannot_be_text_is_a_failed_call(name: str, kind: str, cause: str) -> None:
+    (outcome,) = returns(lambda: Dispatcher(REGISTRY).run([[ToolCall(name, {"kind": kind})]]))
+    (result,) = outcome.results
+    assert not result.ok and result.error_kind == "tool_failed"
+    assert result.error is not None and "cannot be shown as text" in result.error
+    assert cause in result.error
+    # every renderer reads it without raising
+    assert render_tool_results(outcome.results)
+    assert to_openai_messages(outcome.results)[0]["content"].startswith("Error: ")
+    _still_working()
+
+
+def test_renderers_survive_a_result_built_by_hand() -> None:
+    """A CallResult not made by the dispatcher (no text yet) still renders."""
+    result = CallResult(tool="t", call_id="c", ok=True, value=NoStr())
+    assert "cannot be shown as text" in result.content
+    assert "cannot be shown as text" in render_tool_results([result])
+
+
+@pytest.mark.parametrize("result_format", ["openai", "tool_results"])
+def test_tool_env_stays_consistent_whatever_the_tools_do(result_format: Any) -> None:
+    """Every assistant turn with calls is followed by its tool message(s), every step."""
+    cases = [("sync_raise", k) for k in KINDS] + [("async_raise", k) for k in KINDS]
+    cases += [(n, k) for n in ("sync_return", "async_return") for k in ("nostr", "deep")]
+    env = ToolEnv(REGISTRY, parser="hermes", max_turns=2, result_format=result_format)
+    env.reset(["go"] * len(cases))
+    responses = [
+        f'<tool_call>\n{{"name": "{name}", "arguments": {{"kind": "{kind}"}}}}\n</tool_call>'
+        for name, kind in cases
+    ]
+    step = returns(lambda: env.step(responses))
+    for i, conversation in enumerate(env.messages):
+        assert [m["role"] for m in conversation] == ["user", "assistant", "tool"], cases[i]
+        assert step.metrics[i].failed_calls == 1, cases[i]
+        assert not step.done[i]
+        content = conversation[-1]["content"]
+        assert isinstance(content, str) and content, cases[i]
+    # and the next step of the same env works
+    answer = returns(lambda: env.step(["done"] * len(cases)))
+    assert all(answer.done)
+    _still_working()
+
+
+def test_a_coroutine_given_to_the_portal_that_exits_does_not_stop_the_loop() -> None:
+    from toolservices._portal import run_sync
+
+    async def leave() -> None:
+        raise SystemExit(5)
+
+    with pytest.raises(SystemExit):
+        returns(lambda: run_sync(leave))
+    _still_working()
+
+
+def test_a_task_on_the_loop_that_interrupts_does_not_stop_the_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not every task on the shared loop comes through run_sync: one started
+    directly on it that raises KeyboardInterrupt is logged, and the loop lives."""
+    from toolservices._portal import get_loop
+
+    async def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    loop = get_loop()
+    done = threading.Event()
+
+    def finished(task: asyncio.Task[None]) -> None:
+        assert isinstance(task.exception(), KeyboardInterrupt)
+        done.set()
+
+    def start() -> None:
+        loop.create_task(interrupt()).add_done_callback(finished)
+
+    with caplog.at_level("ERROR", logger="toolservices.portal"):
+        loop.call_soon_threadsafe(start)
+        assert done.wait(30)
+        _still_working()
+    assert any("KeyboardInterrupt escaped" in r.getMessage() for r in caplog.records)
