@@ -51,6 +51,34 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--path", default="/mcp", help="HTTP endpoint path")
     serve.add_argument("--pool-size", type=int, default=4, help="Python calls running at once")
     serve.add_argument("--timeout", type=float, default=10.0, help="seconds per Python call")
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=64,
+        help="Python sessions open at once, over all clients (default 64); beyond it a call "
+        "that would open one is refused with a message to the model",
+    )
+    serve.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds after which an unused Python session (and an idle HTTP MCP session) "
+        "is closed (default 1800; 0 = never)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest HTTP request body (default 4194304); larger ones get HTTP 413 with a "
+        "JSON-RPC error saying so",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=5.0,
+        help="on SIGINT/SIGTERM, seconds calls in flight may still finish before they are "
+        "cancelled (default 5)",
+    )
     return parser
 
 
@@ -103,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             path=args.path,
             pool_size=args.pool_size,
             timeout=args.timeout,
+            max_sessions=args.max_sessions,
+            session_idle_timeout=args.session_idle_timeout or None,
+            max_request_bytes=args.max_request_bytes,
+            shutdown_grace=args.shutdown_grace,
         )
     raise AssertionError(f"unhandled command {args.command}")
 

@@ -1,23 +1,177 @@
-"""The sandboxed Python executor as MCP-servable tools, and the ``serve --mcp`` entry point."""
+"""The sandboxed Python executor as MCP-servable tools, and the ``serve --mcp`` entry point.
+
+Python sessions belong to the MCP connection that opened them: two clients
+that both say ``session_id="a"`` get two interpreters, and neither can close
+the other's. A connection's sessions are closed when it ends (HTTP: the
+client's DELETE or the session's expiry; stdio: the process exits with its
+client), a session unused for ``idle_timeout`` seconds is closed, and at most
+``max_sessions`` are open at once (beyond that a call is refused with a
+message the model can act on; nothing is evicted behind a client's back).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+from collections import OrderedDict
 from types import FrameType
 from typing import Any
 
-from toolservices.mcp._server import Transport, _announce, serve
+import anyio
+
+from toolservices.errors import ToolError, UserError
+from toolservices.mcp._server import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_SHUTDOWN_GRACE,
+    Transport,
+    _announce,
+    current_connection,
+    serve,
+)
 from toolservices.tools import FunctionTool, Tool
 
-__all__ = ["python_tools", "serve_main"]
+__all__ = ["PythonSessions", "python_tools", "serve_main"]
 
 logger = logging.getLogger(__name__)
 
+#: Default of ``max_sessions``: Python sessions open at once, over all clients.
+DEFAULT_MAX_SESSIONS = 64
+#: How many idle-expired sessions are remembered (their next call says the state is gone).
+EXPIRED_MEMORY = 4096
 
-def python_tools(executor: Any) -> list[Tool]:
-    """``python_execute`` and ``python_close_session`` tools over a PythonExecutorService."""
+_Key = tuple[str, str]  # (MCP connection, the client's session_id)
+
+
+class PythonSessions:
+    """The executor's sessions, scoped to MCP connections (see the module docstring)."""
+
+    def __init__(
+        self,
+        executor: Any,
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+    ) -> None:
+        if max_sessions < 1:
+            raise UserError(f"max_sessions must be at least 1, got {max_sessions}")
+        if idle_timeout is not None and not 0 < idle_timeout < math.inf:
+            raise UserError(f"idle_timeout must be positive or None, got {idle_timeout}")
+        self.executor = executor
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self._last_used: dict[_Key, float] = {}  # open sessions (loop time of their last call)
+        self._busy: dict[_Key, int] = {}  # calls running per session: never expired meanwhile
+        self._expired: OrderedDict[_Key, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last_used)
+
+    async def execute(self, code: str, session_id: str | None) -> dict[str, Any]:
+        """Run ``code`` in the caller's session ``session_id`` (or a fresh interpreter)."""
+        if session_id is None:
+            return dict(await self.executor.aexecute(code))
+        key = _key(session_id)
+        if key not in self._last_used:
+            if len(self._last_used) >= self.max_sessions:
+                raise ToolError(
+                    f"Too many Python sessions are open (the limit is {self.max_sessions}); "
+                    f"session {session_id!r} was not started. Close a session you no longer "
+                    "need with python_close_session, or call python_execute without a "
+                    "session_id for a one-off run."
+                )
+            self._last_used[key] = anyio.current_time()
+        self._busy[key] = self._busy.get(key, 0) + 1
+        try:
+            result = await self.executor.aexecute(code, session_id=_executor_id(key))
+        finally:
+            self._busy[key] -= 1
+            if not self._busy[key]:
+                del self._busy[key]
+            if key in self._last_used:  # unless closed meanwhile
+                self._last_used[key] = anyio.current_time()
+        data = dict(result)  # ExecResult is a JSON-ready Mapping
+        data["session_id"] = session_id
+        if key in self._expired:
+            del self._expired[key]
+            data["restarted"] = True
+            data["notice"] = (
+                f"Python session {session_id!r} was closed after {self.idle_timeout:g} s "
+                "without calls; this call ran in a new interpreter (earlier variables and "
+                "imports are gone)."
+            )
+        return data
+
+    async def close(self, session_id: str) -> bool:
+        """Close the caller's session ``session_id``; whether it was open."""
+        key = _key(session_id)
+        self._expired.pop(key, None)
+        if self._last_used.pop(key, None) is None:
+            return False
+        await self.executor.aclose_session(_executor_id(key))
+        return True
+
+    async def release(self, connection: str) -> None:
+        """Close every session of ``connection`` (its client has gone)."""
+        keys = [key for key in self._last_used if key[0] == connection]
+        for key in [k for k in self._expired if k[0] == connection]:
+            del self._expired[key]
+        for key in keys:
+            del self._last_used[key]
+        if keys:
+            logger.info("closing %d Python session(s) of ended MCP session", len(keys))
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(self.executor.aclose_session, _executor_id(key))
+
+    async def expire_idle(self) -> None:
+        """Close sessions idle for ``idle_timeout`` seconds, forever (run it in the background)."""
+        if self.idle_timeout is None:
+            await anyio.sleep_forever()
+            return
+        limit = self.idle_timeout
+        while True:
+            now = anyio.current_time()
+            due = [
+                key
+                for key, used in self._last_used.items()
+                if key not in self._busy and now - used >= limit
+            ]
+            for key in due:
+                del self._last_used[key]
+                self._expired[key] = None
+                while len(self._expired) > EXPIRED_MEMORY:
+                    self._expired.popitem(last=False)
+                await self.executor.aclose_session(_executor_id(key))
+            # The next expiry can be no earlier than the oldest idle session's; a
+            # session opened or used from now on expires later than now + limit.
+            idle = [used for key, used in self._last_used.items() if key not in self._busy]
+            await anyio.sleep(max(0.0, min(idle, default=now) + limit - anyio.current_time()))
+
+
+def _key(session_id: str) -> _Key:
+    connection = current_connection()
+    if connection is None:
+        raise ToolError(
+            "session_id needs an MCP session, and this request came without one "
+            "(stateless HTTP): call python_execute without a session_id."
+        )
+    return connection, str(session_id)
+
+
+def _executor_id(key: _Key) -> str:
+    # MCP session ids are visible ASCII and contain no "/", so the split is unambiguous.
+    return f"{key[0]}/{key[1]}"
+
+
+def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> list[Tool]:
+    """``python_execute`` and ``python_close_session`` tools over a PythonExecutorService.
+
+    ``sessions`` scopes and limits the sessions (a default :class:`PythonSessions`).
+    """
+    scoped = sessions if sessions is not None else PythonSessions(executor)
 
     async def python_execute(code: str, session_id: str | None = None) -> dict[str, Any]:
         """Run Python code in a sandboxed interpreter; return success, stdout and stderr.
@@ -25,15 +179,19 @@ def python_tools(executor: Any) -> list[Tool]:
         Give the same session_id on later calls to keep variables and imports
         between them; without one, the code runs in a fresh interpreter.
         """
-        result = await executor.aexecute(code, session_id=session_id)
-        return dict(result)  # ExecResult is a JSON-ready Mapping
+        return await scoped.execute(code, session_id)
 
     async def python_close_session(session_id: str) -> str:
         """Close a Python session and free its interpreter (its variables are lost)."""
-        await executor.aclose_session(session_id)
-        return f"Session {session_id} closed"
+        if await scoped.close(session_id):
+            return f"Session {session_id} closed"
+        return f"Session {session_id} was not open (nothing to close)"
 
     return [FunctionTool(python_execute), FunctionTool(python_close_session)]
+
+
+class _Terminated(BaseException):
+    """SIGTERM before the server took over the signals (startup)."""
 
 
 def serve_main(
@@ -44,39 +202,61 @@ def serve_main(
     path: str = "/mcp",
     pool_size: int = 4,
     timeout: float = 10.0,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
 ) -> int:
     """``toolservices serve --mcp``: the sandboxed Python executor as an MCP server.
 
-    Blocks until the client disconnects (stdio) or SIGINT/SIGTERM (HTTP);
-    the executor's interpreters are shut down on the way out.
+    Serves until the client disconnects (stdio) or SIGINT/SIGTERM (drained,
+    see :func:`~toolservices.mcp.aserve`); the executor's interpreters are shut
+    down on the way out. Returns the exit status (0).
     """
     from toolservices.python import PythonExecutorService
 
-    executor = PythonExecutorService(pool_size=pool_size, timeout=timeout)
-    # SIGTERM must unwind through the finally below: the interpreters live in
-    # their own process groups and would outlive a default-handled SIGTERM.
-    # (uvicorn re-raises the signal to this handler after its graceful stop.)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    executor = PythonExecutorService(
+        pool_size=pool_size, timeout=timeout, max_sessions=max(max_sessions, pool_size)
+    )
+    sessions = PythonSessions(
+        executor, max_sessions=max_sessions, idle_timeout=session_idle_timeout
+    )
+    main = threading.current_thread() is threading.main_thread()
+    previous: dict[int, Any] = {}
+    if main:
+        # Until aserve owns the signals (and after): unwind through the finally
+        # below; the interpreters live in their own process groups and would
+        # outlive a default-handled SIGTERM.
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
     try:
         serve(
-            python_tools(executor),
+            python_tools(executor, sessions=sessions),
             transport=transport,
             host=host,
             port=port,
             path=path,
             name="toolservices-python",
             on_ready=_announce,
+            max_request_bytes=max_request_bytes,
+            session_idle_timeout=session_idle_timeout,
+            shutdown_grace=shutdown_grace,
+            on_disconnect=sessions.release,
+            background=sessions.expire_idle,
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         logger.info("interrupted")
     finally:
-        executor.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if main:  # closing is bounded; a repeated signal must not cut it short
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous.setdefault(sig, signal.getsignal(sig))
+                signal.signal(sig, signal.SIG_IGN)
+        try:
+            executor.close()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     return 0
 
 
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated

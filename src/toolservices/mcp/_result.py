@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import mcp.types as mt
 
-__all__ = ["ContentPart", "MCPResult"]
+__all__ = ["ContentPart", "MCPResult", "escape_result", "escape_text"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +76,8 @@ class MCPResult:
 
     @classmethod
     def from_mcp(cls, server: str, tool: str, result: mt.CallToolResult) -> MCPResult:
-        """Convert the SDK's result model."""
+        """Convert the SDK's result model (lone surrogates escaped: :func:`escape_result`)."""
+        result = escape_result(result)
         return cls(
             server=server,
             tool=tool,
@@ -104,3 +107,52 @@ def _part(block: Any) -> ContentPart:
     if isinstance(block, mt.ResourceLink):
         return ContentPart(type=kind, uri=str(block.uri), mime_type=block.mime_type, raw=raw)
     return ContentPart(type=kind, raw=raw)
+
+
+# --- invalid Unicode -------------------------------------------------------------------
+
+
+def escape_text(text: str) -> str:
+    """``text`` with lone surrogates written as ``\\udXXX`` escapes (else unchanged).
+
+    A Python string can hold them (``chr(0xd800)``, a JSON ``"\\ud800"``), UTF-8
+    cannot: serialising such a result fails mid-write (a stdio server then stops
+    answering). This is the escape the executor already applies to output.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def escape_value(value: T) -> T:
+    """``value`` with :func:`escape_text` applied to every string in it, keys included.
+
+    Returns ``value`` itself when nothing needed escaping.
+    """
+    if isinstance(value, str):
+        return escape_text(value)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        pairs = [(k, v, escape_value(k), escape_value(v)) for k, v in value.items()]
+        if all(k is ck and v is cv for k, v, ck, cv in pairs):
+            return value
+        return {ck: cv for _, _, ck, cv in pairs}  # type: ignore[return-value]
+    if isinstance(value, (list, tuple)):
+        items = [escape_value(v) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return type(value)(items) if isinstance(value, tuple) else items  # type: ignore[return-value]
+    return value
+
+
+def escape_result(result: mt.CallToolResult) -> mt.CallToolResult:
+    """The whole result (text, structured content, resources, metadata) with every
+    string passed through :func:`escape_text`; ``result`` itself if nothing changed."""
+    dumped = result.model_dump(by_alias=True, exclude_unset=True)
+    cleaned = escape_value(dumped)
+    if cleaned is dumped:
+        return result
+    return mt.CallToolResult.model_validate(cleaned)

@@ -3,16 +3,24 @@
 Tools keep their names, descriptions and JSON Schemas. A tool's failure
 (bad arguments, an exception, a timeout) becomes an ``isError`` result the
 client's model can read; an unknown tool name is the JSON-RPC ``-32602``
-error both MCP spec revisions ask for.
+error both MCP spec revisions ask for. Every string of every answer is valid
+Unicode (lone surrogates are escaped): one bad string must not break the wire.
+
+Shutdown (SIGINT/SIGTERM, or cancelling :func:`aserve`) is a drain: new calls
+are refused, calls in flight get ``shutdown_grace`` seconds to finish and are
+then cancelled with an ``isError`` result, every call received is answered,
+and only then does the transport close.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import signal
-import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import anyio
@@ -20,16 +28,96 @@ import mcp.types as mt
 from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 
 from toolservices.dispatch import Dispatcher
 from toolservices.errors import UserError
+from toolservices.mcp._result import escape_result, escape_text
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import Tool, ToolRegistry
 
-__all__ = ["aserve", "build_server", "serve"]
+__all__ = ["aserve", "build_server", "current_connection", "serve"]
 
 Transport = Literal["stdio", "http"]
+
+#: Default of ``max_request_bytes``: the MCP SDK's own limit of an HTTP request body.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: Default of ``session_idle_timeout``: the MCP SDK's idle limit of an HTTP session.
+DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
+#: Default of ``shutdown_grace``: how long calls in flight may finish after SIGINT/SIGTERM.
+DEFAULT_SHUTDOWN_GRACE = 5.0
+#: What a call cancelled by a shutdown answers.
+SHUTDOWN_CANCELLED = (
+    "The server shut down before this call finished; it was cancelled "
+    "(anything it did before that may have happened)."
+)
+#: What a call that arrives during a shutdown answers.
+SHUTDOWN_REFUSED = "The server is shutting down; the call was not run."
+
+_CONNECTION: ContextVar[str | None] = ContextVar("toolservices_mcp_connection", default=None)
+
+
+def current_connection() -> str | None:
+    """Which MCP connection the running tool call came on.
+
+    Over HTTP the MCP session id (``Mcp-Session-Id``), on stdio ``"stdio"``
+    (one process, one client), ``None`` for a request without a session
+    (stateless HTTP) or outside a call. Tools use it to keep per-client state
+    apart.
+    """
+    return _CONNECTION.get()
+
+
+class _Calls:
+    """The ``tools/call`` requests being served, so that a shutdown can drain them."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._scopes: set[anyio.CancelScope] = set()
+        self._settled: anyio.Event | None = None
+
+    def open(self) -> anyio.CancelScope:
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        return scope
+
+    def close(self, scope: anyio.CancelScope) -> None:
+        self._scopes.discard(scope)
+        if not self._scopes and self._settled is not None:
+            self._settled.set()
+
+    def cancel_all(self) -> None:
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def settled(self) -> None:
+        """Return once no call is in flight."""
+        if self._scopes:
+            if self._settled is None or self._settled.is_set():
+                self._settled = anyio.Event()
+            await self._settled.wait()
+
+    async def drain(self, grace: float, hurry: anyio.Event | None = None) -> None:
+        """Refuse new calls, let running ones finish within ``grace`` (or until
+        ``hurry`` is set), then cancel the rest and wait (bounded) for their answers."""
+        self.draining = True
+        with anyio.move_on_after(grace):
+            async with anyio.create_task_group() as tg:
+
+                async def stop_early() -> None:
+                    if hurry is not None:
+                        await hurry.wait()
+                        tg.cancel_scope.cancel()
+
+                tg.start_soon(stop_early)
+                await self.settled()
+                tg.cancel_scope.cancel()
+        self.cancel_all()
+        with anyio.move_on_after(CANCEL_SETTLE_TIMEOUT):
+            await self.settled()
+
+
+#: How long cancelled calls may take to return their answers (they only unwind).
+CANCEL_SETTLE_TIMEOUT = 5.0
 
 
 def build_server(
@@ -44,10 +132,17 @@ def build_server(
     ``tool_timeout`` is the time limit of a call to a tool without its own
     ``timeout`` (as in :class:`~toolservices.Dispatcher`).
     """
+    return _build(tools, name=name, tool_timeout=tool_timeout)[0]
+
+
+def _build(
+    tools: ToolRegistry | Iterable[Any], *, name: str, tool_timeout: float | None
+) -> tuple[Server[Any], _Calls]:
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     # The dispatcher's single-call path: the same validation, time limits and
     # failure text as a rollout's calls. No state: an MCP client has no episode.
     dispatcher = Dispatcher(registry, timeout=tool_timeout, pass_state=False)
+    calls = _Calls()
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: mt.PaginatedRequestParams | None
@@ -61,19 +156,42 @@ def build_server(
             available = ", ".join(registry.names()) or "none"
             raise MCPError(
                 code=mt.INVALID_PARAMS,
-                message=f"Unknown tool: {params.name}. Available tools: {available}",
+                message=escape_text(f"Unknown tool: {params.name}. Available tools: {available}"),
             )
-        outcome = await dispatcher.acall(ToolCall(params.name, dict(params.arguments or {})))
+        if calls.draining:
+            return _error(SHUTDOWN_REFUSED)
+        token = _CONNECTION.set(_connection_of(ctx))
+        scope = calls.open()
+        try:
+            with scope:
+                outcome = await dispatcher.acall(
+                    ToolCall(params.name, dict(params.arguments or {}))
+                )
+        finally:
+            calls.close(scope)
+            _CONNECTION.reset(token)
+        if scope.cancelled_caught:
+            return _error(SHUTDOWN_CANCELLED)
         if not outcome.ok:
-            return _error(outcome.error or "unknown error")
-        return _result(outcome.value)
+            return escape_result(_error(outcome.error or "unknown error"))
+        return escape_result(_result(outcome.value))
 
-    return Server(
+    server: Server[Any] = Server(
         name,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         get_tool_input_schema=lambda n: _schema(registry.get(n)) if n in registry else None,
     )
+    return server, calls
+
+
+def _connection_of(ctx: ServerRequestContext[Any]) -> str | None:
+    """The request's MCP session id over HTTP, else what the transport set (``"stdio"``)."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is not None:
+        session = headers.get("mcp-session-id")
+        return str(session) if session else None
+    return _CONNECTION.get()
 
 
 def _schema(tool: Tool) -> dict[str, Any]:
@@ -111,79 +229,81 @@ async def aserve(
     name: str = "toolservices",
     tool_timeout: float | None = None,
     on_ready: Callable[[str], None] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+    on_disconnect: Callable[[str], Awaitable[None]] | None = None,
+    background: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
-    """Serve ``tools`` until the client leaves (stdio) or SIGINT/SIGTERM arrives.
+    """Serve ``tools`` until the client leaves (stdio), SIGINT/SIGTERM arrives or the
+    caller cancels; then drain (see the module docstring) and return.
 
     ``port=0`` picks a free port; ``on_ready`` receives ``"stdio"`` or the
-    server's URL once it accepts connections.
+    server's URL once it accepts connections. HTTP only: ``max_request_bytes``
+    caps a request body (beyond it: HTTP 413 with a JSON-RPC error saying so);
+    an MCP session without any request for ``session_idle_timeout`` seconds is
+    ended (``None``: never). ``on_disconnect(connection)`` runs when an HTTP
+    client ends its MCP session (DELETE) or the session is found expired (see
+    :func:`current_connection`); ``background()`` runs while serving and is
+    cancelled at shutdown. Signals are handled only in the main thread.
     """
-    server = build_server(tools, name=name, tool_timeout=tool_timeout)
-    if transport == "stdio":
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
-            async with stdio_server() as (read, write):
-                if on_ready is not None:
-                    on_ready("stdio")
-                await server.run(read, write, server.create_initialization_options())
-            tg.cancel_scope.cancel()
-        return
-    if transport != "http":
+    if transport not in ("stdio", "http"):
         raise UserError(f"Unknown MCP transport {transport!r}; valid: 'stdio', 'http'")
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        netloc = f"[{host}]" if ":" in host else host
-        url = f"http://{netloc}:{sock.getsockname()[1]}{path}"
-        app = server.streamable_http_app(streamable_http_path=path, host=host)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
-        http = uvicorn.Server(config)
-        if on_ready is not None:
-            # uvicorn listens on the socket as soon as serve() starts.
-            sock.listen(128)
-            on_ready(url)
-        await _serve_http(http, sock)
-    finally:
-        sock.close()
-
-
-#: How long a cancelled :func:`aserve` lets uvicorn finish its graceful stop.
-HTTP_STOP_GRACE = 10.0
-
-
-async def _serve_http(http: Any, sock: socket.socket) -> None:
-    """Run uvicorn until it stops itself (it handles SIGINT/SIGTERM) or we are cancelled.
-
-    A cancellation asks for uvicorn's own graceful stop, bounded by
-    :data:`HTTP_STOP_GRACE`, instead of tearing the server down mid-lifespan
-    (which aborts in-flight requests and logs the lifespan's traceback).
-    """
-    stopped = anyio.Event()
-    scope = anyio.CancelScope(shield=True)
-
-    async def run() -> None:
-        try:
-            with scope:
-                await http.serve(sockets=[sock])
-        finally:
-            stopped.set()
-
+    if max_request_bytes < 1:
+        raise UserError(f"max_request_bytes must be positive, got {max_request_bytes}")
+    if session_idle_timeout is not None and not 0 < session_idle_timeout < math.inf:
+        raise UserError(
+            f"session_idle_timeout must be positive or None, got {session_idle_timeout}"
+        )
+    if not 0 <= shutdown_grace < math.inf:
+        raise UserError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace}")
+    server, calls = _build(tools, name=name, tool_timeout=tool_timeout)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        try:
-            await stopped.wait()
-        finally:
-            http.should_exit = True
-            scope.deadline = anyio.current_time() + HTTP_STOP_GRACE
+        if background is not None:
+            tg.start_soon(background)
+        if transport == "stdio":
+            from toolservices.mcp._stdio import serve_stdio
+
+            await serve_stdio(
+                server, calls, grace=shutdown_grace, on_ready=on_ready, signals=_signals()
+            )
+        else:
+            from toolservices.mcp._http import serve_http
+
+            await serve_http(
+                server,
+                calls,
+                host=host,
+                port=port,
+                path=path,
+                grace=shutdown_grace,
+                max_request_bytes=max_request_bytes,
+                session_idle_timeout=session_idle_timeout,
+                on_ready=on_ready,
+                on_disconnect=on_disconnect,
+                signals=_signals(),
+            )
+        tg.cancel_scope.cancel()
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
+def _signals() -> tuple[signal.Signals, ...]:
+    """The signals :func:`aserve` drains on: SIGINT and SIGTERM, in the main thread only."""
+    if threading.current_thread() is threading.main_thread():
+        return (signal.SIGINT, signal.SIGTERM)
+    return ()
+
+
+async def wait_for_signals(
+    signals: tuple[signal.Signals, ...], first: anyio.Event, second: anyio.Event
+) -> None:
+    """Set ``first`` on the first of ``signals``, ``second`` on the next (hurry up)."""
+    if not signals:
+        await anyio.sleep_forever()
+    with anyio.open_signal_receiver(*signals) as received:
+        async for _ in received:
+            if first.is_set():
+                second.set()
+            first.set()
 
 
 def serve(
@@ -196,6 +316,11 @@ def serve(
     name: str = "toolservices",
     tool_timeout: float | None = None,
     on_ready: Callable[[str], None] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+    on_disconnect: Callable[[str], Awaitable[None]] | None = None,
+    background: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Blocking :func:`aserve` (runs its own event loop; call from the main thread)."""
     anyio.run(
@@ -208,6 +333,11 @@ def serve(
             name=name,
             tool_timeout=tool_timeout,
             on_ready=on_ready,
+            max_request_bytes=max_request_bytes,
+            session_idle_timeout=session_idle_timeout,
+            shutdown_grace=shutdown_grace,
+            on_disconnect=on_disconnect,
+            background=background,
         )
     )
 

@@ -1,0 +1,195 @@
+"""Serving over stdio with a drain on SIGINT/SIGTERM.
+
+Two things the SDK's ``stdio_server`` does not do for us:
+
+* its stdin reader blocks a worker thread that only a line or EOF frees, so a
+  signalled server waited for its client to close stdin; we hand it a reader
+  that waits for readability on the event loop instead (cancellable);
+* ending the session early must not lose answers: requests are counted on
+  the way in and their answers on the way out, and the server is given EOF
+  only once every request received has been answered (or the drain's bound
+  has passed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import mcp.types as mt
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+
+from toolservices.mcp._server import (
+    _CONNECTION,
+    CANCEL_SETTLE_TIMEOUT,
+    _Calls,
+    wait_for_signals,
+)
+
+__all__ = ["serve_stdio"]
+
+#: How long a drained server waits for the answers of requests other than tool calls.
+ANSWER_TIMEOUT = 5.0
+
+
+class _Lines:
+    """The client's lines from a private copy of fd 0, read when the loop says it is readable.
+
+    One ``os.read`` after readability never blocks on a pipe, socket or tty,
+    so the file description's flags stay untouched.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+        self._eof = False
+        self._stopped = False
+        self._waiting: anyio.CancelScope | None = None
+
+    def stop(self) -> None:
+        """End the lines now (the SDK's reader task then finishes)."""
+        self._stopped = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0 or (self._eof and self._buffer):
+                cut = end + 1 if end >= 0 else len(self._buffer)
+                line = bytes(self._buffer[:cut])
+                del self._buffer[:cut]
+                return line.decode("utf-8", "replace")
+            if self._eof or self._stopped:
+                raise StopAsyncIteration
+            with anyio.CancelScope() as self._waiting:
+                await anyio.wait_readable(self._fd)
+            self._waiting = None
+            if self._stopped:
+                raise StopAsyncIteration
+            chunk = os.read(self._fd, 1 << 16)
+            if chunk:
+                self._buffer += chunk
+            else:
+                self._eof = True
+
+
+@contextlib.contextmanager
+def _claimed_stdin() -> Iterator[_Lines | None]:
+    """fd 0 moved to a private descriptor (fd 0 reads /dev/null meanwhile, so
+    children cannot eat the protocol), or ``None`` when stdin is a regular file
+    (not pollable: the SDK's own reader is used)."""
+    try:
+        if stat.S_ISREG(os.fstat(0).st_mode):
+            yield None
+            return
+    except OSError:
+        yield None
+        return
+    private = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        yield _Lines(private)
+    finally:
+        os.dup2(private, 0)
+        os.close(private)
+
+
+class _Answers:
+    """Ids of the requests received and not yet answered."""
+
+    def __init__(self) -> None:
+        self._pending: set[Any] = set()
+        self._done: anyio.Event | None = None
+
+    def received(self, item: SessionMessage | Exception) -> None:
+        if isinstance(item, SessionMessage) and isinstance(item.message, mt.JSONRPCRequest):
+            self._pending.add(item.message.id)
+
+    def sent(self, item: SessionMessage) -> None:
+        if isinstance(item.message, (mt.JSONRPCResponse, mt.JSONRPCError)):
+            self._pending.discard(item.message.id)
+            if not self._pending and self._done is not None:
+                self._done.set()
+
+    async def all_sent(self) -> None:
+        if self._pending:
+            if self._done is None or self._done.is_set():
+                self._done = anyio.Event()
+            await self._done.wait()
+
+
+async def serve_stdio(
+    server: Server[Any],
+    calls: _Calls,
+    *,
+    grace: float,
+    on_ready: Callable[[str], None] | None,
+    signals: tuple[signal.Signals, ...],
+) -> None:
+    """Serve one client on stdin/stdout until it leaves or a signal asks to stop."""
+    _CONNECTION.set("stdio")  # inherited by every handler task of this connection
+    answers = _Answers()
+    into_send, into_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    with _claimed_stdin() as lines:
+        async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
+            if on_ready is not None:
+                on_ready("stdio")
+            async with anyio.create_task_group() as tg:
+                inbound = anyio.CancelScope()
+                tg.start_soon(_pump_in, read, into_send, answers, inbound)
+                tg.start_soon(_pump_out, out_recv, write, answers)
+                first, second = anyio.Event(), anyio.Event()
+                tg.start_soon(wait_for_signals, signals, first, second)
+
+                async def drain_on_signal() -> None:
+                    await first.wait()
+                    await calls.drain(grace, second)
+                    with anyio.move_on_after(ANSWER_TIMEOUT):
+                        await answers.all_sent()
+                    inbound.cancel()  # the server sees EOF and ends its session
+
+                tg.start_soon(drain_on_signal)
+                await server.run(into_recv, out_send, server.create_initialization_options())
+                tg.cancel_scope.cancel()
+            if lines is not None:
+                lines.stop()
+
+
+async def _pump_in(
+    source: Any,
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    answers: _Answers,
+    scope: anyio.CancelScope,
+) -> None:
+    async with sink:
+        with scope:
+            async for item in source:
+                answers.received(item)
+                await sink.send(item)
+
+
+async def _pump_out(
+    source: MemoryObjectReceiveStream[SessionMessage],
+    sink: Any,
+    answers: _Answers,
+) -> None:
+    async with sink:
+        async for item in source:
+            with anyio.move_on_after(CANCEL_SETTLE_TIMEOUT, shield=True):
+                await sink.send(item)
+            answers.sent(item)
