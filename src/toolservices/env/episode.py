@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from toolservices.dispatch import (
+    CallResult,
     Dispatcher,
     EpisodeMetrics,
     ItemResult,
@@ -42,6 +43,7 @@ __all__ = [
     "Message",
     "ResultFormat",
     "check_limits",
+    "render_messages",
     "resolve_parser",
     "shared_limiter",
 ]
@@ -232,11 +234,7 @@ class Episode:
 
     def render(self, outcome: ItemResult) -> list[Message]:
         """The tool messages for ``outcome`` in this episode's ``result_format``."""
-        if not outcome.results:
-            return []
-        if self.result_format == "tool_results":
-            return [{"role": "tool", "content": render_tool_results(outcome.results)}]
-        return to_openai_messages(outcome.results)
+        return render_messages(outcome.results, self.result_format)
 
     def _call_state(self) -> dict[str, Any]:
         """The standard ``_state`` entries (over the user's ``state``) for the next turn."""
@@ -339,6 +337,16 @@ class Episode:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def render_messages(results: Sequence[CallResult], result_format: ResultFormat) -> list[Message]:
+    """Tool messages for one turn's results: one per call (``openai``, with its
+    ``tool_call_id``) or one ``<tool_results>`` block (``tool_results``)."""
+    if not results:
+        return []
+    if result_format == "tool_results":
+        return [{"role": "tool", "content": render_tool_results(results)}]
+    return to_openai_messages(results)
 
 
 def check_limits(max_turns: int | None, max_failed_turns: int | None, result_format: str) -> None:

@@ -8,6 +8,11 @@ as ``tool`` messages padded with ``<none>``, writes per-item metrics under
 whose calls kept failing. Nothing a tool or a model does raises out of
 ``env.step``.
 
+Each batch item is an :class:`~toolservices.env.Episode` (made fresh when the
+item is reset): turns, the failure streak and the ``_state`` the tools get are
+counted there, as for every other layer of the library. The conversation
+itself stays in TorchRL's ``History``.
+
 TorchRL-style subclasses that only implement
 ``_process_batch_item(content, index) -> list[str] | None`` keep working: that
 hook is run item by item, as TorchRL does.
@@ -25,8 +30,10 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor, Unbounded
 from torchrl.envs.transforms import Transform
 
-from toolservices.dispatch import StepMetrics
+from toolservices.dispatch import ItemResult, StepMetrics
+from toolservices.env.episode import Episode
 from toolservices.errors import UserError
+from toolservices.tools import ToolRegistry
 from toolservices.torchrl._history import ToolMessage, append_tool_messages
 
 __all__ = ["END_REASON_FAILURES", "METRICS_KEY", "ItemOutput", "ToolTransformBase"]
@@ -52,13 +59,6 @@ class ItemOutput:
 
     messages: list[ToolMessage] = field(default_factory=list)
     metrics: StepMetrics = field(default_factory=StepMetrics)
-
-    @property
-    def all_failed(self) -> bool:
-        """True when the item made calls and every one failed or was malformed."""
-        m = self.metrics
-        attempts = m.calls + m.parse_errors
-        return attempts > 0 and m.failed_calls + m.parse_errors >= attempts
 
 
 class ToolTransformBase(Transform):
@@ -92,24 +92,39 @@ class ToolTransformBase(Transform):
         self.metrics_key = metrics_key
         #: Identifies this transform's environment in executor session ids.
         self.env_key = uuid.uuid4().hex[:12]
-        self._failed_turns: list[int] = []
-        self._turns: list[int] = []
+        #: One episode per batch item (turns, failure streak, ``_state``).
+        self._episodes: list[Episode] = []
 
     # -- hooks for subclasses ----------------------------------------------------------
 
-    def _run_batch(
-        self, texts: Sequence[str | None], states: Sequence[dict[str, Any]]
-    ) -> list[ItemOutput]:
+    def _run_batch(self, texts: Sequence[str | None]) -> list[ItemOutput]:
         """Run the calls of every item; ``texts[i]`` is None for items to skip.
 
-        The default runs TorchRL's per-item hook, one item after the other.
+        The default runs TorchRL's per-item hook, one item after the other,
+        and counts each turn on the item's episode.
         """
         outputs = []
-        for text, state in zip(texts, states, strict=True):
-            results = None if text is None else self._process_batch_item(text, state["batch_index"])
+        for i, text in enumerate(texts):
+            results = None if text is None else self._process_batch_item(text, i)
             messages = [ToolMessage(self._format_result(r)) for r in results or ()]
-            outputs.append(ItemOutput(messages=messages, metrics=StepMetrics(calls=len(messages))))
+            output = ItemOutput(messages=messages, metrics=StepMetrics(calls=len(messages)))
+            if text is not None:
+                self._episodes[i].record_turn(ItemResult(metrics=output.metrics))
+            outputs.append(output)
         return outputs
+
+    def _new_episode(self, index: int) -> Episode:
+        """A fresh episode for batch item ``index``; dispatching subclasses give it tools."""
+        return Episode(_NO_TOOLS, parser=_no_calls, **self._episode_options(index))
+
+    def _episode_options(self, index: int) -> dict[str, Any]:
+        """What every item's episode shares: TorchRL's ``ChatEnv`` decides when it ends
+        (no turn limit, an answer does not end it; ``max_failed_turns`` is applied here)."""
+        return {
+            "max_turns": None,
+            "end_on_answer": False,
+            "state": {"batch_index": index, "session_id": self.session_id(index)},
+        }
 
     def _process_batch_item(self, content: str, index: int) -> list[str] | None:
         """TorchRL's per-item hook: result strings for one response, or None."""
@@ -169,8 +184,7 @@ class ToolTransformBase(Transform):
             indices = torch.as_tensor(mask).reshape(-1).nonzero().view(-1).tolist()
         self._grow(size)
         for i in indices:
-            self._failed_turns[i] = 0
-            self._turns[i] = 0
+            self._episodes[i] = self._new_episode(i)
         self._end_sessions(indices)
         if self.metrics_key is not None:
             tensordict_reset.set(
@@ -204,14 +218,7 @@ class ToolTransformBase(Transform):
             getattr(base, "system_role", "system"),
         }
         texts = _this_turn(history, size, policy_role, stop_roles)
-        states: list[dict[str, Any]] = []
-        for i, text in enumerate(texts):
-            if text is not None:
-                self._turns[i] += 1
-            states.append(
-                {"batch_index": i, "turn": self._turns[i], "session_id": self.session_id(i)}
-            )
-        outputs = self._run_batch(texts, states)
+        outputs = self._run_batch(texts)
         extended = append_tool_messages(
             history,
             [o.messages for o in outputs],
@@ -235,12 +242,11 @@ class ToolTransformBase(Transform):
 
     def _finish(self, next_tensordict: TensorDictBase, outputs: list[ItemOutput]) -> None:
         reasons = [""] * len(outputs)
-        for i, output in enumerate(outputs):
-            # a turn without calls, or with one call that worked, breaks the streak
-            self._failed_turns[i] = self._failed_turns[i] + 1 if output.all_failed else 0
-            limit = self.max_failed_turns
-            if limit is not None and self._failed_turns[i] >= limit:
-                reasons[i] = END_REASON_FAILURES
+        limit = self.max_failed_turns
+        if limit is not None:
+            for i in range(len(outputs)):
+                if self._episodes[i].failed_streak >= limit:
+                    reasons[i] = END_REASON_FAILURES
         ended = [bool(r) for r in reasons]
         if any(ended):
             flags = torch.tensor(ended, dtype=torch.bool)
@@ -278,7 +284,7 @@ class ToolTransformBase(Transform):
         values: dict[str, Any] = {}
         for name, dtype in _NUMERIC:
             if name == "failed_turns":
-                column: list[float] = [float(self._failed_turns[i]) for i in range(n)]
+                column: list[float] = [float(self._episodes[i].failed_streak) for i in range(n)]
             else:
                 column = [float(getattr(o.metrics, name)) for o in outputs]
             values[name] = torch.tensor(column, dtype=dtype, device=like.device)
@@ -287,20 +293,29 @@ class ToolTransformBase(Transform):
         return flat if like.batch_dims == 1 else flat.reshape(like.batch_size)
 
     def _grow(self, size: int) -> None:
-        for counts in (self._failed_turns, self._turns):
-            if len(counts) < size:
-                counts.extend([0] * (size - len(counts)))
+        while len(self._episodes) < size:
+            self._episodes.append(self._new_episode(len(self._episodes)))
 
     def clone(self) -> ToolTransformBase:
         """A copy for another environment: same tools, its own sessions and counters."""
         twin = super().clone()
         twin.env_key = uuid.uuid4().hex[:12]
-        twin._failed_turns = []
-        twin._turns = []
+        twin._episodes = []
         return twin
 
     def close(self) -> None:
         """Release what the transform holds (nothing in the base class)."""
+
+
+#: The episodes of per-item hook transforms run no tools themselves.
+_NO_TOOLS = ToolRegistry()
+
+
+def _no_calls(response: Any) -> Any:
+    """The parser of hook-only episodes (they never parse: the hook does)."""
+    from toolservices.parsing.base import ParseResult
+
+    return ParseResult(text=response if isinstance(response, str) else "")
 
 
 def _column(values: Any, size: int) -> list[Any]:

@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_tool_results
+import anyio
+
+from toolservices._portal import run_sync
+from toolservices.dispatch import CallResult, Dispatcher, ItemResult
+from toolservices.env.episode import Episode, render_messages
 from toolservices.errors import UserError
 from toolservices.parsing.base import ParseResult, ToolCall
 from toolservices.tools import ToolRegistry
@@ -24,9 +28,10 @@ ResultFormat = Literal["tool_results", "openai"]
 
 
 class DispatchingTransform(ToolTransformBase):
-    """Parse every item's turn, run all calls through one :class:`Dispatcher`.
+    """Run every item's turn on its :class:`~toolservices.env.Episode`.
 
-    Items run concurrently (blocking tools in worker threads), the calls of
+    The episodes share one :class:`Dispatcher` (one concurrency bound), so
+    items run concurrently (blocking tools in worker threads), the calls of
     one item in their order of appearance. Subclasses choose the messages.
     """
 
@@ -63,18 +68,33 @@ class DispatchingTransform(ToolTransformBase):
         """OpenAI-style specs of the tools, for the chat template's ``tools=``."""
         return self.registry.openai_specs()
 
-    def _run_batch(
-        self, texts: Sequence[str | None], states: Sequence[dict[str, Any]]
-    ) -> list[ItemOutput]:
-        parses = [None if t is None else self.parser(t) for t in texts]
-        active = [i for i, p in enumerate(parses) if p is not None and (p.calls or p.errors)]
+    def _new_episode(self, index: int) -> Episode:
+        dispatcher = self.dispatcher
+        return Episode(
+            self.registry,
+            parser=self.parser,
+            dispatcher=dispatcher,
+            timeout=dispatcher.timeout,
+            stop_on_error=dispatcher.stop_on_error,
+            pass_state=dispatcher.pass_state,
+            **self._episode_options(index),
+        )
+
+    def _run_batch(self, texts: Sequence[str | None]) -> list[ItemOutput]:
+        return run_sync(self._arun_batch, texts)
+
+    async def _arun_batch(self, texts: Sequence[str | None]) -> list[ItemOutput]:
         outputs = [ItemOutput() for _ in texts]
-        if not active:
-            return outputs
-        items: list[ParseResult] = [parses[i] for i in active]  # type: ignore[misc]
-        ran = self.dispatcher.run(items, states=[states[i] for i in active])
-        for i, outcome in zip(active, ran, strict=True):
-            outputs[i] = ItemOutput(messages=self._messages(outcome), metrics=outcome.metrics)
+
+        async def one(i: int, text: str) -> None:
+            outcome = await self._episodes[i].run_turn(text)
+            if outcome.results:
+                outputs[i] = ItemOutput(messages=self._messages(outcome), metrics=outcome.metrics)
+
+        async with anyio.create_task_group() as tg:
+            for i, text in enumerate(texts):
+                if text is not None:
+                    tg.start_soon(one, i, text)
         return outputs
 
     def _messages(self, outcome: ItemResult) -> list[ToolMessage]:
@@ -138,13 +158,14 @@ class ExecuteToolsInOrder(DispatchingTransform):
 
     def _messages(self, outcome: ItemResult) -> list[ToolMessage]:
         results = outcome.results
-        if self.result_format == "openai":
+        rendered = render_messages(results, self.result_format)
+        if self.result_format == "openai":  # one message per result
             return [
-                ToolMessage(r.content if r.ok else f"Error: {r.content}", _call_of(outcome, r))
-                for r in results
+                ToolMessage(m["content"], _call_of(outcome, r))
+                for m, r in zip(rendered, results, strict=True)
             ]
         only = _call_of(outcome, results[0]) if len(results) == 1 else None
-        return [ToolMessage(render_tool_results(results), only)]
+        return [ToolMessage(m["content"], only) for m in rendered]
 
 
 class SimpleToolTransform(DispatchingTransform):
