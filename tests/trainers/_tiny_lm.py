@@ -31,11 +31,15 @@ def build(chat_template: str) -> tuple[Any, Any]:
         "<|im_end|>",
         "<|endoftext|>",
         "<|im_start|>assistant\n",
+        "<tool_response>\n",
+        "\n</tool_response>",
         _CALL_HEAD,
         CODE,
         _CALL_TAIL,
     ]
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    # Digits are in the vocabulary so that tool results (counts) survive a round trip.
+    vocab = {"[UNK]": 0, **{str(d): d + 1 for d in range(10)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
@@ -84,3 +88,22 @@ def build(chat_template: str) -> tuple[Any, Any]:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model, tokenizer
+
+
+#: A small Hermes/Qwen-style chat template (tools in the system turn, calls
+#: in <tool_call> tags, results as <tool_response> in a user turn).
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "</tools><|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)

@@ -1,0 +1,242 @@
+"""verl adapter: YAML tool configs through verl's loader, its agent loop driving our tool.
+
+Needs verl, whose pins (tensordict<=0.10, transformers<5.11) conflict with the
+main venv's torchrl: .ci/run runs this file in .venv-verl.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl")
+torch = pytest.importorskip("torch")
+
+with warnings.catch_warnings():  # verl imports Ray's deprecated state API
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import (
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+    from verl.tools.tool_registry import initialize_tools_from_config
+    from verl.workers.rollout.replica import TokenOutput
+
+    from toolservices.trainers.verl import (
+        ToolservicesAgentLoop,
+        ToolservicesTool,
+        shared_executor,
+    )
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny_lm import HERMES_TEMPLATE, build  # noqa: E402
+
+sys.path.pop(0)
+
+EXECUTOR = {"pool_size": 2, "timeout": 2.0}
+
+HANG_MODULE = '''
+import anyio
+from toolservices import tool
+
+
+@tool
+async def hang(seconds: float) -> str:
+    """Never returns before the call's time limit.
+
+    Args:
+        seconds: Ignored.
+    """
+    await anyio.Event().wait()
+    return "unreachable"
+'''
+
+
+class LocalModelServer:
+    """verl's server-manager interface (``generate``) served by a local HF model on CPU."""
+
+    def __init__(self, model: Any, fail_after: int | None = None) -> None:
+        self.model = model
+        self.calls = 0
+        self.fail_after = fail_after
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict, **_: Any
+    ):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("inference server went away")
+        ids = torch.tensor([prompt_ids])
+        out = self.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False
+        )
+        new = out[0, ids.shape[1] :].tolist()
+        return TokenOutput(token_ids=new, log_probs=[0.0] * len(new), stop_reason="completed")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build(HERMES_TEMPLATE)
+
+
+@pytest.fixture
+def executor():
+    ex = shared_executor(**EXECUTOR)
+    yield ex
+    assert ex.stats()["sessions"] == 0, "a trajectory leaked a Python session"
+
+
+def rollout_config(**multi_turn: Any):
+    turns = {
+        "max_user_turns": 2,
+        "max_assistant_turns": 3,
+        "max_parallel_calls": 1,
+        "max_tool_response_length": 256,
+        "tool_response_truncate_side": "middle",
+        "format": "hermes",
+        **multi_turn,
+    }
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 1024,
+                    "response_length": 512,
+                    "full_determinism": False,
+                    "multi_turn": turns,
+                }
+            },
+            "data": {},
+        }
+    )
+
+
+def make_loop(name: str, tiny, tools, server=None):
+    model, tokenizer = tiny
+    config = rollout_config()
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[name],
+        trainer_config=DictConfigWrap(config),
+        server_manager=server or LocalModelServer(model),
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type="qwen2",
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(tools),
+    )
+
+
+def tool_results(tokenizer, output) -> list[str]:
+    text = tokenizer.decode(output.response_ids).replace("[UNK]", "")  # e.g. print()'s newline
+    return re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
+
+
+def write_yaml(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "tools.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def python_tool_config() -> dict[str, Any]:
+    return {"type": "native", "tool": "python", "executor": EXECUTOR, "timeout": 5}
+
+
+def test_yaml_config_builds_our_tools_with_their_schemas(tmp_path, executor):
+    path = write_yaml(
+        tmp_path,
+        f"""
+        tools:
+          - class_name: toolservices.trainers.verl.ToolservicesTool
+            config:
+              type: native
+              tool: python
+              executor: {{pool_size: {EXECUTOR["pool_size"]}, timeout: {EXECUTOR["timeout"]}}}
+          - class_name: toolservices.trainers.verl.ToolservicesTool
+            config:
+              type: native
+              tool: "toolservices.cli._demo_tools:get_weather"
+            tool_schema: null
+        """,
+    )
+    python, weather = initialize_tools_from_config(str(path))
+    assert isinstance(python, ToolservicesTool) and python.name == "python"
+    assert python.tool.executor is executor  # one executor per worker process
+    schema = python.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+    assert schema["function"]["parameters"]["required"] == ["code"]
+    unit = weather.tool_schema.function.parameters.properties["unit"]
+    assert unit.type == "string" and unit.enum == ["celsius", "fahrenheit"]
+    assert weather.tool_schema.function.parameters.required == ["city"]
+
+
+@pytest.mark.anyio
+async def test_agent_loop_keeps_one_session_per_trajectory(tiny, executor):
+    """verl's ToolAgentLoop code generates, parses hermes calls and calls our tool.
+
+    The model writes the same counter snippet each turn: within a trajectory
+    it counts 1, 2 (one session); the next trajectory starts at 1 again.
+    """
+    tool = ToolservicesTool(python_tool_config(), None)
+    first = await make_loop("toolservices_agent", tiny, [tool]).run(
+        {}, raw_prompt=[{"role": "user", "content": "count"}]
+    )
+    assert tool_results(tiny[1], first) == ["1", "2"]
+    assert executor.stats()["sessions"] == 0  # closed when the trajectory ended
+    second = await make_loop("toolservices_agent", tiny, [tool]).run(
+        {}, raw_prompt=[{"role": "user", "content": "count"}]
+    )
+    assert tool_results(tiny[1], second) == ["1", "2"]
+    assert second.extra_fields["tool_rewards"] == [0.0, 0.0]
+
+
+@pytest.mark.anyio
+async def test_sessions_close_when_a_trajectory_fails(tiny, executor):
+    tool = ToolservicesTool(python_tool_config(), None)
+    server = LocalModelServer(tiny[0], fail_after=1)  # one tool call, then the server dies
+    with pytest.raises(RuntimeError, match="went away"):
+        await make_loop("toolservices_agent", tiny, [tool], server=server).run(
+            {}, raw_prompt=[{"role": "user", "content": "count"}]
+        )
+    assert executor.stats()["sessions"] == 0
+
+
+@pytest.mark.anyio
+async def test_under_verls_own_loop_each_call_is_fresh_and_released(tiny, executor):
+    """Without our loop there is no trajectory to key on: verl's per-call lifecycle."""
+    assert issubclass(ToolservicesAgentLoop, type(make_loop("tool_agent", tiny, [])))
+    tool = ToolservicesTool(python_tool_config(), None)
+    out = await make_loop("tool_agent", tiny, [tool]).run(
+        {}, raw_prompt=[{"role": "user", "content": "count"}]
+    )
+    assert tool_results(tiny[1], out) == ["1", "1"]
+
+
+@pytest.mark.anyio
+async def test_a_hanging_tool_times_out(tmp_path, monkeypatch):
+    (tmp_path / "hang_tools.py").write_text(HANG_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tool = ToolservicesTool({"type": "native", "tool": "hang_tools:hang", "timeout": 0.5}, None)
+    instance, _ = await tool.create()
+    response, reward, metrics = await tool.execute(instance, {"seconds": 1})
+    assert "timed out" in response.text.lower()
+    assert metrics == {"failed": True, "timed_out": True}
+    await tool.release(instance)
+
+
+@pytest.mark.anyio
+async def test_runaway_python_is_killed_inside_a_trajectory(executor):
+    tool = ToolservicesTool(python_tool_config(), None)
+    instance, _ = await tool.create()
+    response, _, metrics = await tool.execute(instance, {"code": "while True: pass"})
+    assert "time limit" in response.text and metrics["timed_out"] is True
+    assert metrics["failed"] is True
+    await tool.release(instance)
+    assert await tool.calc_reward(instance) == 0.0
