@@ -242,7 +242,7 @@ def test_rendering_matches_the_contract() -> None:
         "Tool stateless (call 2) [tag: A] succeeded:\n"
         "  Result: 2\n"
         "Tool fail (call 3) failed:\n"
-        "  Error: ValueError: Test error\n"
+        "  Error: Test error\n"
         "</tool_results>"
     )
     messages = to_openai_messages(outcome.results)

@@ -243,7 +243,7 @@ def test_openai_result_format_one_message_per_call_with_ids(chat: Any) -> None:
     appended = driver.messages_after_last_assistant(0)
     assert [m["role"] for m in appended] == ["tool", "tool"]
     assert appended[0]["content"] == '{\n  "sum": 3\n}'
-    assert appended[1]["content"] == "Error: boom"
+    assert appended[1]["content"] == "Error: ValueError: boom"
     ids = [m["tool_calls"][0]["id"] for m in appended]
     assert len(set(ids)) == 2 and all(ids)
     assert driver.roles(1)[-2:] == ["<none>", "<none>"]

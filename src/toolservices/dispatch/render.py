@@ -9,6 +9,11 @@
 Every layer (ToolEnv, Episode, the TorchRL transforms) renders through these,
 and none of them raises: a value or an exception that cannot be turned into
 text is described instead.
+
+A tool's exception reads ``Type: message`` (:attr:`CallResult.error`) except
+in the two formats TorchRL defined, ``tool_results`` and ``simple``, which
+show the message alone as TorchRL does (the compatibility contract pins
+their text); an exception without a message still shows its type there.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def render_tool_results(results: Sequence[CallResult]) -> str:
             lines.append(f"  Result: {result.content}")
         else:
             lines.append(f"{header} failed:")
-            lines.append(f"  Error: {result.content}")
+            lines.append(f"  Error: {_torchrl_error(result)}")
     lines.append("</tool_results>")
     return "\n".join(lines)
 
@@ -73,12 +78,23 @@ def render_simple(result: CallResult, *, available: Iterable[str] = (), name: st
     tool = name or result.tool
     if result.ok:
         return f"Tool {tool} executed successfully:\n{_str(result)}"
-    error = result.error or "unknown error"
+    error = _torchrl_error(result)
     if result.error_kind == "unknown_tool":
         error = f"Tool {tool} not found. Available tools: {', '.join(available) or 'none'}"
     elif result.error_kind == "tool_failed":
         error = f"Tool execution failed: {error}"
     return f"Tool {tool} failed:\n{error}"
+
+
+def _torchrl_error(result: CallResult) -> str:
+    """A failure as TorchRL's formats show it: a tool's exception by its message alone."""
+    error = result.content
+    exc = result.exception
+    if result.error_kind == "tool_failed" and exc is not None:
+        prefix = f"{type(exc).__name__}: "
+        if error == describe_exception(exc) and error.startswith(prefix):
+            return error[len(prefix) :]
+    return error
 
 
 def _str(result: CallResult) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import anyio
 
 from toolservices._portal import run_sync
-from toolservices.dispatch import CallResult, Dispatcher, ItemResult
+from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_simple
 from toolservices.env.episode import Episode, render_messages
 from toolservices.errors import UserError
 from toolservices.parsing.base import ParseResult, ToolCall
@@ -219,15 +219,6 @@ class SimpleToolTransform(DispatchingTransform):
 
 
 def simple_result_text(result: CallResult, registry: ToolRegistry, *, name: str = "") -> str:
-    """TorchRL's ``Tool NAME executed successfully:`` / ``Tool NAME failed:`` text."""
-    tool = name or result.tool
-    if result.ok:
-        value = result.value
-        return f"Tool {tool} executed successfully:\n{value if isinstance(value, str) else value!s}"
-    error = result.error or "unknown error"
-    if result.error_kind == "unknown_tool":
-        available = ", ".join(registry.names()) or "none"
-        error = f"Tool {tool} not found. Available tools: {available}"
-    elif result.error_kind == "tool_failed":
-        error = f"Tool execution failed: {error}"
-    return f"Tool {tool} failed:\n{error}"
+    """TorchRL's ``Tool NAME executed successfully:`` / ``Tool NAME failed:`` text
+    (the ``simple`` format of :mod:`toolservices.dispatch.render`)."""
+    return render_simple(result, available=registry.names(), name=name)
