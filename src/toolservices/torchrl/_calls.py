@@ -13,8 +13,9 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from toolservices.dispatch import call_id_of
 from toolservices.errors import ToolDefinitionError, UserError
-from toolservices.parsing.base import ParseError, ParseResult, ToolCall, make_call_id
+from toolservices.parsing.base import ParseError, ParseResult, ToolCall
 from toolservices.tools import FunctionTool, Tool, ToolRegistry
 from toolservices.tools._function_schema import STATE_PARAMETER
 
@@ -82,8 +83,9 @@ class _ForeignParser:
             tool = str(_get(call, "tool") or _get(call, "name") or "")
             args = _get(call, "args") or _get(call, "arguments") or {}
             args = dict(args) if isinstance(args, Mapping) else {"raw": args}
-            call_id = _get(call, "id") or make_call_id(index, tool, args)
-            calls.append(ToolCall(tool, args, _get(call, "tag"), id=str(call_id)))
+            parsed = ToolCall(tool, args, _get(call, "tag"), id=str(_get(call, "id") or ""))
+            parsed.id = call_id_of(parsed, index)
+            calls.append(parsed)
         return ParseResult(text=str(_get(raw, "text") or ""), calls=calls)
 
     def __repr__(self) -> str:
