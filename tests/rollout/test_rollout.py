@@ -165,6 +165,22 @@ async def test_token_ids_and_logprobs_are_requested_and_kept() -> None:
     assert turn.completion_token_ids is None and turn.logprobs is None and turn.tokens is None
 
 
+async def test_request_options_reach_the_server() -> None:
+    options = {
+        "temperature": 0.7,
+        "max_tokens": 64,
+        "extra_body": {"top_k": 5, "chat_template_kwargs": {"enable_thinking": False}},
+        "extra_headers": {"X-Trace": "1"},
+    }
+    with ScriptedChatServer({"q": ["fine"]}) as server:
+        await run(server, ["q"], request_options=options, return_token_ids=True, send_tools=False)
+    (body,) = server.requests
+    assert body["temperature"] == 0.7 and body["max_tokens"] == 64 and body["top_k"] == 5
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["return_token_ids"] is True and body["model"] == "scripted"
+    assert "tools" not in body and "extra_body" not in body and "extra_headers" not in body
+
+
 # -- faults ----------------------------------------------------------------------------------
 
 
@@ -314,6 +330,7 @@ def test_sync_run_and_states() -> None:
         ({"max_concurrency": 0}, "max_concurrency"),
         ({"request_timeout": 0}, "request_timeout"),
         ({"request_options": {"messages": []}}, "request_options may not set"),
+        ({"request_options": {"extra_body": {"stream": True}}}, "may not set"),
         ({"client": object(), "base_url": "http://x"}, "either client="),
     ],
 )

@@ -97,12 +97,22 @@ async def request_completion(
     client: Any,
     *,
     messages: Sequence[Mapping[str, Any]],
-    params: Mapping[str, Any],
+    body: Mapping[str, Any],
+    options: Mapping[str, Any],
     request_timeout: float,
     retry: RetryPolicy,
 ) -> Answer:
-    """``client.chat.completions.create`` with retries; never raises for the server's doing."""
+    """POST ``/chat/completions`` with retries; never raises for the server's doing.
+
+    ``body`` holds every request field but ``messages``, already JSON-ready;
+    ``options`` are the SDK's request options (``headers``, ``params``). The
+    SDK's generic ``post`` is used rather than ``chat.completions.create``,
+    which walks every request's messages and tool schemas through its typed
+    transform first: about 1 ms of CPU a request in our benchmark, a third
+    of the client's cost per turn, for fields that are plain JSON already.
+    """
     import openai
+    from openai.types.chat import ChatCompletion
 
     answer = Answer()
     started = time.perf_counter()
@@ -112,8 +122,11 @@ async def request_completion(
             # The SDK's timeout bounds each phase (connect, read...); this
             # bounds the whole attempt, so a trickling answer cannot stall it.
             with anyio.fail_after(request_timeout):
-                completion = await client.chat.completions.create(
-                    messages=list(messages), timeout=request_timeout, **params
+                completion = await client.post(
+                    "/chat/completions",
+                    body={**body, "messages": list(messages)},
+                    cast_to=ChatCompletion,
+                    options={**options, "timeout": request_timeout},
                 )
         except (TimeoutError, openai.OpenAIError) as exc:
             transient, reason = classify(exc, request_timeout)

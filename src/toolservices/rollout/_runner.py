@@ -105,7 +105,8 @@ class Rollout:
             raise UserError(f"request_timeout must be positive, got {request_timeout}")
         if logprobs is not None and logprobs < 0:
             raise UserError(f"logprobs must be None or >= 0, got {logprobs}")
-        owned = sorted(_OWNED & set(request_options or {}))
+        extra_body = (request_options or {}).get("extra_body") or {}
+        owned = sorted(_OWNED & {*(request_options or {}), *extra_body})
         if owned:
             raise UserError(
                 f"request_options may not set {owned}: the rollout sets them "
@@ -130,7 +131,7 @@ class Rollout:
         self.dispatcher = Dispatcher(
             self.registry, max_concurrency=max_tool_concurrency, timeout=tool_timeout
         )
-        self._params = self._request_params(
+        self._body, self._options = self._request_params(
             request_options or {}, logprobs, return_token_ids, send_tools
         )
         self._owns_client = client is None
@@ -143,23 +144,30 @@ class Rollout:
 
     def _request_params(
         self,
-        options: Mapping[str, Any],
+        request_options: Mapping[str, Any],
         logprobs: int | None,
         return_token_ids: bool,
         send_tools: bool,
-    ) -> dict[str, Any]:
-        params = dict(options)
-        params["model"] = self.model
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The JSON body (all but ``messages``) and the SDK options of every request."""
+        body = dict(request_options)
+        options: dict[str, Any] = {}
+        if "extra_headers" in body:
+            options["headers"] = dict(body.pop("extra_headers") or {})
+        if "extra_query" in body:
+            options["params"] = dict(body.pop("extra_query") or {})
+        body.update(body.pop("extra_body", None) or {})
+        body["model"] = self.model
         specs = self.registry.openai_specs()
         if send_tools and specs:
-            params["tools"] = specs
+            body["tools"] = specs
         if logprobs is not None:
-            params["logprobs"] = True
+            body["logprobs"] = True
             if logprobs:
-                params["top_logprobs"] = logprobs
+                body["top_logprobs"] = logprobs
         if return_token_ids:
-            params["extra_body"] = {**(params.get("extra_body") or {}), "return_token_ids": True}
-        return params
+            body["return_token_ids"] = True
+        return body, options
 
     # -- running -----------------------------------------------------------
 
@@ -246,7 +254,8 @@ class Rollout:
             answer = await request_completion(
                 self.client,
                 messages=episode.messages,
-                params=self._params,
+                body=self._body,
+                options=self._options,
                 request_timeout=self.request_timeout,
                 retry=self.retry,
             )
