@@ -20,12 +20,13 @@ server sweeps orphans) and the result says the state was lost.
 What it does not do:
 
 * The code runs in the same process as its end of the channel, so it can
-  forge its own result frame. The executor stays in sync (a forged or late
-  frame restarts the session) but a result is only what the code chose to
-  report: compute rewards and verdicts outside the sandbox.
-* ``fork_session`` copies memory, not the working directory's files; a copy
-  works in a sibling directory of its source (copies of one session can write
-  into each other's directories).
+  forge its own result frame during a call. Sequence numbers are drawn at
+  random per request, so nothing written before a call can pass for its
+  reply, and the executor stays in sync (a forged or late frame restarts the
+  session), but a result is only what the code chose to report: compute
+  rewards and verdicts outside the sandbox.
+* A copy made by ``fork_session`` works in a sibling directory of its source
+  (copies of one session can write into each other's directories).
 * Output printed by background threads or processes after a call returns is
   reported with the next call, or dropped if it lands before that call starts.
 """

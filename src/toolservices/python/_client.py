@@ -13,6 +13,7 @@ import functools
 import inspect
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -46,6 +47,20 @@ SERVER_EXIT_GRACE = 2.0
 MAX_META = 1 << 20
 _SRC_ROOT = str(Path(__file__).resolve().parents[2])
 _SERVER_SCRIPT = str(Path(__file__).resolve().with_name("_forkserver.py"))
+
+
+def new_seq(previous: int) -> int:
+    """A random, non-zero 32-bit sequence number unlike ``previous``.
+
+    User code can write on its session's channel. A counter would let it
+    forge, during one call, the reply to a later one (a background thread
+    sending it once the next call has started); a number drawn when the
+    request is sent cannot be known by anything written before it.
+    """
+    while True:
+        seq = secrets.randbits(32)
+        if seq not in (0, previous):
+            return seq
 
 
 class SessionLost(Exception):
@@ -384,13 +399,17 @@ class SessionHandle:
                 os.close(fd)
         self.out_fd = self.err_fd = -1
 
+    def next_seq(self) -> int:
+        """A fresh random sequence number for the next request (see :func:`new_seq`)."""
+        self.seq = new_seq(self.seq)
+        return self.seq
+
     def _begin(self, code: str) -> tuple[int, bytes]:
         """The next sequence number and the request body; refuses a broken session."""
         if self.dead or self.chan.has_stray_data():
             raise SessionLost("the interpreter sent unsolicited data or is gone")
-        self.seq += 1
         self.calls += 1
-        return self.seq, code.encode("utf-8", "surrogatepass")
+        return self.next_seq(), code.encode("utf-8", "surrogatepass")
 
     def _reply(self, frame: Frame, seq: int, start: float, session_id: str | None) -> ExecResult:
         """The result carried by ``frame``; :class:`ProtocolViolation` if it is not one."""

@@ -39,8 +39,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
             workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n, "src": src.workdir}))[
                 "workdirs"
             ]
-            src.seq += 1
-            seq = src.seq
+            seq = src.next_seq()
             theirs = tuple(b.fileno() for _, b in pairs)
             body = json.dumps({"workdirs": workdirs, "source": src.workdir}).encode()
             with anyio.fail_after(FORK_TIMEOUT):

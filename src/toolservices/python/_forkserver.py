@@ -40,12 +40,13 @@ from typing import Any, NoReturn
 
 try:  # a package module in the parent, a top-level one in the server (run by path)
     from ._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
-    from ._worker import die_with_parent, serve_session, set_subreaper
+    from ._worker import die_with_parent, serve_session, set_default_thread_stack, set_subreaper
 except ImportError:
     from _frames import Frame, Kind, PeerClosed, recv_frame, send_frame  # type: ignore[no-redef]
     from _worker import (  # type: ignore[no-redef]
         die_with_parent,
         serve_session,
+        set_default_thread_stack,
         set_subreaper,
     )
 
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", required=True, help="directory for the sessions' workdirs")
     args = parser.parse_args(argv)
     ctrl = socket.socket(fileno=args.fd)
+    set_default_thread_stack()  # before any thread: the launcher raised the main stack's limit
     first = recv_frame(ctrl, max_body=MAX_CONTROL)
     if first.kind != Kind.CONFIG:
         sys.exit(f"expected CONFIG, got frame kind {first.kind}")

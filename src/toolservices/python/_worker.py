@@ -16,10 +16,12 @@ extensions, subprocesses) are bounded by ``RLIMIT_FSIZE`` and cut by the parent.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import io
 import json
 import linecache
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -40,13 +42,24 @@ except ImportError:
         send_frame,
     )
 
-__all__ = ["die_with_parent", "serve_session", "set_subreaper"]
+__all__ = ["die_with_parent", "serve_session", "set_default_thread_stack", "set_subreaper"]
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
 MAX_EXC_MESSAGE = 2000
 COMPILE_CACHE = 128
+#: a traceback deeper than this shows its innermost TRACEBACK_TAIL frames and a count of
+#: the rest: formatting a million-frame traceback takes longer than any timeout
+TRACEBACK_FULL = 200
+TRACEBACK_TAIL = 100
+#: C stack bytes allowed per level of ``sys.setrecursionlimit``: C-level recursion (repr of
+#: a nested list, lru_cache, deepcopy) takes 0.5-2 KiB a level on 3.11
+STACK_PER_LEVEL = 2048
+#: the cap never goes below this (pure Python recursion costs no C stack on 3.11)
+MIN_RECURSION_CAP = 10_000
+#: glibc sizes thread stacks like the main thread's limit; threads get this instead
+THREAD_STACK = 8 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 # bound once: user code that patches os or json (os.write = None) must not break the worker
 _write, _fstat, _dup2, _ftruncate, _lseek = os.write, os.fstat, os.dup2, os.ftruncate, os.lseek
@@ -60,13 +73,64 @@ def set_subreaper(on: bool) -> None:
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
 
 
+def set_default_thread_stack(size: int = THREAD_STACK) -> None:
+    """New threads get ``size`` bytes of stack, whatever ``RLIMIT_STACK`` says.
+
+    glibc takes its default thread stack size from ``RLIMIT_STACK``, which the
+    launcher raises for the main thread: without this each thread would reserve
+    that much address space (counted by ``RLIMIT_AS``).
+    """
+    attr = ctypes.create_string_buffer(128)  # pthread_attr_t is 56 bytes on 64-bit glibc
+    try:
+        init = _libc.pthread_attr_init
+        set_size = _libc.pthread_attr_setstacksize
+        set_default = _libc.pthread_setattr_default_np
+    except AttributeError:  # not glibc: its own default applies
+        return
+    if init(attr) == 0:
+        try:
+            if set_size(attr, ctypes.c_size_t(size)) == 0:
+                set_default(attr)
+        finally:
+            _libc.pthread_attr_destroy(attr)
+
+
+def recursion_cap() -> int:
+    """The highest recursion limit the main thread's stack sustains (see STACK_PER_LEVEL)."""
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 256 << 20
+    return max(MIN_RECURSION_CAP, soft // STACK_PER_LEVEL)
+
+
+def cap_recursion_limit(cap: int) -> None:
+    """Make ``sys.setrecursionlimit`` clamp to ``cap``: deep recursion ends in RecursionError.
+
+    Beyond what the C stack holds, recursion through C code would crash the
+    interpreter with SIGSEGV instead. Code that goes out of its way to reach
+    the original function only crashes its own session.
+    """
+    original = sys.setrecursionlimit
+
+    def setrecursionlimit(limit: int, /) -> None:
+        original(min(limit, cap) if isinstance(limit, int) and limit > 0 else limit)
+
+    setrecursionlimit.__doc__ = original.__doc__
+    sys.setrecursionlimit = setrecursionlimit
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when its parent (the fork server) dies."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class _CappedFd(io.RawIOBase):
-    """Raw writer into one memfd that keeps at most ``cap`` bytes per call."""
+    """Raw writer into one memfd that keeps at most ``cap`` bytes per call.
+
+    The worker passes one byte more than the parent shows: a file longer than
+    the parent's cap tells it the output was cut even when the call never
+    reported (a timeout in the middle of a flood).
+    """
 
     def __init__(self, fd: int, cap: int) -> None:
         super().__init__()
@@ -128,8 +192,8 @@ class _Worker:
         self.out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
         self.err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
         self.ids = (os.fstat(self.out_fd).st_ino, os.fstat(self.err_fd).st_ino)
-        self.out_raw = _CappedFd(self.out_fd, self.max_output)
-        self.err_raw = _CappedFd(self.err_fd, self.max_output)
+        self.out_raw = _CappedFd(self.out_fd, self.max_output + 1)
+        self.err_raw = _CappedFd(self.err_fd, self.max_output + 1)
         self.out = _text_stream(self.out_raw, line_buffering=True)
         self.err = _text_stream(self.err_raw, line_buffering=False)
         self.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives with the worker
@@ -158,8 +222,8 @@ class _Worker:
         for raw in (self.out_raw, self.err_raw):
             raw.written = raw.dropped = 0
         if self.out.closed or self.err.closed:
-            self.out_raw = _CappedFd(self.out_fd, self.max_output)
-            self.err_raw = _CappedFd(self.err_fd, self.max_output)
+            self.out_raw = _CappedFd(self.out_fd, self.max_output + 1)
+            self.err_raw = _CappedFd(self.err_fd, self.max_output + 1)
             self.out = _text_stream(self.out_raw, line_buffering=True)
             self.err = _text_stream(self.err_raw, line_buffering=False)
         if self.stdin.closed:
@@ -226,7 +290,7 @@ class _Worker:
         if tb is not None and tb.tb_frame.f_code is _Worker.run.__code__:
             tb = tb.tb_next
         try:
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            text = _format_traceback(exc, tb)
         except BaseException as fmt_exc:  # a hostile __str__ or __repr__
             text = f"{_type_name(exc)}: <traceback unavailable: {_type_name(fmt_exc)}>\n"
         try:
@@ -407,6 +471,24 @@ def _adopted_by(server: int) -> None:
         os._exit(0)
 
 
+def _format_traceback(exc: BaseException, tb: types.TracebackType | None) -> str:
+    """The traceback text; a deep one (a runaway recursion) shows only its innermost frames."""
+    depth, walk = 0, tb
+    while walk is not None and depth <= TRACEBACK_FULL:
+        depth, walk = depth + 1, walk.tb_next
+    if depth <= TRACEBACK_FULL:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    while walk is not None:
+        depth, walk = depth + 1, walk.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb, limit=-TRACEBACK_TAIL)
+    note = f"  [... {depth - TRACEBACK_TAIL} earlier frames not shown ...]\n"
+    for index, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            lines.insert(index + 1, note)
+            break
+    return "".join(lines)
+
+
 def _type_name(obj: object) -> str:
     cls = type(obj)
     module = cls.__module__
@@ -428,6 +510,8 @@ def serve_session(chan: socket.socket, *, max_output: int, busy_poll: float = 0.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full output file gives EFBIG, not death
     signal.signal(signal.SIGINT, signal.default_int_handler)
     set_subreaper(True)
+    cap_recursion_limit(recursion_cap())
+    faulthandler.enable()  # a crash still tells where: a Python traceback on stderr (fd 2)
     try:
         _Worker(chan, max_output, busy_poll).serve()
     except BaseException:  # the worker itself broke: exit, the parent reports and restarts
