@@ -86,7 +86,7 @@ class ThreadRun:
             self.abandoned = True
             self.tool._abandoned_threads += 1
             count = self.tool._abandoned_threads
-        if count >= cap:
+        if count == cap:  # once per crossing (counts move by one, under the lock)
             logger.warning(
                 "toolservices: %d calls of tool %r timed out and are still running in their "
                 "threads (cap %d); its calls are refused until one of them ends",

@@ -64,12 +64,12 @@ class Dispatcher:
       once (async tools natively, sync tools in worker threads);
     * each call has a time limit (the tool's own ``timeout`` or ``timeout``);
       a sync tool that overruns is abandoned in its thread, since Python
-      cannot kill a thread, and reported as timed out. At most
-      ``max_abandoned_threads`` calls of one tool may still be running that
-      way (counted over every dispatcher of the process); while a tool is at
-      that cap its calls are refused (``infrastructure``, a
-      :class:`~toolservices.errors.ToolBusyError` the model reads as "try
-      again later") and a warning is logged;
+      cannot kill a thread, and reported as timed out. While a tool has
+      ``max_abandoned_threads`` such calls still running (counted over every
+      dispatcher of the process), its new calls are refused
+      (``infrastructure``, a :class:`~toolservices.errors.ToolBusyError` the
+      model reads as "try again later"), and reaching the cap logs a warning
+      (see ``docs/dispatch.md`` for the exact bound);
     * with ``stop_on_error`` the calls after a failed one are not run and are
       reported as ``skipped``;
     * with ``pass_state`` the per-call state dict goes, as ``_state=``, to the
