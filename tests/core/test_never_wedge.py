@@ -229,3 +229,28 @@ def test_a_task_on_the_loop_that_interrupts_does_not_stop_the_loop(
         assert done.wait(30)
         _still_working()
     assert any("KeyboardInterrupt escaped" in r.getMessage() for r in caplog.records)
+
+
+async def test_tool_acall_outside_the_dispatcher_turns_an_exit_into_an_error() -> None:
+    """``Tool.acall`` of a sync tool, called directly: the exit comes back as a
+    ToolExecutionError instead of reaching (and stopping) the caller's loop."""
+    from toolservices.errors import ToolExecutionError
+
+    with pytest.raises(ToolExecutionError, match="SystemExit: 3") as caught:
+        await sync_raise.acall(kind="exit")
+    assert isinstance(caught.value.__cause__, SystemExit)
+    with pytest.raises(KeyError):  # ordinary exceptions are left as they are
+        await sync_raise.acall(kind="no such kind")
+
+
+def test_the_python_executor_still_answers_after_a_tool_exited() -> None:
+    """The issue's symptom: after a tool's exit every sync call hung, the executor's too."""
+    from toolservices.python import PythonExecutorService
+
+    (outcome,) = returns(
+        lambda: Dispatcher(REGISTRY).run([[ToolCall("async_raise", {"kind": "exit"})]])
+    )
+    assert outcome.results[0].error_kind == "tool_failed"
+    with PythonExecutorService(pool_size=1, timeout=30) as executor:
+        result = returns(lambda: executor.execute("print(6 * 7)"))
+    assert result["success"] and result["stdout"].strip() == "42"

@@ -16,7 +16,12 @@ from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
 import anyio.to_thread
 
-from toolservices.errors import ToolArgumentError, ToolDefinitionError
+from toolservices.errors import (
+    ToolArgumentError,
+    ToolDefinitionError,
+    ToolExecutionError,
+    describe_exception,
+)
 from toolservices.tools._function_schema import STATE_PARAMETER, function_schema
 from toolservices.tools._jsonschema import schema_errors
 
@@ -74,10 +79,13 @@ class Tool(ABC):
         A cancelled caller (a timeout) stops waiting at once; the thread,
         which Python cannot kill, finishes in the background and its result is
         dropped. Without this a time limit around a blocking tool would only
-        take effect after the tool returned.
+        take effect after the tool returned. A ``SystemExit``,
+        ``KeyboardInterrupt`` or other non-``Exception`` the tool raises in
+        its thread comes back as :class:`ToolExecutionError`: raised into the
+        event loop as it is, it would stop the loop.
         """
         return await anyio.to_thread.run_sync(
-            functools.partial(self, **kwargs), abandon_on_cancel=True
+            functools.partial(_call_in_thread, self, kwargs), abandon_on_cancel=True
         )
 
     def openai_spec(self) -> dict[str, Any]:
@@ -168,6 +176,15 @@ class ServiceTool(Tool):
         if self.is_async:
             return await self.service(**kwargs)
         return await super().acall(**kwargs)
+
+
+def _call_in_thread(tool: Tool, kwargs: dict[str, Any]) -> Any:
+    try:
+        return tool(**kwargs)
+    except Exception:
+        raise
+    except BaseException as exc:  # only the tool can raise these in a worker thread
+        raise ToolExecutionError(describe_exception(exc)) from exc
 
 
 def _accepts_keyword(fn: Callable[..., Any], keyword: str) -> bool:
