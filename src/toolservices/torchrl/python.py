@@ -29,12 +29,8 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import ItemResult
-from toolservices.errors import (
-    InfrastructureError,
-    ToolExecutionError,
-    ToolTimeoutError,
-    UserError,
-)
+from toolservices.env._python_tool import exec_result_text
+from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PersistentPythonProcess, PythonExecutorService
 from toolservices.tools import Tool, ToolRegistry
 from toolservices.torchrl._base import METRICS_KEY
@@ -267,13 +263,8 @@ class _PythonTool(Tool):
     async def acall(self, **kwargs: Any) -> Any:
         state = kwargs.get("_state") or {}
         result = await self.runner.execute(kwargs["code"], int(state.get("batch_index", 0)))
-        note = "\n[the interpreter was restarted: earlier variables are gone]"
-        if result.timed_out:
-            message = result.stderr or f"Code execution timed out after {self.runner.timeout:g} s"
-            raise ToolTimeoutError(message + (note if result.restarted else ""))
-        if not result.success:
-            raise ToolExecutionError(result.stderr + (note if result.restarted else ""))
-        return result.stdout + (note if result.restarted else "")
+        # TorchRL's success text is stdout alone
+        return exec_result_text(result, with_stderr=False)
 
 
 def _service_client(backend: str, name: str, namespace: str | None) -> tuple[Any, Any]:
