@@ -32,6 +32,7 @@ from toolservices.dispatch._guard import (
 )
 from toolservices.dispatch.results import CallResult, ItemResult, StepMetrics, value_text
 from toolservices.errors import (
+    ErrorKind,
     InfrastructureError,
     ToolBusyError,
     ToolError,
@@ -186,7 +187,7 @@ class Dispatcher:
                 **fields,
             )
 
-        def failed(exc: BaseException, kind: Any, error: str) -> CallResult:
+        def failed(exc: BaseException, kind: ErrorKind, error: str) -> CallResult:
             return result(ok=False, error=error, error_kind=kind, exception=exc)
 
         try:
