@@ -301,6 +301,51 @@ async def test_episodes_overlap_their_tools() -> None:
     assert [tool_texts(t) for t in trajectories] == ["met"] * 8
 
 
+async def test_each_episode_runs_python_in_its_own_session() -> None:
+    from toolservices import python_tool
+    from toolservices.python import PythonExecutorService
+
+    def code(source: str) -> str:
+        return hermes("python", {"code": source})
+
+    script = {f"e{i}": [code(f"x = {i} * 10"), code("print(x + 1)"), "done"] for i in range(3)}
+    executor = PythonExecutorService(pool_size=2, timeout=10.0)
+    try:
+        with ScriptedChatServer(script) as server:
+            async with Rollout(
+                [python_tool(executor)], model="m", base_url=server.url, parser="hermes"
+            ) as runner:
+                trajectories = await runner.arun(list(script))
+        for i, trajectory in enumerate(trajectories):
+            assert trajectory.finish_reason == "answered", trajectory.error
+            assert trajectory.turns[1].tool_messages[0]["content"].strip() == str(i * 10 + 1)
+        # The sessions were closed with their episodes.
+        assert executor.stats()["sessions"] == 0
+    finally:
+        await executor.aclose()
+
+
+async def test_a_session_that_cannot_close_ends_only_its_episode() -> None:
+    """Fault injection: an executor whose session release fails (cannot happen on demand)."""
+    from toolservices.errors import ServiceUnavailableError
+
+    class BrokenExecutor:
+        async def aclose_session(self, session_id: str) -> bool:
+            raise ServiceUnavailableError("the interpreter host is gone")
+
+    with ScriptedChatServer({"a": ["hi"]}) as server:
+        async with Rollout(
+            DEMO_TOOLS,
+            model="m",
+            base_url=server.url,
+            python=BrokenExecutor(),  # type: ignore[arg-type]
+        ) as runner:
+            (trajectory,) = await runner.arun(["a"])
+    assert trajectory.finish_reason == "infrastructure_error"
+    assert trajectory.error == "ServiceUnavailableError: the interpreter host is gone"
+    assert len(trajectory.turns) == 1 and trajectory.messages[-1]["content"] == "hi"
+
+
 def test_sync_run_and_states() -> None:
     seen: list[Any] = []
 
@@ -340,3 +385,13 @@ def test_bad_configuration_is_a_user_error(options: dict[str, Any], match: str) 
         Rollout(DEMO_TOOLS, **options)
     with pytest.raises(UserError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
+
+
+def test_server_answers_without_waiting_for_delayed_acks() -> None:
+    """Regression: uvicorn writes headers and body apart; with Nagle on, every answer
+    waited for the client's delayed ACK (~40 ms). Accepted sockets inherit TCP_NODELAY."""
+    import socket
+
+    with ScriptedChatServer({}) as server:
+        assert server._socket is not None
+        assert server._socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

@@ -235,14 +235,14 @@ class Rollout:
             metrics=episode.metrics,
             finish_reason="running",
         )
-        async with episode:
-            try:
+        try:
+            async with episode:  # releases the episode's Python session, if any
                 await self._drive(episode, trajectory)
-            except InfrastructureError as exc:
-                trajectory.finish_reason = "infrastructure_error"
-                trajectory.error = f"{type(exc).__name__}: {exc}"
-            if trajectory.finish_reason == "running":
-                trajectory.finish_reason = episode.reason or "closed"
+                if trajectory.finish_reason == "running":
+                    trajectory.finish_reason = episode.reason or "closed"
+        except InfrastructureError as exc:  # a session that cannot start or close
+            trajectory.finish_reason = "infrastructure_error"
+            trajectory.error = f"{type(exc).__name__}: {exc}"
         trajectory.messages = episode.messages
         trajectory.metrics = episode.metrics
         trajectory.state = episode.state
