@@ -118,8 +118,9 @@ class ExecuteToolsInOrder(DispatchingTransform):
     item (TorchRL's text), ``"openai"`` one message per call with its call id;
     ``timeout`` and ``max_concurrency`` go to the dispatcher.
 
-    ``_state`` (with ``batch_index``, ``turn``, ``call_index`` and
-    ``session_id``) is given only to tools that accept it.
+    ``_state`` (with ``batch_index``, ``turn``, ``call_index``,
+    ``session_id`` and ``episode_id``: each item is an
+    :class:`~toolservices.env.Episode`) is given only to tools that accept it.
     """
 
     def __init__(
