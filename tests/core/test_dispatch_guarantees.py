@@ -231,3 +231,26 @@ def test_call_ids_are_derived_once_and_match_the_parsers() -> None:
     (outcome,) = Dispatcher(REGISTRY).run([calls])
     assert outcome.results[0].call_id == make_call_id(0, "plain", {"x": 1}, raw="<raw>")
     assert outcome.results[1].call_id == make_call_id(1, "plain", {"x": 1})
+
+
+def test_any_mapping_renders_as_json_and_a_cycle_still_renders() -> None:
+    from types import MappingProxyType
+
+    cyclic: dict[str, object] = {"a": 1}
+    cyclic["self"] = cyclic
+
+    @tool
+    def proxy() -> object:
+        """Returns a read-only mapping."""
+        return MappingProxyType({"b": 2})
+
+    @tool
+    def cycle() -> object:
+        """Returns a dict that contains itself."""
+        return cyclic
+
+    (outcome,) = Dispatcher(ToolRegistry([proxy, cycle])).run(
+        [[ToolCall("proxy", {}), ToolCall("cycle", {})]]
+    )
+    assert outcome.results[0].content == '{\n  "b": 2\n}'
+    assert outcome.results[1].ok and outcome.results[1].content == "{'a': 1, 'self': {...}}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -34,6 +35,8 @@ def value_text(value: Any) -> str:
         return str(value)
     if value is None or kind is bool or kind is float:  # indent changes nothing; 4x faster
         return json.dumps(value)
+    if isinstance(value, Mapping) and not isinstance(value, dict):
+        value = dict(value)  # JSON takes only dicts; show any mapping's items
     try:
         return json.dumps(value, indent=2, default=str)
     except (TypeError, ValueError):

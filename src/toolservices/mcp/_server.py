@@ -14,7 +14,6 @@ and only then does the transport close.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
@@ -174,7 +173,7 @@ def _build(
             return _error(SHUTDOWN_CANCELLED)
         if not outcome.ok:
             return escape_result(_error(outcome.error or "unknown error"))
-        return escape_result(_result(outcome.value))
+        return escape_result(_result(outcome.value, outcome.content))
 
     server: Server[Any] = Server(
         name,
@@ -206,11 +205,11 @@ def _error(message: str) -> mt.CallToolResult:
     return mt.CallToolResult(content=[mt.TextContent(type="text", text=message)], is_error=True)
 
 
-def _result(value: Any) -> mt.CallToolResult:
+def _result(value: Any, text: str) -> mt.CallToolResult:
+    """A successful call; ``text`` is the value as the dispatcher rendered it."""
     if isinstance(value, str):
         return mt.CallToolResult(content=[mt.TextContent(type="text", text=value)])
     structured = dict(value) if isinstance(value, Mapping) else None
-    text = json.dumps(structured if structured is not None else value, indent=2, default=str)
     return mt.CallToolResult(
         content=[mt.TextContent(type="text", text=text)], structured_content=structured
     )
