@@ -12,8 +12,11 @@ on HTTP:
   otherwise hold uvicorn's graceful stop open until its timeout).
 
 uvicorn runs without its own signal handlers: :func:`serve_http` handles
-SIGINT/SIGTERM itself and drains the calls in flight before it lets uvicorn
-stop (uvicorn would re-raise the signal afterwards and lose the answers).
+SIGINT/SIGTERM itself. It drains the calls in flight first (new calls are
+refused, other requests still answered), and only then lets uvicorn stop:
+close the listener, end the event streams, wait for the last answers to be
+written, end the MCP sessions. (uvicorn alone would stop listening at once,
+wait for the calls, then re-raise the signal.)
 """
 
 from __future__ import annotations
@@ -271,10 +274,11 @@ async def _run(
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_for_signals, signals, first, second)
             await first.wait()
-            stop()
+            # Listen on while draining: a client may still need to ask something
+            # (the SDK client lists the tools to check a structured result).
             await calls.drain(grace, second)
-            await second.wait()
-            http.force_exit = True  # a second signal after the drain: stop waiting
+            stop()  # uvicorn's own wait is bounded (timeout_graceful_shutdown)
+            tg.cancel_scope.cancel()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)

@@ -1,0 +1,147 @@
+"""Python sessions over MCP belong to their MCP session: two clients with the same
+session_id do not share (or close) an interpreter, a client's interpreters go when it
+disconnects or idles out, and ``--max-sessions`` refuses with a message the model can use.
+
+Regressions: sessions were global over HTTP (shared state, one client closing another's
+session) and outlived their client (100 disconnected clients left 106 processes).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+from tests.mcp._serve_util import (
+    CLI,
+    call,
+    descendants,
+    http_session,
+    kill_group,
+    start_server,
+    stdio_session,
+    wait_until,
+)
+
+pytest.importorskip("toolservices.python")
+
+HTTP = [CLI, "serve", "--mcp", "--transport", "http", "--port", "0", "--pool-size", "2"]
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., tuple[int, str]]]:
+    """Start an HTTP ``serve --mcp`` with extra options: ``serve(*args)`` -> (pid, url)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> tuple[int, str]:
+        proc, url = start_server([*HTTP, *args])
+        started.append(proc)
+        return proc.pid, url
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            kill_group(proc)
+
+
+async def run(session: Any, code: str, session_id: str | None = "shared") -> dict[str, Any]:
+    arguments: dict[str, Any] = {"code": code}
+    if session_id is not None:
+        arguments["session_id"] = session_id
+    result = await call(session, "python_execute", **arguments)
+    assert not result.is_error, result.content[0].text
+    return dict(result.structured_content)
+
+
+async def test_two_clients_with_one_session_id_are_kept_apart(serve: Any) -> None:
+    _pid, url = serve()
+    async with http_session(url) as a, http_session(url) as b:
+        await run(a, "x = 'from a'")
+        await run(b, "x = 'from b'")
+        assert (await run(a, "print(x)"))["stdout"] == "from a\n"
+        assert (await run(b, "print(x)"))["stdout"] == "from b\n"
+        closed = await call(a, "python_close_session", session_id="shared")
+        assert closed.content[0].text == "Session shared closed"
+        assert (await run(b, "print(x)"))["stdout"] == "from b\n"  # b's session is untouched
+        after = await run(a, "print(x)")
+        assert not after["success"] and "NameError" in after["stderr"]
+        assert after["session_id"] == "shared"  # the client's id, not the internal one
+
+
+# A session's interpreter marks itself with this niceness (a kernel fact the test can see),
+# so its processes can be told from the executor's fork server and spares.
+MARK = "import os; os.nice(11)"
+
+
+def _marked(pid: int) -> int:
+    """How many of the server's processes carry the session mark."""
+    count = 0
+    for child in descendants(pid):
+        try:
+            count += psutil.Process(child).nice() == 11
+        except psutil.NoSuchProcess:
+            continue
+    return count
+
+
+async def _wait_unmarked(pid: int) -> bool:
+    return await anyio.to_thread.run_sync(lambda: wait_until(lambda: _marked(pid) == 0))
+
+
+async def test_disconnected_clients_free_their_interpreters(serve: Any) -> None:
+    pid, url = serve()
+    clients = 6
+    async with AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(http_session(url)) for _ in range(clients)]
+        async with anyio.create_task_group() as tg:
+            for number, session in enumerate(sessions):
+                for name in ("s1", "s2"):  # ids unique across clients: the leak alone is tested
+                    tg.start_soon(run, session, MARK, f"{name}-of-{number}")
+        assert _marked(pid) == 2 * clients  # one interpreter per (client, session_id)
+    # All clients ended their MCP sessions (DELETE): their interpreters go.
+    assert await _wait_unmarked(pid)
+
+
+async def test_max_sessions_refuses_with_a_message_for_the_model(serve: Any) -> None:
+    _pid, url = serve("--max-sessions", "2")
+    async with http_session(url) as a, http_session(url) as b:
+        await run(a, "x = 1", "one")
+        await run(b, "x = 2", "two")
+        refused = await call(a, "python_execute", code="print(3)", session_id="three")
+        assert refused.is_error
+        text = refused.content[0].text
+        assert "Too many Python sessions are open (the limit is 2)" in text
+        assert "python_close_session" in text
+        assert (await run(a, "print('one-off')", None))["stdout"] == "one-off\n"
+        await call(b, "python_close_session", session_id="two")
+        assert (await run(a, "print('now')", "three"))["stdout"] == "now\n"
+
+
+async def test_idle_sessions_are_closed_and_say_so(serve: Any) -> None:
+    pid, url = serve("--session-idle-timeout", "1")
+    async with http_session(url) as session:
+        await run(session, f"{MARK}; x = 42", "idle")
+        assert _marked(pid) == 1
+        # The session's interpreter goes after a second without calls ...
+        assert await _wait_unmarked(pid)
+        # ... and its next call says the state is gone.
+        after = await run(session, "print(x)", "idle")
+        assert after["restarted"] and "NameError" in after["stderr"]
+        assert "was closed after 1 s without calls" in after["notice"]
+
+
+async def test_stdio_sessions_are_per_process() -> None:
+    async with (
+        stdio_session([CLI, "serve", "--mcp"]) as a,
+        stdio_session([CLI, "serve", "--mcp"]) as b,
+    ):
+        await run(a, "x = 'a'")
+        await run(b, "x = 'b'")
+        assert (await run(a, "print(x)"))["stdout"] == "a\n"
+        missing = await call(a, "python_close_session", session_id="never")
+        assert missing.content[0].text == "Session never was not open (nothing to close)"
