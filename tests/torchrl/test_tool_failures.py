@@ -92,7 +92,10 @@ async def abad(kind: str) -> Any:
 
 
 KINDS = ["exit", "nostr", "deep", *RAISE]
-CASES = [(name, kind) for name in ("bad", "abad") for kind in KINDS]
+# Before Python 3.11 an async tool's own CancelledError counts as a real cancellation.
+CASES = [("bad", kind) for kind in KINDS] + [
+    ("abad", kind) for kind in KINDS if kind != "CancelledError" or sys.version_info >= (3, 11)
+]
 
 
 @pytest.mark.parametrize("result_format", ["tool_results", "openai"])
