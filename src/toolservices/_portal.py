@@ -75,6 +75,8 @@ def get_loop() -> asyncio.AbstractEventLoop:
                     except (SystemExit, KeyboardInterrupt) as exc:
                         # raised by some task on the loop (asyncio re-raises these out
                         # of run_forever); the task has failed, the loop goes on
+                        if main.done():  # the loop's own root task: nothing left to serve
+                            return
                         logger.error(
                             "toolservices: %s escaped a task on the shared loop; the loop "
                             "keeps running",
