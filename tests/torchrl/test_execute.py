@@ -367,3 +367,31 @@ def test_call_ids_over_turns_with_per_item_appends() -> None:
     assert all(m["tool_call_id"].startswith("call_") for m in tool_messages)
     assert len({m["tool_call_id"] for m in tool_messages}) == 3
     assert [m["role"] for m in conversations[1]].count("tool") == 2
+
+
+def test_recorded_call_ids_are_the_result_ids_even_without_parser_ids() -> None:
+    """A custom parser may return calls without ids: history records the dispatcher's id."""
+    from toolservices.parsing import ParseResult, ToolCall
+
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    def bare(text: str) -> ParseResult:
+        return ParseResult(text="", calls=[ToolCall("add", {"a": 1, "b": 2})])
+
+    transform = ExecuteToolsInOrder(
+        ToolRegistry([add]), bare, result_format="openai", record_call_ids=True
+    )
+    env = TransformedEnv(ChatEnv(batch_size=(1,)), transform)
+    td = env.reset(TensorDict(query=["q"], batch_size=(1,)))
+    history = td["history"]
+    response = History(role="assistant", content="add please").unsqueeze(0)
+    history.full = lazy_stack([history.prompt[0].append(response[0], inplace=False, dim=-1)])
+    history.response = lazy_stack([response])
+    td["history"] = history
+    td = env.step(td)["next"]
+    (message,) = [m for m in history_to_messages(td["history"].prompt)[0] if m["role"] == "tool"]
+    assert message["content"] == "3"
+    assert message["tool_call_id"].startswith("call_")
+    assert transform._episodes[0].last.results[0].call_id == message["tool_call_id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -102,10 +103,12 @@ class DispatchingTransform(ToolTransformBase):
 
 
 def _call_of(outcome: ItemResult, result: CallResult) -> ToolCall | None:
+    """The call ``result`` answers, carrying the result's id (the dispatcher names calls)."""
     calls = outcome.parse.calls if outcome.parse is not None else []
-    if result.error_kind != "parse_error" and result.index < len(calls):
-        return calls[result.index]
-    return None
+    if result.error_kind == "parse_error" or result.index >= len(calls):
+        return None
+    call = calls[result.index]
+    return call if call.id == result.call_id else dataclasses.replace(call, id=result.call_id)
 
 
 class ExecuteToolsInOrder(DispatchingTransform):
