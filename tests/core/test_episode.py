@@ -367,3 +367,32 @@ async def test_python_tool_outside_an_episode_runs_fresh(executor: PythonExecuto
     parse = Episode(dispatcher.registry).parser(py("print(6 * 7)"))
     (outcome,) = await dispatcher.arun([parse])
     assert outcome.results[0].ok and outcome.results[0].value == "42\n"
+
+
+async def test_a_cancelled_step_leaves_the_episode_as_it_was() -> None:
+    started = anyio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Waits until cancelled."""
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    episode = Episode([slow, add], prompt="go", timeout=60)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(episode.step, hermes("slow", {}))
+        await started.wait()
+        tg.cancel_scope.cancel()
+    assert episode.turns == 0 and len(episode.messages) == 1 and not episode.done
+    (message,) = await episode.step(hermes("add", {"a": 1, "b": 1}))
+    assert message["content"] == "2" and episode.turns == 1
+
+
+async def test_a_done_episode_forks_into_done_copies() -> None:
+    episode = Episode([add])
+    await episode.step("no calls")
+    (copy,) = await episode.fork(1)
+    assert copy.done and copy.reason == "answered"
+    with pytest.raises(UserError, match="done"):
+        await copy.step("again")
