@@ -10,9 +10,9 @@ executor) as an MCP server.
 
 from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
 from toolservices.mcp._connection import MCPConnectionError, ServerState
-from toolservices.mcp._python_tools import python_tools, serve_main
+from toolservices.mcp._python_tools import PythonSessions, python_tools, serve_main
 from toolservices.mcp._result import ContentPart, MCPResult
-from toolservices.mcp._server import aserve, build_server, serve
+from toolservices.mcp._server import aserve, build_server, current_connection, serve
 from toolservices.mcp._toolset import MCPTool, MCPToolset
 
 __all__ = [
@@ -22,11 +22,13 @@ __all__ = [
     "MCPResult",
     "MCPTool",
     "MCPToolset",
+    "PythonSessions",
     "ServerConfig",
     "ServerState",
     "StdioServer",
     "aserve",
     "build_server",
+    "current_connection",
     "python_tools",
     "serve",
     "serve_main",

@@ -269,19 +269,19 @@ async def _run(
         http.should_exit = True  # stop accepting; uvicorn waits for open exchanges
         front.close_streams()
 
+    first, second = anyio.Event(), anyio.Event()
+
     async def drain_on_signal() -> None:
-        first, second = anyio.Event(), anyio.Event()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait_for_signals, signals, first, second)
-            await first.wait()
-            # Listen on while draining: a client may still need to ask something
-            # (the SDK client lists the tools to check a structured result).
-            await calls.drain(grace, second)
-            stop()  # uvicorn's own wait is bounded (timeout_graceful_shutdown)
-            tg.cancel_scope.cancel()
+        await first.wait()
+        # Listen on while draining: a client may still need to ask something
+        # (the SDK client lists the tools to check a structured result).
+        await calls.drain(grace, second)
+        stop()  # uvicorn's own wait is bounded (timeout_graceful_shutdown)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
+        # Signals stay ours until uvicorn has stopped: a third one changes nothing.
+        tg.start_soon(wait_for_signals, signals, first, second)
         tg.start_soon(drain_on_signal)
         try:
             await stopped.wait()
