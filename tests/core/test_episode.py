@@ -396,3 +396,13 @@ async def test_a_done_episode_forks_into_done_copies() -> None:
     assert copy.done and copy.reason == "answered"
     with pytest.raises(UserError, match="done"):
         await copy.step("again")
+
+
+async def test_episodes_given_the_same_id_still_get_their_own_sessions(
+    executor: PythonExecutorService,
+) -> None:
+    run = python_tool(executor)
+    async with Episode([run], episode_id="task-1") as a, Episode([run], episode_id="task-1") as b:
+        await a.step(py("secret = 1"))
+        (message,) = await b.step(py("print('secret' in globals())"))
+        assert message["content"] == "False\n"

@@ -134,6 +134,7 @@ class Episode:
                 timeout=timeout,
                 stop_on_error=stop_on_error,
                 pass_state=pass_state,
+                max_abandoned_threads=dispatcher.max_abandoned_threads,
             )
         self.dispatcher = dispatcher
         self.max_turns = max_turns
@@ -141,7 +142,10 @@ class Episode:
         self.result_format: ResultFormat = result_format
         self.end_on_answer = end_on_answer
         self.id: str = episode_id if episode_id is not None else f"ep-{uuid.uuid4().hex[:16]}"
-        self.python_session: str | None = self.id if self.python is not None else None
+        # unique even when two episodes are given the same id: state never crosses episodes
+        self.python_session: str | None = (
+            f"{self.id}:{uuid.uuid4().hex[:8]}" if self.python is not None else None
+        )
         self.messages: list[Message] = _conversation(prompt, system_prompt)
         self.state: dict[str, Any] = dict(state or {})
         self.done = False
