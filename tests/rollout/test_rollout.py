@@ -373,6 +373,7 @@ def test_sync_run_and_states() -> None:
         ({"model": ""}, "model="),
         ({"parser": "no-such-format"}, "no-such-format"),
         ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_failed_turns": 0}, "max_failed_turns"),
         ({"request_timeout": 0}, "request_timeout"),
         ({"request_options": {"messages": []}}, "request_options may not set"),
         ({"request_options": {"extra_body": {"stream": True}}}, "may not set"),
@@ -385,6 +386,16 @@ def test_bad_configuration_is_a_user_error(options: dict[str, Any], match: str) 
         Rollout(DEMO_TOOLS, **options)
     with pytest.raises(UserError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
+
+
+async def test_bad_prompts_are_a_user_error_before_any_request() -> None:
+    with ScriptedChatServer({"a": ["hi"]}) as server:
+        async with Rollout(DEMO_TOOLS, model="m", base_url=server.url) as runner:
+            with pytest.raises(UserError, match=r"prompts\[1\] must be"):
+                await runner.arun(["a", 42])  # type: ignore[list-item]
+            with pytest.raises(UserError, match="2 states for 1 prompts"):
+                await runner.arun(["a"], states=[{}, {}])
+    assert server.requests == []
 
 
 def test_server_answers_without_waiting_for_delayed_acks() -> None:

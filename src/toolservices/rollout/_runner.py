@@ -101,6 +101,8 @@ class Rollout:
             raise UserError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if max_turns < 1:
             raise UserError(f"max_turns must be at least 1, got {max_turns}")
+        if max_failed_turns is not None and max_failed_turns < 1:
+            raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
         if request_timeout <= 0:
             raise UserError(f"request_timeout must be positive, got {request_timeout}")
         if logprobs is not None and logprobs < 0:
@@ -183,6 +185,14 @@ class Rollout:
         """
         if states is not None and len(states) != len(prompts):
             raise UserError(f"got {len(states)} states for {len(prompts)} prompts")
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) and not (
+                isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt)
+            ):
+                raise UserError(
+                    f"prompts[{index}] must be a user message string or a list of message "
+                    f"dicts, got {type(prompt).__name__}"
+                )
         results: list[Trajectory | None] = [None] * len(prompts)
         limiter = anyio.CapacityLimiter(self.max_concurrency)
 
@@ -202,7 +212,11 @@ class Rollout:
         *,
         states: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Trajectory]:
-        """Synchronous :meth:`arun` (on the library's background loop)."""
+        """Synchronous :meth:`arun` (on the library's background loop).
+
+        The client's connections belong to the loop that first used them: call
+        either :meth:`run` or :meth:`arun` on one rollout, not both.
+        """
         return run_sync(functools.partial(self.arun, prompts, states=states))
 
     def new_episode(self, prompt: Prompt, state: Mapping[str, Any] | None = None) -> Episode:
