@@ -31,7 +31,15 @@ SCRIPTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "spin": [("python", {"code": "while True: pass"})],
     "unknown": [("nope", {"x": 1})],
     "hang": [("hang", {"seconds": 1})],
+    # our MCP server's tool, as verifiers' harness programs name it (no prefix)
+    "mcp": [
+        ("python_execute", {"code": "print(6 * 7)"}),
+        ("python_execute", {"code": "x = 20", "session_id": "rollout-1"}),
+        ("python_execute", {"code": "print(x + 1)", "session_id": "rollout-1"}),
+    ],
 }
+#: The messages of the latest request per script, for tests to read what the tools answered.
+LAST_MESSAGES: dict[str, list[dict[str, Any]]] = {}
 
 
 def _reply(body: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +49,7 @@ def _reply(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, list):  # content parts
         content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     script = SCRIPTS.get(str(content).strip(), [])
+    LAST_MESSAGES[str(content).strip()] = messages
     done = sum(1 for m in messages if m.get("role") == "tool")
     message: dict[str, Any] = {"role": "assistant", "content": None}
     finish = "tool_calls"

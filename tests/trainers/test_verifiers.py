@@ -6,10 +6,17 @@ venv's mcp extra: .ci/run runs this file in .venv-verifiers.
 
 from __future__ import annotations
 
+import json
+import os
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
+import anyio
 import pytest
 
 pytest.importorskip("verifiers")
@@ -100,8 +107,6 @@ async def test_rollouts_keep_state_within_and_never_across(executor, llm):
 
 @pytest.mark.anyio
 async def test_concurrent_rollouts_are_isolated(executor, llm):
-    import anyio
-
     env = make_env(executor)
     states = []
 
@@ -132,8 +137,6 @@ async def hang(seconds: float) -> str:
     Args:
         seconds: Ignored.
     """
-    import anyio
-
     await anyio.Event().wait()
     return "unreachable"
 
@@ -146,3 +149,95 @@ async def test_a_hanging_tool_times_out(llm):
     (text,) = tool_texts(state)
     assert "timed out" in text.lower()
     assert state["completion"][-1].content == "done"  # the rollout went on after it
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: ``toolservices serve --mcp`` needs the MCP SDK 2, verifiers <0.4 pins 1.x: the server
+#: runs from the main venv (CI builds it first), as it would in production: its own process.
+SERVER_BIN = Path(os.environ.get("TOOLSERVICES_MCP_BIN", REPO / ".venv" / "bin" / "toolservices"))
+
+
+@pytest.fixture(scope="module")
+def mcp_server_url():
+    assert SERVER_BIN.exists(), (
+        f"{SERVER_BIN} not found: build the main venv first (.ci/run does), "
+        "or point TOOLSERVICES_MCP_BIN at a toolservices with the mcp extra"
+    )
+    proc = subprocess.Popen(
+        [str(SERVER_BIN), "serve", "--mcp", "--transport", "http", "--host", "127.0.0.1"]
+        + ["--port", "0", "--timeout", "5"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put("")
+
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
+    url = None
+    seen = []
+    while url is None:
+        line = lines.get(timeout=120)
+        seen.append(line)
+        if not line:
+            raise AssertionError(f"MCP server exited: {''.join(seen)}")
+        if "ready:" in line:
+            url = line.split("ready:", 1)[1].strip()
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        pumping.join(30)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+@pytest.mark.anyio
+async def test_our_mcp_server_as_a_verifiers_toolset_by_url(mcp_server_url, server_url):
+    """The docs' recipe: a v1 Toolset pointing at ``toolservices serve --mcp`` by URL.
+
+    verifiers' own ``serve_shared`` resolves the toolset to the URL (nothing is
+    launched), and its own harness program (the null/chat harness) lists and
+    calls our server's tools with its MCP client while talking to the
+    loopback model server.
+    """
+    import verifiers.v1 as v1
+    from verifiers.v1.mcp import serve_shared
+
+    class ToolservicesPython(v1.Toolset[v1.SharedToolsetConfig]):
+        TOOL_PREFIX = None  # keep the server's tool names (python_execute, ...)
+
+    toolset = ToolservicesPython(v1.SharedToolsetConfig(url=mcp_server_url))
+    async with serve_shared([toolset]) as servers:
+        mcp_config = {
+            "mcpServers": {name: {"url": s.url, "timeout": 60} for name, s in servers.items()}
+        }
+    assert mcp_config["mcpServers"] == {"": {"url": mcp_server_url, "timeout": 60}}
+    program = Path(v1.__file__).parent / "harnesses" / "null" / "program.py"
+    result = await anyio.run_process(
+        [sys.executable, str(program), "--base-url", server_url, "--api-key", "loopback"]
+        + ["--model", "scripted", "--prompt", "mcp", "--mcp-config", json.dumps(mcp_config)],
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    tools = [m["content"] for m in _chat_server.LAST_MESSAGES["mcp"] if m["role"] == "tool"]
+    results = [json.loads(text) for text in tools]
+    assert results[0]["stdout"] == "42\n"
+    assert results[1]["success"] is True
+    # Known limit (docs/trainers.md): our server scopes a session_id to the MCP connection,
+    # and verifiers' harness programs open a new connection for every call, so state set in
+    # one call is gone in the next.
+    assert results[2]["exception"]["type"] == "NameError"
