@@ -124,7 +124,14 @@ class PythonSessions:
             logger.info("closing %d Python session(s) of ended MCP session", len(keys))
         async with anyio.create_task_group() as tg:
             for key in keys:
-                tg.start_soon(self.executor.aclose_session, _executor_id(key))
+                tg.start_soon(self._close_quietly, key)
+
+    async def _close_quietly(self, key: _Key) -> None:
+        """Close one executor session; a failure is logged (the server serves on)."""
+        try:
+            await self.executor.aclose_session(_executor_id(key))
+        except Exception:  # an executor failing to close must not take the server down
+            logger.exception("closing a Python session failed")
 
     async def expire_idle(self) -> None:
         """Close sessions idle for ``idle_timeout`` seconds, forever (run it in the background)."""
@@ -144,7 +151,7 @@ class PythonSessions:
                 self._expired[key] = None
                 while len(self._expired) > EXPIRED_MEMORY:
                     self._expired.popitem(last=False)
-                await self.executor.aclose_session(_executor_id(key))
+                await self._close_quietly(key)
             # The next expiry can be no earlier than the oldest idle session's; a
             # session opened or used from now on expires later than now + limit.
             idle = [used for key, used in self._last_used.items() if key not in self._busy]
