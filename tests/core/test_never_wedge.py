@@ -167,6 +167,28 @@ def test_a_value_that_cannot_be_text_is_a_failed_call(name: str, kind: str, caus
     _still_working()
 
 
+class OddStr(str):
+    def __str__(self) -> str:
+        raise ValueError("a str subclass with a broken __str__")
+
+    __format__ = __str__  # type: ignore[assignment]
+
+
+def test_a_str_subclass_renders_as_its_characters() -> None:
+    from toolservices.dispatch import render_simple
+
+    @tool
+    def odd() -> str:
+        """Returns a str subclass."""
+        return OddStr("plain text")
+
+    (outcome,) = Dispatcher(ToolRegistry([odd])).run([[ToolCall("odd", {})]])
+    (result,) = outcome.results
+    assert result.ok and result.content == "plain text"
+    assert "Result: plain text" in render_tool_results([result])
+    assert render_simple(result) == "Tool odd executed successfully:\nplain text"
+
+
 def test_renderers_survive_a_result_built_by_hand() -> None:
     """A CallResult not made by the dispatcher (no text yet) still renders."""
     result = CallResult(tool="t", call_id="c", ok=True, value=NoStr())

@@ -100,7 +100,7 @@ def _torchrl_error(result: CallResult) -> str:
 def _str(result: CallResult) -> str:
     value = result.value
     if isinstance(value, str):
-        return value
+        return result.content
     try:
         return str(value)
     except Exception as exc:  # a container holding an object whose repr() fails

@@ -28,9 +28,11 @@ def value_text(value: Any) -> str:
     JSON cannot encode. Raises what ``str()`` raises, and ``RecursionError``
     for absurdly deep values: the dispatcher turns that into a failed call.
     """
-    if isinstance(value, str):
-        return value
     kind = type(value)
+    if kind is str:
+        return value
+    if isinstance(value, str):  # a subclass: its own __str__ may misbehave
+        return str.__str__(value)
     if kind is int:
         return str(value)
     if value is None or kind is bool or kind is float:  # indent changes nothing; 4x faster
