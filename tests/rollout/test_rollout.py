@@ -19,7 +19,7 @@ from toolservices import UserError, tool
 from toolservices.cli._demo_data import FORMAT_TURNS, SCENARIOS
 from toolservices.cli._demo_tools import DEMO_TOOLS
 from toolservices.rollout import RetryPolicy, Rollout, Trajectory
-from toolservices.rollout.testing import Fail, Hang, ScriptedChatServer, toy_tokenize
+from toolservices.rollout.testing import Fail, Hang, Raw, ScriptedChatServer, toy_tokenize
 
 #: Fast retries for tests (the backoff itself is not what is tested here).
 FAST = RetryPolicy(max_attempts=4, backoff=0.01, max_backoff=0.05)
@@ -406,3 +406,50 @@ def test_server_answers_without_waiting_for_delayed_acks() -> None:
     with ScriptedChatServer({}) as server:
         assert server._socket is not None
         assert server._socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (
+            Raw(body="<html>Bad gateway page</html>", content_type="text/html"),
+            "not a chat completion",
+        ),
+        (Raw(body='{"choices": [{"index": 0, "mess'), "not valid JSON"),
+        (Raw(body={"id": "x", "object": "chat.completion", "choices": []}), "has no choices"),
+        (Raw(body={"choices": [{"index": 0, "finish_reason": "stop"}]}), "has no message"),
+        (Raw(body={"unexpected": True}), "has no choices"),
+    ],
+)
+async def test_a_broken_answer_ends_only_its_episode(raw: Raw, error: str) -> None:
+    """What proxies and half-compatible servers send: a clear reason, no retry, no crash."""
+    script = {"broken": [raw], "fine": [calc("3 * 3"), "9."]}
+    with ScriptedChatServer(script) as server:
+        broken, fine = await run(server, list(script), parser="hermes")
+    assert broken.finish_reason == "request_error" and broken.requests == 1
+    assert broken.error is not None and error in broken.error, broken.error
+    assert fine.finish_reason == "answered" and tool_texts(fine) == "9"
+
+
+async def test_missing_token_fields_are_none_not_a_crash() -> None:
+    """A server that sends logprobs entries without their fields (the SDK does not validate)."""
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "m",
+        "prompt_token_ids": "not a list",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "logprobs": {"content": [{"bytes": None}]},
+                "token_ids": [1, "two"],
+            }
+        ],
+    }
+    with ScriptedChatServer({"q": [Raw(body=body)]}) as server:
+        (trajectory,) = await run(server, ["q"], logprobs=0, return_token_ids=True)
+    assert trajectory.finish_reason == "answered", trajectory.error
+    (turn,) = trajectory.turns
+    assert turn.prompt_token_ids is None and turn.completion_token_ids is None
+    assert turn.tokens == [None] and turn.logprobs == [None] and turn.finish_reason is None

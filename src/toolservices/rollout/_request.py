@@ -128,6 +128,10 @@ async def request_completion(
                     cast_to=ChatCompletion,
                     options={**options, "timeout": request_timeout},
                 )
+        except ValueError as exc:  # a 2xx body that is not JSON (the SDK's json.loads)
+            answer.failures.append(f"invalid JSON: {exc}")
+            answer.error = f"the server's answer is not valid JSON ({exc})"
+            break
         except (TimeoutError, openai.OpenAIError) as exc:
             transient, reason = classify(exc, request_timeout)
             answer.failures.append(reason)
@@ -139,13 +143,35 @@ async def request_completion(
                 break
             await anyio.sleep(retry.delay(answer.attempts, retry_after=_retry_after(exc)))
             continue
-        if not getattr(completion, "choices", None):
-            answer.error = "the server's answer has no choices"
+        problem = malformed(completion)
+        if problem is not None:
+            answer.failures.append(problem)
+            answer.error = problem
             break
         answer.completion = completion
         break
     answer.elapsed = time.perf_counter() - started
     return answer
+
+
+def malformed(completion: Any) -> str | None:
+    """Why ``completion`` is not a usable chat completion, or ``None``.
+
+    The SDK builds its models without validation, and hands back the text
+    of a non-JSON answer (a proxy's HTML page) as a plain string.
+    """
+    from openai.types.chat import ChatCompletion
+
+    if not isinstance(completion, ChatCompletion):
+        text = str(completion)[:120]
+        return f"the server's answer is not a chat completion: {text!r}"
+    choices = completion.choices
+    if not isinstance(choices, list) or not choices:
+        return "the server's answer has no choices"
+    message = getattr(choices[0], "message", None)
+    if message is None or not hasattr(message, "model_dump"):
+        return "the server's first choice has no message"
+    return None
 
 
 def assistant_message(choice: Any) -> dict[str, Any]:
@@ -159,21 +185,33 @@ def assistant_message(choice: Any) -> dict[str, Any]:
 
 
 def token_details(completion: Any) -> dict[str, Any]:
-    """Token ids, log-probabilities and usage, where the server sent them."""
+    """Token ids, log-probabilities and usage, where the server sent them.
+
+    Read defensively: the SDK does not validate answers, and servers differ
+    in which of these fields they fill.
+    """
     choice = completion.choices[0]
     extra = completion.model_extra or {}
     choice_extra = choice.model_extra or {}
+    usage: Any = getattr(completion, "usage", None)
     details: dict[str, Any] = {
-        "prompt_token_ids": extra.get("prompt_token_ids"),
-        "completion_token_ids": choice_extra.get("token_ids"),
-        "usage": completion.usage.model_dump(exclude_none=True) if completion.usage else None,
+        "prompt_token_ids": _ints(extra.get("prompt_token_ids")),
+        "completion_token_ids": _ints(choice_extra.get("token_ids")),
+        "usage": usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else None,
     }
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    if content is not None:
-        details["tokens"] = [entry.token for entry in content]
-        details["logprobs"] = [entry.logprob for entry in content]
-        if any(entry.top_logprobs for entry in content):
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if isinstance(content, list) and content:
+        details["tokens"] = [getattr(entry, "token", None) for entry in content]
+        details["logprobs"] = [getattr(entry, "logprob", None) for entry in content]
+        tops = [getattr(entry, "top_logprobs", None) or [] for entry in content]
+        if any(tops):
             details["top_logprobs"] = [
-                {top.token: top.logprob for top in entry.top_logprobs} for entry in content
+                {getattr(t, "token", ""): getattr(t, "logprob", None) for t in top} for top in tops
             ]
     return details
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    return None

@@ -284,7 +284,7 @@ class Rollout:
             record = TurnRecord(
                 message=message,
                 tool_messages=[],
-                finish_reason=choice.finish_reason,
+                finish_reason=getattr(choice, "finish_reason", None),
                 attempts=answer.attempts,
                 request_time=answer.elapsed,
                 **token_details(answer.completion),

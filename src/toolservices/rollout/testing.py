@@ -9,7 +9,8 @@ answer. A turn is raw text (a model's own tool-call syntax, for client-side
 parsing), a message dict with ``tool_calls`` (what a server with a tool
 parser returns), or a fault: :class:`Fail` (an HTTP error status) and
 :class:`Hang` (no answer until the server closes), each for its first
-attempts only, so that retries can be seen to work.
+attempts only, so that retries can be seen to work; :class:`Raw` sends a
+broken or foreign answer (HTML, invalid JSON, no choices).
 
 Like vLLM, it returns ``prompt_token_ids`` and per-choice ``token_ids`` when
 the request sets ``return_token_ids``, and per-token ``logprobs`` when asked.
@@ -35,7 +36,7 @@ from typing import Any, TypeAlias
 
 from toolservices.errors import UserError
 
-__all__ = ["Fail", "Hang", "ScriptedChatServer", "ScriptedTurn", "toy_tokenize"]
+__all__ = ["Fail", "Hang", "Raw", "ScriptedChatServer", "ScriptedTurn", "toy_tokenize"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +62,20 @@ class Hang:
     times: int = 1
 
 
+@dataclass(frozen=True, kw_only=True)
+class Raw:
+    """Answer with exactly this body (a broken or foreign answer), every attempt.
+
+    A dict is sent as JSON, a string as is with ``content_type``.
+    """
+
+    body: str | Mapping[str, Any]
+    status: int = 200
+    content_type: str = "application/json"
+
+
 #: One scripted assistant turn.
-ScriptedTurn: TypeAlias = "str | Mapping[str, Any] | Fail | Hang"
+ScriptedTurn: TypeAlias = "str | Mapping[str, Any] | Fail | Hang | Raw"
 #: Either prompt -> turns, or a function of the request body returning the turn.
 Script: TypeAlias = (
     "Mapping[str, Sequence[ScriptedTurn]] | Callable[[dict[str, Any]], ScriptedTurn]"
@@ -233,6 +246,11 @@ class ScriptedChatServer:
                 if self.latency:
                     await asyncio.sleep(self.latency)
                 status, payload, headers = await self._answer(body)
+                if isinstance(payload, Raw):
+                    content = payload.body
+                    if not isinstance(content, str):
+                        content = json.dumps(content)
+                    return Response(content, status_code=status, media_type=payload.content_type)
                 return JSONResponse(payload, status_code=status, headers=headers)
             finally:
                 self.in_flight -= 1
@@ -260,7 +278,9 @@ class ScriptedChatServer:
         except asyncio.TimeoutError:
             reached.set()  # the client never got there: stop holding anyone
 
-    async def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    async def _answer(
+        self, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any] | Raw, dict[str, str]]:
         messages = body.get("messages") or []
         key = next((m.get("content") for m in messages if m.get("role") == "user"), None)
         turn_index = sum(1 for m in messages if m.get("role") == "assistant")
@@ -292,6 +312,8 @@ class ScriptedChatServer:
             turn = turn.then
         if turn is None:
             return _error(500, "the script has no turn after its failure")
+        if isinstance(turn, Raw):
+            return turn.status, turn, {}
         return 200, self._completion(body, turn), {}
 
     def _completion(self, body: dict[str, Any], turn: str | Mapping[str, Any]) -> dict[str, Any]:
