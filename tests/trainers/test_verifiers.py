@@ -23,6 +23,7 @@ pytest.importorskip("verifiers")
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
+    import verifiers as vf
     from datasets import Dataset
     from openai import AsyncOpenAI
     from verifiers.clients import OpenAIChatCompletionsClient
@@ -241,3 +242,22 @@ async def test_our_mcp_server_as_a_verifiers_toolset_by_url(mcp_server_url, serv
     # and verifiers' harness programs open a new connection for every call, so state set in
     # one call is gone in the next.
     assert results[2]["exception"]["type"] == "NameError"
+
+
+@pytest.mark.anyio
+async def test_evaluate_scores_rollouts_with_a_rubric(executor, llm):
+    """The docs' recipe end to end: verifiers' evaluate(), our env, a reward function."""
+
+    def correct(completion, answer) -> float:
+        tool_text = [m.content for m in completion if m.role == "tool"]
+        return 1.0 if tool_text and str(tool_text[-1]).strip() == answer else 0.0
+
+    env = ToolservicesEnv(
+        [python_tool(executor), lookup],
+        timeout=10.0,
+        dataset=Dataset.from_list([{"question": "count", "answer": "2"}] * 2),
+        rubric=vf.Rubric(funcs=[correct]),
+        max_turns=8,
+    )
+    results = await env.evaluate(llm, "scripted", num_examples=2, rollouts_per_example=2)
+    assert [o["reward"] for o in results["outputs"]] == [1.0] * 4
