@@ -9,6 +9,7 @@ here raises for what the server did: the caller gets a :class:`Answer`.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -128,7 +129,7 @@ async def request_completion(
                     cast_to=ChatCompletion,
                     options={**options, "timeout": request_timeout},
                 )
-        except ValueError as exc:  # a 2xx body that is not JSON (the SDK's json.loads)
+        except json.JSONDecodeError as exc:  # a 2xx body that is not JSON
             answer.failures.append(f"invalid JSON: {exc}")
             answer.error = f"the server's answer is not valid JSON ({exc})"
             break
