@@ -453,3 +453,13 @@ async def test_missing_token_fields_are_none_not_a_crash() -> None:
     (turn,) = trajectory.turns
     assert turn.prompt_token_ids is None and turn.completion_token_ids is None
     assert turn.tokens == [None] and turn.logprobs == [None] and turn.finish_reason is None
+
+
+def test_backoff_grows_is_capped_jittered_and_honours_short_retry_after() -> None:
+    policy = RetryPolicy(backoff=0.5, max_backoff=4.0)
+    for retry, base in ((1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (9, 4.0)):
+        delays = [policy.delay(retry) for _ in range(50)]
+        assert all(base * 0.5 <= d <= base for d in delays), (retry, min(delays), max(delays))
+        assert len(set(delays)) > 1  # jittered: episodes do not retry in lockstep
+    assert policy.delay(3, retry_after=0.25) == 0.25
+    assert policy.delay(1, retry_after=60.0) <= 0.5  # a long Retry-After is not obeyed
