@@ -192,6 +192,14 @@ def describe_exception(exc: BaseException) -> str:
     name = type(exc).__name__
     try:
         message = str(exc)
-    except Exception as failure:
+    except BaseException as failure:  # even a __str__ that calls sys.exit()
+        if isinstance(failure, KeyboardInterrupt) and _in_main_thread():
+            raise  # may be a real Ctrl-C
         message = f"<str() of the exception failed: {type(failure).__name__}>"
     return f"{name}: {message}" if message else name
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -58,6 +58,16 @@ class Unprintable(Exception):
         raise RuntimeError("no text for you")
 
 
+class ExitingMessage(Exception):
+    def __str__(self) -> str:
+        raise SystemExit("from __str__")
+
+
+class ExitingStr:
+    def __str__(self) -> str:
+        raise SystemExit("from __str__")
+
+
 class NoStr:
     def __str__(self) -> str:
         raise ValueError("str() refused")
@@ -80,6 +90,7 @@ RAISED: dict[str, Callable[[], BaseException]] = {
     "GeneratorExit": GeneratorExit,
     "CancelledError": asyncio.CancelledError,
     "Unprintable": Unprintable,
+    "ExitingMessage": ExitingMessage,
 }
 
 
@@ -99,16 +110,20 @@ async def async_raise(kind: str) -> str:
     raise RAISED[kind]()
 
 
+def _unshowable(kind: str) -> Any:
+    return {"nostr": NoStr, "exiting": ExitingStr}.get(kind, _deep)()
+
+
 @tool
 def sync_return(kind: str) -> Any:
     """Return a value that cannot be shown as text."""
-    return NoStr() if kind == "nostr" else _deep()
+    return _unshowable(kind)
 
 
 @tool
 async def async_return(kind: str) -> Any:
     """Return a value that cannot be shown as text, from async code."""
-    return NoStr() if kind == "nostr" else _deep()
+    return _unshowable(kind)
 
 
 @tool
@@ -146,6 +161,13 @@ def test_any_exception_from_a_tool_is_a_failed_call(name: str, kind: str) -> Non
     _still_working()
 
 
+def test_an_exception_whose_str_exits_still_reads() -> None:
+    (outcome,) = returns(
+        lambda: Dispatcher(REGISTRY).run([[ToolCall("async_raise", {"kind": "ExitingMessage"})]])
+    )
+    assert outcome.results[0].error == "ExitingMessage: <str() of the exception failed: SystemExit>"
+
+
 def test_an_unprintable_exception_still_reads() -> None:
     (outcome,) = returns(
         lambda: Dispatcher(REGISTRY).run([[ToolCall("sync_raise", {"kind": "Unprintable"})]])
@@ -154,7 +176,10 @@ def test_an_unprintable_exception_still_reads() -> None:
 
 
 @pytest.mark.parametrize("name", ["sync_return", "async_return"])
-@pytest.mark.parametrize(("kind", "cause"), [("nostr", "ValueError"), ("deep", "RecursionError")])
+@pytest.mark.parametrize(
+    ("kind", "cause"),
+    [("nostr", "ValueError"), ("deep", "RecursionError"), ("exiting", "SystemExit")],
+)
 def test_a_value_that_cannot_be_text_is_a_failed_call(name: str, kind: str, cause: str) -> None:
     (outcome,) = returns(lambda: Dispatcher(REGISTRY).run([[ToolCall(name, {"kind": kind})]]))
     (result,) = outcome.results
@@ -191,16 +216,23 @@ def test_a_str_subclass_renders_as_its_characters() -> None:
 
 def test_renderers_survive_a_result_built_by_hand() -> None:
     """A CallResult not made by the dispatcher (no text yet) still renders."""
-    result = CallResult(tool="t", call_id="c", ok=True, value=NoStr())
-    assert "cannot be shown as text" in result.content
-    assert "cannot be shown as text" in render_tool_results([result])
+    from toolservices.dispatch import render_simple
+
+    for value in (NoStr(), ExitingStr(), _deep()):
+        result = CallResult(tool="t", call_id="c", ok=True, value=value)
+        assert "cannot be shown as text" in result.content
+        assert "cannot be shown as text" in render_tool_results([result])
+        assert "cannot show" in render_simple(result)
+    # str() of a container calls repr() of its items, which JSON does not need
+    result = CallResult(tool="t", call_id="c", ok=True, value={"k": NoStr()}, text="{}")
+    assert render_simple(result).endswith("that str() cannot show: ValueError: repr() refused>")
 
 
 @pytest.mark.parametrize("result_format", ["openai", "tool_results"])
 def test_tool_env_stays_consistent_whatever_the_tools_do(result_format: Any) -> None:
     """Every assistant turn with calls is followed by its tool message(s), every step."""
     cases = [("sync_raise", k) for k in KINDS] + [("async_raise", k) for k in ASYNC_KINDS]
-    cases += [(n, k) for n in ("sync_return", "async_return") for k in ("nostr", "deep")]
+    cases += [(n, k) for n in ("sync_return", "async_return") for k in ("nostr", "deep", "exiting")]
     env = ToolEnv(REGISTRY, parser="hermes", max_turns=2, result_format=result_format)
     env.reset(["go"] * len(cases))
     responses = [

@@ -114,8 +114,10 @@ def is_real_cancellation(exc: BaseException, task: asyncio.Task[Any] | None) -> 
     cancellation is a ``CancelledError`` while our task has a pending cancel
     request, a ``GeneratorExit`` thrown in while the coroutine is being
     closed (from outside our task), or a ``KeyboardInterrupt`` in the main
-    thread (Ctrl-C can only land there). Before Python 3.11 a task cannot say
-    whether it is being cancelled, so there every ``CancelledError`` is real.
+    thread (Ctrl-C can only land there). ``task=None`` (sync code) keeps
+    every ``CancelledError`` and ``GeneratorExit`` real, to be safe. Before
+    Python 3.11 a task cannot say whether it is being cancelled, so there
+    every ``CancelledError`` is real.
     """
     if isinstance(exc, asyncio.CancelledError):
         cancelling = getattr(task, "cancelling", None)  # Python 3.11+
@@ -124,4 +126,8 @@ def is_real_cancellation(exc: BaseException, task: asyncio.Task[Any] | None) -> 
         return task is None or current_task() is not task
     if isinstance(exc, KeyboardInterrupt):
         return threading.current_thread() is threading.main_thread()
-    return isinstance(exc, anyio.get_cancelled_exc_class())
+    try:
+        cancelled = anyio.get_cancelled_exc_class()
+    except RuntimeError:  # no async library runs here: plain sync code (a renderer)
+        return False
+    return isinstance(exc, cancelled)

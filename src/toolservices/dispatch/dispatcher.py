@@ -243,7 +243,9 @@ class Dispatcher:
             return failed(error, "tool_failed", describe_exception(error))
         try:
             text = value_text(value)
-        except Exception as exc:  # a __str__ that fails, a value nested too deep
+        except BaseException as exc:  # a __str__ that fails (even by exiting), a value too deep
+            if is_real_cancellation(exc, task):
+                raise
             message = (
                 f"Tool '{call.tool}' returned a {type(value).__name__} that cannot be shown as "
                 f"text: {describe_exception(exc)}"

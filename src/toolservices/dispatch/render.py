@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from toolservices.dispatch._guard import is_real_cancellation
 from toolservices.dispatch.results import CallResult
 from toolservices.errors import describe_exception
 
@@ -103,5 +104,7 @@ def _str(result: CallResult) -> str:
         return result.content
     try:
         return str(value)
-    except Exception as exc:  # a container holding an object whose repr() fails
+    except BaseException as exc:  # a container holding an object whose repr() fails
+        if is_real_cancellation(exc, None):
+            raise  # a Ctrl-C in the main thread
         return f"<a {type(value).__name__} that str() cannot show: {describe_exception(exc)}>"

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from toolservices.dispatch._guard import is_real_cancellation
 from toolservices.errors import ErrorKind, describe_exception
 from toolservices.parsing.base import ParseResult
 
@@ -49,7 +50,9 @@ def safe_value_text(value: Any) -> str:
     """:func:`value_text` that never raises (a placeholder naming the failure instead)."""
     try:
         return value_text(value)
-    except Exception as exc:
+    except BaseException as exc:  # even a __str__ that calls sys.exit()
+        if is_real_cancellation(exc, None):
+            raise  # a Ctrl-C in the main thread
         return f"<a {type(value).__name__} that cannot be shown as text: {describe_exception(exc)}>"
 
 
@@ -67,8 +70,9 @@ class CallResult:
     #: What the model reads when the call failed.
     error: str | None = None
     #: ``unknown_tool``, ``invalid_arguments``, ``tool_failed``, ``timeout``,
-    #: ``parse_error``, ``skipped``, ``infrastructure``, or ``tool_error`` for a
-    #: plain :class:`~toolservices.errors.ToolError` a tool raised itself.
+    #: ``parse_error``, ``skipped``, ``infrastructure``, ``internal`` (a bug of
+    #: this library, logged), or ``tool_error`` for a plain
+    #: :class:`~toolservices.errors.ToolError` a tool raised itself.
     error_kind: ErrorKind | None = None
     duration: float = 0.0
     #: The exception behind a failure (the tool's own, or ours for ``internal``),
