@@ -463,3 +463,33 @@ def test_backoff_grows_is_capped_jittered_and_honours_short_retry_after() -> Non
         assert len(set(delays)) > 1  # jittered: episodes do not retry in lockstep
     assert policy.delay(3, retry_after=0.25) == 0.25
     assert policy.delay(1, retry_after=60.0) <= 0.5  # a long Retry-After is not obeyed
+
+
+async def test_the_test_server_streams_for_streaming_clients() -> None:
+    """The SDK's own stream reader sees content deltas, tool calls and usage."""
+    script = {
+        "s": [
+            {
+                "content": "Let me add.",
+                "tool_calls": [server_call("call_1", "calculator", {"expression": "1+2"})],
+            }
+        ]
+    }
+    with ScriptedChatServer(script) as server:
+        client = openai.AsyncOpenAI(base_url=server.url, api_key="k", max_retries=0)
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "s"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        await client.close()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Let me add."
+    (call,) = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert call.id == "call_1" and call.function is not None
+    assert call.function.name == "calculator"
+    assert json.loads(call.function.arguments or "") == {"expression": "1+2"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0

@@ -14,6 +14,9 @@ broken or foreign answer (HTML, invalid JSON, no choices).
 
 Like vLLM, it returns ``prompt_token_ids`` and per-choice ``token_ids`` when
 the request sets ``return_token_ids``, and per-token ``logprobs`` when asked.
+With ``stream: true`` it answers in server-sent events (role, content token
+by token, tool calls, finish reason, usage with ``include_usage``; no token
+ids or logprobs there).
 The token ids come from a toy word-level tokenizer (stable across runs), not
 from a real model vocabulary.
 
@@ -233,7 +236,7 @@ class ScriptedChatServer:
     def _app(self) -> Any:
         from starlette.applications import Starlette
         from starlette.requests import Request
-        from starlette.responses import JSONResponse, Response
+        from starlette.responses import JSONResponse, Response, StreamingResponse
         from starlette.routing import Route
 
         async def completions(request: Request) -> Response:
@@ -251,6 +254,10 @@ class ScriptedChatServer:
                     if not isinstance(content, str):
                         content = json.dumps(content)
                     return Response(content, status_code=status, media_type=payload.content_type)
+                if body.get("stream") and status == 200:
+                    return StreamingResponse(
+                        _sse(_chunks(payload, body)), media_type="text/event-stream"
+                    )
                 return JSONResponse(payload, status_code=status, headers=headers)
             finally:
                 self.in_flight -= 1
@@ -367,6 +374,34 @@ class ScriptedChatServer:
             payload["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = ids
         return payload
+
+
+def _chunks(payload: Mapping[str, Any], body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A completion as ``chat.completion.chunk`` objects: role, content token by
+    token, the tool calls, the finish reason, then usage if asked for."""
+    (choice,) = payload["choices"]
+    message = choice["message"]
+    base = {k: payload[k] for k in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": token}) for token in toy_tokenize(message["content"] or "")[0]]
+    if message.get("tool_calls"):
+        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        chunks.append(chunk({"tool_calls": calls}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**base, "choices": [], "usage": payload["usage"]})
+    return chunks
+
+
+async def _sse(chunks: list[dict[str, Any]]) -> Any:
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def _error(status: int, message: str) -> tuple[int, dict[str, Any], dict[str, str]]:
