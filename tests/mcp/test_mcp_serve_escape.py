@@ -85,3 +85,20 @@ async def test_http_any_registry_result_is_escaped() -> None:
             await _check_registry_tools(session)
     finally:
         kill_group(proc)
+
+
+def test_our_client_escapes_what_it_is_handed() -> None:
+    """Over JSON the SDK refuses lone surrogates; an in-process (in-memory) server hands
+    its result objects over as they are, and MCPResult escapes them."""
+    import mcp.types as mt
+
+    from toolservices.mcp import MCPResult
+
+    raw = mt.CallToolResult(
+        content=[mt.TextContent(type="text", text="a\ud800")],
+        structured_content={"k\udfff": ["\ud800"]},
+    )
+    result = MCPResult.from_mcp("srv", "tool", raw)
+    assert result.text == "a\\ud800"
+    assert result.structured == {"k\\udfff": ["\\ud800"]}
+    str(result).encode("utf-8")
