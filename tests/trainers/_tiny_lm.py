@@ -22,10 +22,19 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 CODE = "n = globals().get('n', 0) + 1; print(n)"
 _CALL_HEAD = '<tool_call>\n{"name": "python", "arguments": {"code": "'
 _CALL_TAIL = '"}}\n</tool_call>'
+# A second call in the same turn: distinct tokens, so the chain stays a chain.
+_SECOND_TAIL = '"}}\n</tool_call>\n'
+_SECOND_HEAD = '<tool_call>\n{"name": "python", "arguments": {"code":  "'
+_SECOND_CODE = CODE.replace("; ", ";  ")  # same snippet, another token
 
 
-def build(chat_template: str) -> tuple[Any, Any]:
-    """(model, tokenizer) for ``chat_template`` (a Qwen-style template)."""
+def build(chat_template: str, *, calls_per_turn: int = 1) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``chat_template`` (a Qwen-style template).
+
+    With ``calls_per_turn=2`` each turn holds two calls of ``CODE``.
+    """
+    if calls_per_turn not in (1, 2):
+        raise ValueError("calls_per_turn must be 1 or 2")
     pieces = [
         "<|im_start|>",
         "<|im_end|>",
@@ -36,6 +45,9 @@ def build(chat_template: str) -> tuple[Any, Any]:
         _CALL_HEAD,
         CODE,
         _CALL_TAIL,
+        _SECOND_TAIL,
+        _SECOND_HEAD,
+        _SECOND_CODE,
     ]
     # Digits are in the vocabulary so that tool results (counts) survive a round trip.
     vocab = {"[UNK]": 0, **{str(d): d + 1 for d in range(10)}}
@@ -55,8 +67,11 @@ def build(chat_template: str) -> tuple[Any, Any]:
     chain = {
         ids["<|im_start|>assistant\n"]: ids[_CALL_HEAD],
         ids[_CALL_HEAD]: ids[CODE],
-        ids[CODE]: ids[_CALL_TAIL],
+        ids[CODE]: ids[_CALL_TAIL if calls_per_turn == 1 else _SECOND_TAIL],
         ids[_CALL_TAIL]: ids["<|im_end|>"],
+        ids[_SECOND_TAIL]: ids[_SECOND_HEAD],
+        ids[_SECOND_HEAD]: ids[_SECOND_CODE],
+        ids[_SECOND_CODE]: ids[_CALL_TAIL],
     }
     vocab = len(tokenizer)
     hidden = max(32, vocab + (-vocab % 8))

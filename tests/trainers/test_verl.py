@@ -119,9 +119,9 @@ def rollout_config(**multi_turn: Any):
     )
 
 
-def make_loop(name: str, tiny, tools, server=None):
+def make_loop(name: str, tiny, tools, server=None, **multi_turn: Any):
     model, tokenizer = tiny
-    config = rollout_config()
+    config = rollout_config(**multi_turn)
     return hydra.utils.instantiate(
         config=_agent_loop_registry[name],
         trainer_config=DictConfigWrap(config),
@@ -195,6 +195,17 @@ async def test_agent_loop_keeps_one_session_per_trajectory(tiny, executor):
     )
     assert tool_results(tiny[1], second) == ["1", "2"]
     assert second.extra_fields["tool_rewards"] == [0.0, 0.0]
+
+
+@pytest.mark.anyio
+async def test_parallel_calls_of_one_turn_run_in_order_in_one_session(executor):
+    """verl gathers a turn's calls concurrently; the episode takes them one at a time."""
+    two_calls = build(HERMES_TEMPLATE, calls_per_turn=2)
+    tool = ToolservicesTool(python_tool_config(), None)
+    out = await make_loop("toolservices_agent", two_calls, [tool], max_parallel_calls=2).run(
+        {}, raw_prompt=[{"role": "user", "content": "count"}]
+    )
+    assert tool_results(two_calls[1], out) == ["1", "2", "3", "4"]
 
 
 @pytest.mark.anyio

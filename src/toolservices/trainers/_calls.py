@@ -10,8 +10,10 @@ exactly as for text the library parsed itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +68,11 @@ class EpisodeSpec:
         )
 
 
+#: One lock per episode: a trainer may run one turn's calls concurrently (verl gathers
+#: them), but an episode steps one call at a time, in the order the calls arrive.
+_LOCKS: weakref.WeakKeyDictionary[Episode, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
 async def run_call(episode: Episode, name: str, arguments: Mapping[str, Any] | str) -> str:
     """Run one parsed call in ``episode`` and return the text the model reads.
 
@@ -74,8 +81,6 @@ async def run_call(episode: Episode, name: str, arguments: Mapping[str, Any] | s
     a failure or a timeout come back as the error text. A call on an episode
     that has ended (``max_turns``, closed) says so in the text as well.
     """
-    if episode.done:
-        return f"Error: the episode has ended ({episode.reason}); tool '{name}' was not run."
     text = arguments if isinstance(arguments, str) else json.dumps(dict(arguments), default=str)
     message = {
         "role": "assistant",
@@ -88,5 +93,11 @@ async def run_call(episode: Episode, name: str, arguments: Mapping[str, Any] | s
             }
         ],
     }
-    replies = await episode.step(message)
+    lock = _LOCKS.get(episode)
+    if lock is None:
+        lock = _LOCKS.setdefault(episode, asyncio.Lock())
+    async with lock:
+        if episode.done:
+            return f"Error: the episode has ended ({episode.reason}); tool '{name}' was not run."
+        replies = await episode.step(message)
     return "\n".join(str(reply.get("content", "")) for reply in replies)
