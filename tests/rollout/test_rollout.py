@@ -357,9 +357,9 @@ def test_sync_run_and_states() -> None:
 
     script = {"a": [hermes("remember", {}), "ok"], "b": [hermes("remember", {}), "ok"]}
     with ScriptedChatServer(script) as server:
-        runner = Rollout([remember], model="m", base_url=server.url, parser="hermes")
-        trajectories = runner.run(["a", "b"], states=[{"answer": 1}, {"answer": 2}])
-        runner.close()
+        with Rollout([remember], model="m", base_url=server.url, parser="hermes") as runner:
+            trajectories = runner.run(["a", "b"], states=[{"answer": 1}, {"answer": 2}])
+        assert runner.client.is_closed()
     assert sorted(seen) == [1, 2]
     assert [t.state["answer"] for t in trajectories] == [1, 2]
 

@@ -301,7 +301,14 @@ class Rollout:
             await self.client.close()
 
     def close(self) -> None:
+        """Synchronous :meth:`aclose`."""
         run_sync(self.aclose)
+
+    def __enter__(self) -> Rollout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     async def __aenter__(self) -> Rollout:
         return self
