@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import math
+from functools import partial
 
 import anyio
+import psutil
 import pytest
 
 from toolservices.errors import UserError
@@ -30,36 +33,35 @@ def test_cancelled_session_calls_leave_the_queue_count_at_zero(
 
 
 def test_max_queue_still_holds_after_cancelled_calls(sid: str) -> None:
+    async def settle(svc: PythonExecutorService) -> None:
+        while svc.stats()["busy_sessions"] > 0 or svc.stats()["queued"] > 0:  # noqa: ASYNC110
+            await anyio.sleep(0.01)  # until cancellations have reached the service's loop
+
     async def scenario(svc: PythonExecutorService) -> BaseException | None:
         for _ in range(3):  # each cancelled call used to leave the count one lower
             with anyio.move_on_after(0.3):
                 await svc.aexecute("import time\ntime.sleep(30)", session_id=sid)
-        while svc.stats()["busy_sessions"] > 0 or svc.stats()["queued"] > 0:  # noqa: ASYNC110
-            await anyio.sleep(0.01)  # until the cancellations have reached the service's loop
+        await settle(svc)
+        refused: BaseException | None = None
         async with anyio.create_task_group() as tg:
-            started = anyio.Event()
-
-            async def hold() -> None:  # takes the only slot
-                started.set()
-                await svc.aexecute("import time\ntime.sleep(2)", session_id=f"{sid}-a")
-
-            async def wait() -> None:  # the one call allowed to wait
-                await svc.aexecute("pass", session_id=f"{sid}-b")
-
-            tg.start_soon(hold)
-            await started.wait()
+            # one call takes the only slot (until cancelled), one waits: the queue is full
+            tg.start_soon(
+                partial(svc.aexecute, "import time\ntime.sleep(60)", session_id=f"{sid}-a")
+            )
             while svc.stats()["busy_sessions"] < 1 or svc.stats()["queued"] > 0:  # noqa: ASYNC110
-                await anyio.sleep(0.01)  # until it holds the slot and has left the queue
-            tg.start_soon(wait)
+                await anyio.sleep(0.01)
+            tg.start_soon(partial(svc.aexecute, "pass", session_id=f"{sid}-b"))
             while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
                 await anyio.sleep(0.01)
             try:
                 await svc.aexecute("pass", session_id=f"{sid}-c")
             except Exception as exc:  # noqa: BLE001 - returned for the assertion
-                return exc
-        return None
+                refused = exc
+            tg.cancel_scope.cancel()
+        await settle(svc)
+        return refused
 
-    with PythonExecutorService(pool_size=1, max_queue=1, timeout=10) as svc:
+    with PythonExecutorService(pool_size=1, max_queue=1, timeout=90) as svc:
         refused = anyio.run(scenario, svc)
         assert refused is not None and "queue is full" in str(refused)
         assert svc.stats()["queued"] == 0
@@ -123,3 +125,24 @@ def test_close_session_says_whether_there_was_one(service: PythonExecutorService
         return await service.aclose_session(sid), await service.aclose_session(sid)
 
     assert anyio.run(in_async) == (True, False)
+
+
+def test_a_call_cancelled_while_the_fork_server_starts_leaks_nothing(sid: str) -> None:
+    """The first call starts the fork server; cancelled meanwhile, the server is stopped."""
+
+    async def cancel_early(svc: PythonExecutorService) -> None:
+        with anyio.move_on_after(0.01):
+            await svc.aexecute("pass", session_id=sid)
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    svc = PythonExecutorService(pool_size=1, timeout=10)
+    try:
+        anyio.run(cancel_early, svc)
+        assert svc.stats()["queued"] == 0
+        assert svc.execute("print(3)", session_id=sid).stdout == "3\n"  # starts a new one
+    finally:
+        svc.close()
+    gc.collect()  # an abandoned server's socket, log and Popen warn here (errors in pytest)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _gone, alive = psutil.wait_procs(left, timeout=10)
+    assert not alive

@@ -6,9 +6,11 @@ that it cannot harm the machine even if an isolation layer were missing.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from toolservices.python import PythonExecutorService
+from toolservices.python import PythonExecutorService, SandboxConfig
 
 # --- recursion ---------------------------------------------------------------------------
 
@@ -132,3 +134,130 @@ def test_a_forged_reply_for_the_current_call_restarts_the_session_next_time(
     result = service.execute("print('kept' in globals())", session_id=sid)
     assert result.restarted and not (result.success and result.stdout == "True\n")
     service.close_session(sid)
+
+
+# --- cross-session state (filesystem) and per-session process budget ------------------------
+
+
+def _needs(service: PythonExecutorService, layer: str) -> None:
+    entry = service.isolation_report()["layers"].get(layer, {})
+    if not entry.get("active"):
+        pytest.skip(f"layer {layer} inactive here: {entry.get('why')}")
+
+
+WRITE_STATE = (
+    "import os\n"
+    "for path in ('/tmp/leak', '/dev/shm/leak', os.path.expanduser('~/leak')):\n"
+    "    open(path, 'w').write('from ' + os.getcwd())\n"
+    "print(os.environ['HOME'], os.environ['TMPDIR'])\n"
+)
+READ_STATE = (
+    "import os\n"
+    "print(sorted(p for p in ('/tmp/leak', '/dev/shm/leak', os.path.expanduser('~/leak'))\n"
+    "             if os.path.exists(p)))\n"
+)
+
+
+def test_a_fresh_session_sees_nothing_another_left_in_tmp_shm_or_home(
+    service: PythonExecutorService, sid: str
+) -> None:
+    _needs(service, "session_namespaces")
+    wrote = service.execute(WRITE_STATE, session_id=sid)
+    assert wrote.success, wrote.stderr
+    assert (
+        service.execute(READ_STATE, session_id=sid).stdout
+        == str(sorted(["/tmp/leak", "/dev/shm/leak", wrote.stdout.split()[0] + "/leak"])) + "\n"
+    )  # the session itself keeps them
+    while_alive = service.execute(READ_STATE, session_id=f"{sid}-other")
+    assert while_alive.success and while_alive.stdout == "[]\n"
+    service.close_session(sid)
+    after = service.execute(READ_STATE, session_id=sid)  # the same id, a new session
+    assert after.success and after.stdout == "[]\n"
+    fresh = service.execute(READ_STATE)  # no session: a fresh interpreter
+    assert fresh.success and fresh.stdout == "[]\n"
+    for name in (sid, f"{sid}-other"):
+        service.close_session(name)
+
+
+def test_fork_copies_do_not_share_writable_dirs(service: PythonExecutorService, sid: str) -> None:
+    _needs(service, "session_namespaces")
+    assert service.execute(WRITE_STATE, session_id=sid).success
+    first, second = service.fork_session(sid, 2)
+    probe = (
+        "import os\n"
+        "seen = open('/tmp/leak').read().startswith('from ')  # the source's, before the fork\n"
+        "def denied(path):\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "    except OSError as exc:\n"
+        "        return exc.errno\n"
+        "    return 0\n"
+        "source = os.path.join(os.path.dirname(os.getcwd()), 'w0')\n"
+        "print(seen, denied('/tmp/copy'), denied('/dev/shm/copy'), denied(source + '/x'),\n"
+        "      denied('own.txt'), os.environ['HOME'] == os.getcwd())\n"
+    )
+    for copy in (first, second):
+        result = service.execute(probe, session_id=copy)
+        assert result.stdout == "True 13 13 13 0 True\n", result.stderr
+    # each copy writes only its own directory: the other copy cannot see it
+    assert service.execute("print(open('own.txt').read())", session_id=first).stdout == "x\n"
+    other = service.execute(
+        f"import os\nprint(os.path.exists(os.path.join('..', {os.path.basename(first)!r})))",
+        session_id=second,
+    )
+    assert other.stdout in ("False\n", "")
+    for name in (sid, first, second):
+        service.close_session(name)
+
+
+FORK_BOMB = (
+    "import os, time\n"
+    "n = 0\n"
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(60)\n"  # held until the session is closed
+    "        os._exit(0)\n"
+    "    n += 1\n"
+    "print('FORKED', n)\n"
+)
+FORK_TEN = (
+    "import os\n"
+    "kids = [pid for pid in (os.fork() for _ in range(10)) if pid or os._exit(0)]\n"
+    "print('OK', len([os.waitpid(pid, 0) for pid in kids]))\n"
+)
+
+
+def test_each_session_has_its_own_process_budget(service: PythonExecutorService, sid: str) -> None:
+    _needs(service, "nproc_limit")
+    bomb = service.execute(FORK_BOMB, session_id=sid, timeout=30)
+    forked = int(bomb.stdout.split()[1])
+    assert forked < 200 and forked <= 64, bomb.stdout  # the default budget
+    # while the bomb's children still hold the whole budget, other sessions fork freely
+    for other in (f"{sid}-b", f"{sid}-c"):
+        result = service.execute(FORK_TEN, session_id=other, timeout=30)
+        assert result.stdout == "OK 10\n", result.stderr
+    again = service.execute(FORK_BOMB, session_id=f"{sid}-b", timeout=30)
+    assert int(again.stdout.split()[1]) <= 64
+    for name in (sid, f"{sid}-b", f"{sid}-c"):
+        service.close_session(name)
+
+
+def test_the_process_budget_is_configurable() -> None:
+    config = SandboxConfig(nproc=8)
+    with PythonExecutorService(pool_size=1, timeout=30, sandbox=config) as svc:
+        _needs(svc, "nproc_limit")
+        result = svc.execute(FORK_BOMB)
+        assert result.success and 0 < int(result.stdout.split()[1]) <= 8, result
+
+
+def test_without_session_namespaces_the_report_says_so() -> None:
+    from toolservices.python import isolation_report
+
+    report = isolation_report(SandboxConfig(session_namespaces=False))
+    layer = report["layers"]["session_namespaces"]
+    assert not layer["active"] and "session_namespaces=False" in layer["why"]
+    assert "per session" not in report["layers"]["nproc_limit"].get("detail", "")

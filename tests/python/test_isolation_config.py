@@ -28,6 +28,7 @@ EXPECTED_LAYERS = {
     "no_new_privs",
     "uid_drop",
     "nproc_limit",
+    "session_namespaces",
     "namespaces",
     "network",
     "readonly_fs",

@@ -25,8 +25,9 @@ What it does not do:
   reply, and the executor stays in sync (a forged or late frame restarts the
   session), but a result is only what the code chose to report: compute
   rewards and verdicts outside the sandbox.
-* A copy made by ``fork_session`` works in a sibling directory of its source
-  (copies of one session can write into each other's directories).
+* A copy made by ``fork_session`` shares its source's namespaces: it writes
+  only its own directory (with Landlock), but can read what the source keeps
+  in ``/tmp`` and shares its process budget.
 * Output printed by background threads or processes after a call returns is
   reported with the next call, or dropped if it lands before that call starts.
 """

@@ -204,6 +204,9 @@ class ForkServerClient:
                 f"the Python fork server did not start: {exc}; its stderr: {tail!r}",
                 retryable=False,
             ) from None
+        except BaseException:  # cancelled while it starts: nobody will own it, stop it now
+            await self.stop()  # shielded
+            raise
 
     async def wait_exit(self) -> None:
         """Return when the server process has exited (its pidfd turns readable)."""

@@ -47,6 +47,9 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
                 for _, b in pairs:
                     b.close()
                 frame = await src.chan.recv()
+                if frame.kind == Kind.ERROR and frame.seq == seq:  # the source stays usable
+                    source_ok = True
+                    raise ProtocolViolation(str(frame.json().get("error")))
                 if frame.kind != Kind.FORKED or frame.seq != seq:
                     raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
                 source_ok = True  # from here on only the copies can fail

@@ -40,10 +40,17 @@ from typing import Any, NoReturn
 
 try:  # a package module in the parent, a top-level one in the server (run by path)
     from ._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
-    from ._worker import die_with_parent, serve_session, set_default_thread_stack, set_subreaper
+    from ._worker import (
+        SESSION_LAYERS,
+        die_with_parent,
+        serve_session,
+        set_default_thread_stack,
+        set_subreaper,
+    )
 except ImportError:
     from _frames import Frame, Kind, PeerClosed, recv_frame, send_frame  # type: ignore[no-redef]
     from _worker import (  # type: ignore[no-redef]
+        SESSION_LAYERS,
         die_with_parent,
         serve_session,
         set_default_thread_stack,
@@ -128,7 +135,7 @@ class ForkServer:
         self.base: str = config["base"]
         self.max_output: int = config["max_output"]
         self.busy_poll: float = config.get("busy_poll", 0.0)
-        self.layers = _load_by_path("_toolservices_session_layers", config["session_module"])
+        self.layers = _load_by_path(SESSION_LAYERS, config["session_module"])
         self.sessions: dict[str, int] = {}  # live session: workdir -> pid
         # A fresh session gets a "lineage" directory and works in <lineage>/w0; the
         # isolation layers grant writes beneath the lineage, so the copies made by

@@ -69,13 +69,18 @@ class SandboxConfig:
     lets sessions write the host's ``/dev/shm`` when bubblewrap is not used
     (``multiprocessing`` locks need it; files there outlive the session and
     only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
+    ``nproc`` is each session's budget of processes and threads.
+    ``session_namespaces`` gives every session its own user, mount and IPC
+    namespaces where the kernel allows it (any level): a private ``/tmp``,
+    ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
+    the report says whether it worked and why not.
     """
 
     memory_limit: int | None = 4 * _GiB
     cpu_seconds: int | None = 600
     file_size: int | None = 64 * _MiB
     open_files: int | None = 256
-    nproc: int | None = 256
+    nproc: int | None = 64
     network: bool = False
     tmp_size: int = 64 * _MiB
     allow_unsafe: bool = False
@@ -90,6 +95,7 @@ class SandboxConfig:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     base_dir: str | None = None
     host_shm: bool = False
+    session_namespaces: bool = True
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -262,10 +268,18 @@ def session_state(
     nproc: int | None = None,
     nproc_hidden: int = 0,
     seccomp_hex: str | None = None,
+    session_ns: bool = False,
+    keep: list[str] | None = None,
 ) -> dict[str, Any]:
-    """What each session applies to itself (serialised into the server's environment)."""
+    """What each session applies to itself (serialised into the server's environment).
+
+    ``keep``: paths the session's own /tmp and /dev/shm must not hide.
+    """
     rlimits = {**config_rlimits(config), "NPROC": None}
     return {
+        "session_ns": {"tmp_size": config.tmp_size, "keep": list(keep or ())}
+        if session_ns
+        else None,
         "nproc_headroom": nproc,
         "nproc_hidden": nproc_hidden,
         "level": level,

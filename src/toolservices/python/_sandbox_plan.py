@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolservices.python import _sandbox_probe as probe_mod
@@ -78,6 +78,9 @@ class _Attempt:
     bwrap: str | None
     seccomp_hex: str | None
     landlock: dict[str, Any] | None
+    #: per-session user/mount/IPC namespaces; seccomp is then applied by each session
+    #: (after making them), not by the launcher or bubblewrap
+    session_ns: bool = False
 
 
 def _ro_paths(config: SandboxConfig, paths: probe_mod.PythonPaths) -> list[str]:
@@ -98,14 +101,14 @@ def _bwrap_args(
     env: dict[str, str],
     command: list[str],
     seccomp: bool,
+    session_ns: bool = False,
 ) -> list[str]:
     args = [bwrap, "--unshare-all", "--unshare-user"]
     if config.network:
         args.append("--share-net")
+    # sessions make their own user namespaces (and then deny new ones with seccomp)
+    args += ["--die-with-parent", "--new-session"] + ([] if session_ns else ["--disable-userns"])
     args += [
-        "--die-with-parent",
-        "--new-session",
-        "--disable-userns",
         "--hostname",
         "sandbox",
         "--clearenv",
@@ -159,6 +162,10 @@ def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
     if seccomp_hex is not None or landlock is not None:
         found.append(_Attempt("L2", None, seccomp_hex, landlock))
     found.append(_Attempt("L1", None, None, None))
+    if config.session_namespaces:  # each level with them first, then without
+        found = [v for a in found for v in (replace(a, session_ns=True), a)]
+    else:
+        skipped["session_namespaces"] = "disabled by SandboxConfig(session_namespaces=False)"
     if config.allow_unsafe and os.geteuid() == 0:
         # last resort, only when asked for: user code keeps root's uid
         found.append(_Attempt("L0", None, None, None))
@@ -175,6 +182,7 @@ def _landlock_state(
     return {
         "abi": attempt.landlock["abi"],
         "read": [*ro_paths, "/proc"],
+        # (with session namespaces each session adds its own private /tmp and /dev/shm)
         # without bwrap these are the host's: /dev/shm only on request (multiprocessing locks)
         "write": ["/tmp", "/dev/shm"]
         if attempt.bwrap
@@ -342,6 +350,9 @@ def _choose(
             landlock_paths=_landlock_state(attempt, config, ro_paths),
             nproc=nproc,
             nproc_hidden=hidden if attempt.bwrap else 0,
+            seccomp_hex=attempt.seccomp_hex if attempt.session_ns else None,
+            session_ns=attempt.session_ns,
+            keep=[os.path.realpath(p) for p in ro_paths],
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
@@ -361,6 +372,7 @@ def _choose(
         )
         key = (
             attempt.level,
+            attempt.session_ns,
             attempt.bwrap,
             attempt.seccomp_hex,
             attempt.landlock is not None,
@@ -375,6 +387,9 @@ def _choose(
             if result.get("session", {}).get("entered")
             else f"session setup failed: {result.get('session', {}).get('error')}"
         )
+        if problem and attempt.session_ns:  # the same level without them comes next
+            skipped["session_namespaces"] = f"{attempt.level}: {problem}"
+            continue
         if problem:
             fallbacks.append({"level": attempt.level, "error": str(problem)})
             continue
@@ -451,7 +466,8 @@ def _spec_command(
             host_base,
             env,
             command,
-            seccomp=attempt.seccomp_hex is not None,
+            seccomp=attempt.seccomp_hex is not None and not attempt.session_ns,
+            session_ns=attempt.session_ns,
         )
     else:
         argv = command
@@ -471,7 +487,7 @@ def _spec(
     if config.file_size is not None:
         rlimits["FSIZE"] = config.file_size
     seccomp = None
-    if attempt.seccomp_hex is not None:
+    if attempt.seccomp_hex is not None and not attempt.session_ns:  # else: each session
         seccomp = {"program": attempt.seccomp_hex, "mode": "bwrap" if attempt.bwrap else "self"}
     return {
         "uid": uid,

@@ -17,7 +17,8 @@ NOT_PROTECTED = {
     "L3": [
         "kernel bugs (the kernel is shared; use gVisor or a microVM for that)",
         "memory of the private /tmp and /dev/shm beyond their --size cap (no memory cgroup)",
-        "sessions of one executor share its /tmp and /dev/shm (use the workdir for private files)",
+        "copies made by fork_session share their source's /tmp, /dev/shm (read-only to them) "
+        "and process budget",
         "CPU share between sessions (no cgroup; RLIMIT_CPU and the wall timeout only)",
     ],
     "L2": [
@@ -93,6 +94,7 @@ def build_report(
     in_ns = attempt_level == "L3" and {"pid", "mnt"} <= set(private)
     landlock_on = attempt_level in ("L2", "L3") and skipped.get("landlock") is None
     seccomp_on = session.get("seccomp_mode") == 2
+    own_ns = bool(session.get("session_ns"))
     layers = _process_layers(
         config,
         session=session,
@@ -102,6 +104,14 @@ def build_report(
         inside_base=inside_base,
         caller_uid=caller_uid,
         is_root=is_root,
+        own_ns=own_ns,
+    )
+    layers["session_namespaces"] = _layer(
+        own_ns,
+        "each session has its own user, mount and IPC namespaces: private /tmp and /dev/shm "
+        f"tmpfs ({config.tmp_size // (1 << 20)} MiB each), SysV IPC and process budget; "
+        "capabilities dropped",
+        skipped.get("session_namespaces") or "the kernel refused them in the probe",
     )
     fallback_why = "; ".join(f"{f['level']} failed: {f['error']}" for f in fallbacks)
     layers.update(
@@ -118,8 +128,22 @@ def build_report(
             ro_paths=ro_paths,
             uid=uid,
             bwrap=bwrap,
+            own_ns=own_ns,
         )
     )
+    not_protected = list(NOT_PROTECTED[level_of(in_ns, landlock_on, seccomp_on, is_root, uid)])
+    if own_ns:
+        not_protected = [
+            "no filesystem isolation beyond file permissions (the host's /tmp and /dev/shm "
+            "are hidden by the session's own)"
+            if item.startswith("no filesystem isolation")
+            else item
+            for item in not_protected
+        ]
+    if not own_ns and in_ns:
+        not_protected.append(
+            "sessions of one executor share its /tmp and /dev/shm (no session namespaces)"
+        )
     if in_ns:
         level = "L3"
     elif landlock_on or seccomp_on:
@@ -137,10 +161,18 @@ def build_report(
         "bwrap": bwrap,
         "layers": layers,
         "fallbacks": list(fallbacks),
-        "not_protected": NOT_PROTECTED[level],
+        "not_protected": not_protected,
         "enter_session_seconds": session.get("enter_seconds"),
         "min_level": config.min_level,
     }
+
+
+def level_of(in_ns: bool, landlock_on: bool, seccomp_on: bool, is_root: bool, uid: Any) -> str:
+    if in_ns:
+        return "L3"
+    if landlock_on or seccomp_on:
+        return "L2"
+    return "L0" if is_root and uid is None else "L1"
 
 
 def _process_layers(
@@ -153,6 +185,7 @@ def _process_layers(
     inside_base: str,
     caller_uid: int,
     is_root: bool,
+    own_ns: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Layers every level has or lacks per process: environment, limits, identity."""
     layers: dict[str, dict[str, Any]] = {}
@@ -170,7 +203,9 @@ def _process_layers(
     )
     limits: dict[str, int | str | None] = {
         **config_rlimits(config),
-        "NPROC": None if nproc is None else f"tasks at session start + {nproc}",
+        "NPROC": None
+        if nproc is None
+        else (f"{nproc} per session" if own_ns else f"tasks at session start + {nproc}"),
     }
     layers["rlimits"] = _layer(
         True, ", ".join(f"{k}={v}" for k, v in limits.items() if v is not None) + " (hard = soft)"
@@ -205,12 +240,20 @@ def _process_layers(
         )
     if nproc is None:
         layers["nproc_limit"] = _layer(False, why="disabled (SandboxConfig(nproc=None))")
+    elif own_ns:
+        layers["nproc_limit"] = _layer(
+            True,
+            f"RLIMIT_NPROC counted in the session's own user namespace: {nproc} processes and "
+            "threads per session (its copies from fork_session share it), whatever the other "
+            "sessions or the caller run",
+        )
     else:
         owner = f"dedicated uid {uid}" if uid is not None else f"the caller's uid {caller_uid}"
         layers["nproc_limit"] = _layer(
             True,
             f"RLIMIT_NPROC = tasks running when the session starts + {nproc}, on {owner}: "
-            "a fork bomb stops after that many new processes or threads",
+            "a fork bomb stops after that many new processes or threads (shared with the "
+            "other sessions of that uid: no session namespaces)",
         )
     return layers
 
@@ -229,6 +272,7 @@ def _confinement_layers(
     ro_paths: list[str],
     uid: int | None,
     bwrap: str | None,
+    own_ns: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Layers that differ by level: namespaces, network, filesystem, seccomp, Landlock."""
     layers: dict[str, dict[str, Any]] = {}
@@ -265,16 +309,20 @@ def _confinement_layers(
         layers["readonly_fs"] = _layer(
             True,
             f"Landlock allowlist: read {ro_list}, /proc; write only the session workdir"
-            + (" and the host's /dev/shm (host_shm=True)" if config.host_shm else ""),
+            + (", its private /tmp and /dev/shm" if own_ns else "")
+            + (
+                " and the host's /dev/shm (host_shm=True)" if config.host_shm and not own_ns else ""
+            ),
         )
     else:
         layers["readonly_fs"] = _layer(
             False, why="needs bwrap (L3) or Landlock (L2); " + (skipped.get("landlock") or ns_why)
         )
     layers["private_tmp"] = _layer(
-        in_ns,
-        f"private tmpfs /tmp and /dev/shm, {config.tmp_size // (1 << 20)} MiB each",
-        "needs bwrap (L3); TMPDIR points at the session workdir instead"
+        in_ns or own_ns,
+        f"private tmpfs /tmp and /dev/shm, {config.tmp_size // (1 << 20)} MiB each, "
+        + ("per session" if own_ns else "shared by the sessions of one executor"),
+        "needs bwrap (L3) or session namespaces; TMPDIR points at the session workdir instead"
         + ("" if config.host_shm else "; /dev/shm is not writable (multiprocessing locks fail)"),
     )
     layers["seccomp"] = _layer(
@@ -289,7 +337,7 @@ def _confinement_layers(
         landlock_on,
         f"ABI {landlock_abi}: writes only in "
         "the workdir"
-        + (", /tmp, /dev/shm" if in_ns else "")
+        + (", /tmp, /dev/shm" if in_ns or own_ns else "")
         # scoping is requested always but exists only from ABI 6 on
         + (
             "; signals and abstract sockets scoped to the sandbox"

@@ -29,6 +29,7 @@ from typing import Any
 __all__ = [
     "STATE_ENV",
     "SessionSetupError",
+    "enter_copy",
     "enter_session",
     "landlock_abi",
     "last_enter_seconds",
@@ -43,6 +44,19 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
+
+# Namespaces and mounts (linux/sched.h, linux/mount.h, linux/capability.h).
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_CAP_VERSION_3 = 0x20080522
+#: what a session gets of its own with ``session_ns`` (see enter_session_namespaces)
+SESSION_TMPFS = ("/tmp", "/dev/shm")
 
 # Landlock (linux/landlock.h); syscall numbers are the same on every 64-bit arch.
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -95,6 +109,18 @@ class _RulesetAttr(ctypes.Structure):
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -231,6 +257,89 @@ def _add_path_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    libc = _get_libc()
+    result = libc.mount(
+        source.encode(),
+        target.encode(),
+        None if fstype is None else fstype.encode(),
+        ctypes.c_ulong(flags),
+        None if data is None else data.encode(),
+    )
+    _check(result, f"mount({source!r} on {target!r})")
+
+
+def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str] = ()) -> None:
+    """Give this (single-threaded, just forked) session namespaces of its own.
+
+    A user namespace (mapping only our uid and gid) makes the kernel count
+    ``RLIMIT_NPROC`` per session: tasks are counted per uid *and* user
+    namespace, so each session gets its own process budget, independent of
+    the other sessions and of the caller's processes. In it, a mount
+    namespace gets fresh size-capped tmpfs mounts on ``/tmp`` and
+    ``/dev/shm`` (a session's files there are gone when it ends, and no other
+    session sees them), and an IPC namespace keeps SysV shared memory and
+    semaphores private. What must stay visible below them (the session's own
+    directory, read-only paths such as a virtualenv under ``/tmp``) is bound
+    back on top. The capabilities the new namespace grants are dropped before
+    user code runs (seccomp and Landlock, applied after this, deny mounts and
+    new namespaces anyway).
+    """
+    uid, gid = os.getuid(), os.getgid()
+    libc = _get_libc()
+    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare(user, mnt, ipc)")
+    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+    for name, text in maps:
+        with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
+            fh.write(text)
+    _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)
+    for target in SESSION_TMPFS:
+        if not os.path.isdir(target):
+            continue
+        prefix = target.rstrip("/") + "/"
+        below = [p for p in (lineage, *keep) if p.startswith(prefix) and os.path.exists(p)]
+        held = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in below]
+        try:
+            _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_size},mode=1777")
+            for path, fd in held:
+                if stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.makedirs(path, mode=0o755, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+                _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
+        finally:
+            for _path, fd in held:
+                os.close(fd)
+    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
+    _check(libc.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # kept across the change; be sure
+
+
+def enter_copy(workdir: str) -> None:
+    """Confine a copy made by ``fork_session`` to its own directory (a stacked Landlock layer).
+
+    A copy shares its source's namespaces (a locked-down process cannot make
+    new ones): its own writes go only to its working directory, so copies
+    cannot write into each other's directories, nor into the ``/tmp`` and
+    ``/dev/shm`` of their lineage (which they can still read: what the
+    source left there before the fork). Without Landlock nothing is added.
+    """
+    state = _load_state()
+    landlock = None if state is None else state.get("landlock")
+    if landlock is None:
+        return
+    extra = [path for path in SESSION_TMPFS if state and state.get("session_ns")]
+    apply_landlock(
+        read=[*landlock["read"], *extra, *landlock["write"]],
+        write=[workdir],
+        devices=landlock["devices"],
+        deny_tcp=landlock["deny_tcp"],
+        scope=landlock["scope"],
+        abi=landlock["abi"],
+    )
+
+
 def uid_tasks(uid: int) -> int:
     """Tasks (threads included) of ``uid`` among the processes this /proc shows.
 
@@ -291,10 +400,17 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
             os.setsid()
         except PermissionError:  # already a process-group leader: keep its group
             pass
+    session_ns = state.get("session_ns")
+    if session_ns:  # before the rlimits: a new user namespace starts its own NPROC count
+        enter_session_namespaces(
+            lineage=workdir, tmp_size=session_ns["tmp_size"], keep=session_ns.get("keep", ())
+        )
     set_no_new_privs()
     limits = dict(state["rlimits"])
     headroom = state.get("nproc_headroom")
-    if headroom is not None:
+    if headroom is not None and session_ns:
+        limits["NPROC"] = headroom + 1  # this process is the first task of its namespace
+    elif headroom is not None:
         # RLIMIT_NPROC counts every task of this uid: allow `headroom` more than exist now
         # (plus those hidden from this /proc, e.g. the caller's own outside a PID namespace).
         limits["NPROC"] = state.get("nproc_hidden", 0) + uid_tasks(os.getuid()) + headroom
@@ -311,9 +427,10 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
         tempfile_module.tempdir = None  # type: ignore[attr-defined]
     landlock = state.get("landlock")
     if landlock is not None:
+        own_tmp = [p for p in SESSION_TMPFS if session_ns and p not in landlock["write"]]
         apply_landlock(
             read=landlock["read"],
-            write=[workdir, *landlock["write"]],
+            write=[workdir, *landlock["write"], *own_tmp],
             devices=landlock["devices"],
             deny_tcp=landlock["deny_tcp"],
             scope=landlock["scope"],
@@ -434,6 +551,8 @@ def _probe_session() -> dict[str, Any]:
                 status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
             report: dict[str, Any] = {
                 "entered": True,
+                "session_ns": bool(_load_state() and (_load_state() or {}).get("session_ns")),
+                "cap_eff": status.get("CapEff", ""),
                 "no_new_privs": status.get("NoNewPrivs") == "1",
                 "seccomp_mode": int(status.get("Seccomp", "0")),
                 "enter_seconds": last_enter_seconds,

@@ -49,6 +49,8 @@ PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
 MAX_EXC_MESSAGE = 2000
 COMPILE_CACHE = 128
+#: the name the fork server loads the isolation layers' session half under
+SESSION_LAYERS = "_toolservices_session_layers"
 #: a traceback deeper than this shows its innermost TRACEBACK_TAIL frames and a count of
 #: the rest: formatting a million-frame traceback takes longer than any timeout
 TRACEBACK_FULL = 200
@@ -322,10 +324,15 @@ class _Worker:
         server = os.getppid()  # the fork server: the copies' parent once the middle is gone
         set_subreaper(False)
         middles: list[int] = []
+        failed = ""
         try:
             try:
                 for index, (fd, workdir) in enumerate(zip(chans, workdirs, strict=True)):
-                    middle = os.fork()
+                    try:
+                        middle = os.fork()
+                    except OSError as exc:  # e.g. the session's process budget is used up
+                        failed = f"the session could not fork (after {index} copies): {exc}"
+                        break
                     if middle == 0:
                         # the copy learns that the middle process is gone (and that it now
                         # belongs to the fork server) when this pipe reaches EOF
@@ -345,8 +352,12 @@ class _Worker:
                 if os.getpid() == source:  # not in a copy, which returns from inside the loop
                     for fd in chans:
                         os.close(fd)
-            body = json.dumps({"n": len(chans)}).encode()
-            send_frame(self.chan, Kind.FORKED, frame.seq, body)
+            if failed:  # the source itself is fine: say so, the parent drops the copies
+                send_frame(self.chan, Kind.ERROR, frame.seq, json.dumps({"error": failed}).encode())
+            else:
+                send_frame(
+                    self.chan, Kind.FORKED, frame.seq, json.dumps({"n": len(chans)}).encode()
+                )
         finally:
             if os.getpid() == source:
                 for middle in middles:  # all copies are the server's once these are gone
@@ -365,6 +376,14 @@ class _Worker:
                 copy_tree(source_dir, workdir)
             except OSError as exc:
                 body = json.dumps({"error": f"copying the working directory failed: {exc}"})
+                send_frame(self.chan, Kind.ERROR, 0, body.encode())
+                os._exit(EXIT_BROKEN)
+        layers = sys.modules.get(SESSION_LAYERS)
+        if layers is not None:  # writes only in its own directory from here on
+            try:
+                layers.enter_copy(workdir)
+            except (OSError, RuntimeError) as exc:
+                body = json.dumps({"error": f"confining the copy failed: {exc}"})
                 send_frame(self.chan, Kind.ERROR, 0, body.encode())
                 os._exit(EXIT_BROKEN)
         os.chdir(workdir)
