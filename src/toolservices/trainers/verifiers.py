@@ -23,8 +23,14 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import verifiers as vf
-from verifiers.types import ToolMessage
+try:
+    import verifiers as vf
+    from verifiers.types import ToolMessage
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "toolservices.trainers.verifiers needs verifiers 0.2 or 0.3: "
+        f"pip install 'toolservices[verifiers]' ({exc})"
+    ) from exc
 
 from toolservices.trainers._calls import EpisodeSpec, run_call
 

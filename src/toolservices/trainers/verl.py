@@ -34,10 +34,15 @@ import threading
 import uuid
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import register
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
-from verl.tools.base_tool import BaseTool
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+try:
+    from verl.experimental.agent_loop.agent_loop import register
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"toolservices.trainers.verl needs verl 0.9: pip install 'toolservices[verl]' ({exc})"
+    ) from exc
 
 from toolservices.env import Episode, python_tool
 from toolservices.errors import UserError
