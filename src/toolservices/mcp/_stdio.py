@@ -14,6 +14,7 @@ Two things the SDK's ``stdio_server`` does not do for us:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import stat
@@ -36,6 +37,8 @@ from toolservices.mcp._server import (
 
 __all__ = ["serve_stdio"]
 
+logger = logging.getLogger(__name__)
+
 #: How long a drained server waits for the answers of requests other than tool calls.
 ANSWER_TIMEOUT = 5.0
 
@@ -50,6 +53,7 @@ class _Lines:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline
         self._eof = False
         self._stopped = False
         self._waiting: anyio.CancelScope | None = None
@@ -65,12 +69,14 @@ class _Lines:
 
     async def __anext__(self) -> str:
         while True:
-            end = self._buffer.find(b"\n")
+            end = self._buffer.find(b"\n", self._scanned)  # a long line is scanned once
             if end >= 0 or (self._eof and self._buffer):
                 cut = end + 1 if end >= 0 else len(self._buffer)
                 line = bytes(self._buffer[:cut])
                 del self._buffer[:cut]
+                self._scanned = 0
                 return line.decode("utf-8", "replace")
+            self._scanned = len(self._buffer)
             if self._eof or self._stopped:
                 raise StopAsyncIteration
             with anyio.CancelScope() as self._waiting:
@@ -78,7 +84,13 @@ class _Lines:
             self._waiting = None
             if self._stopped:
                 raise StopAsyncIteration
-            chunk = os.read(self._fd, 1 << 16)
+            try:
+                chunk = os.read(self._fd, 1 << 16)
+            except BlockingIOError:  # someone made the descriptor non-blocking: wait again
+                continue
+            except OSError as exc:  # EIO and friends: the client's end is gone
+                logger.debug("stdin failed (%s): treated as EOF", exc)
+                chunk = b""
             if chunk:
                 self._buffer += chunk
             else:
