@@ -254,3 +254,55 @@ def test_any_mapping_renders_as_json_and_a_cycle_still_renders() -> None:
     )
     assert outcome.results[0].content == '{\n  "b": 2\n}'
     assert outcome.results[1].ok and outcome.results[1].content == "{'a': 1, 'self': {...}}"
+
+
+def test_calls_already_running_when_the_cap_is_reached_may_still_add_to_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The documented bound: cap plus the calls of the tool running at once."""
+    gate = Gate()
+
+    @tool(timeout=0.05)
+    def hang() -> str:
+        """Blocks until released."""
+        return gate.hold()
+
+    dispatcher = Dispatcher(ToolRegistry([hang]), max_abandoned_threads=2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="toolservices.dispatch"):
+            batch = dispatcher.run([[ToolCall("hang", {})] for _ in range(5)])
+            assert [o.results[0].error_kind for o in batch] == ["timeout"] * 5
+            assert dispatcher.abandoned_calls() == {"hang": 5}
+            (after,) = dispatcher.run([[ToolCall("hang", {})]])
+        assert after.results[0].error_kind == "infrastructure"
+        assert gate.entered == 5
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    finally:
+        gate.release.set()
+    assert dispatcher.wait_abandoned(timeout=60)
+
+
+def test_a_call_that_times_out_before_its_thread_starts_is_not_counted() -> None:
+    """With every slot taken, a call can time out while waiting for one: it holds
+    no thread, so it must not count towards the cap (it did, for ever)."""
+    gate = Gate()
+
+    @tool(timeout=1.0)
+    def holder() -> str:
+        """Holds the only slot until it times out."""
+        return gate.hold()
+
+    @tool(timeout=0.05)
+    def waiter() -> str:
+        """Never gets a slot in time."""
+        return gate.hold()
+
+    dispatcher = Dispatcher(ToolRegistry([holder, waiter]), max_concurrency=1)
+    try:
+        first, second = dispatcher.run([[ToolCall("holder", {})], [ToolCall("waiter", {})]])
+        assert first.results[0].timed_out and second.results[0].timed_out
+        assert dispatcher.abandoned_calls() == {"holder": 1}
+    finally:
+        gate.release.set()
+    assert dispatcher.wait_abandoned(timeout=60)
+    assert gate.entered == 1, "the call that timed out while waiting must never run"

@@ -51,26 +51,34 @@ class ThreadRun:
     The thread catches everything the tool raises, ``SystemExit`` and
     ``KeyboardInterrupt`` included: raised into the event loop, those would
     stop the shared loop thread and wedge every later sync call. A call the
-    dispatcher abandons at its timeout is counted on the tool until the
-    thread ends.
+    dispatcher abandons at its timeout is counted on the tool while its
+    thread runs. One abandoned before its thread started (it waited for a
+    free slot, or in the worker's queue) holds no thread: it is not counted,
+    and it never starts, since its caller is gone.
     """
 
-    __slots__ = ("abandoned", "error", "finished", "fn", "tool", "value")
+    __slots__ = ("abandoned", "error", "fn", "state", "tool", "value")
 
     def __init__(self, tool: Tool, fn: Callable[[], Any]) -> None:
         self.tool, self.fn = tool, fn
-        self.finished = self.abandoned = False
+        self.state = "pending"  # then "running", then "done"
+        self.abandoned = False
         self.value: Any = None
         self.error: BaseException | None = None
 
     def __call__(self) -> ThreadRun:
+        with _abandoned_lock:
+            if self.abandoned:  # the caller gave up before the thread got to it
+                self.state = "done"
+                return self
+            self.state = "running"
         try:
             self.value = self.fn()
         except BaseException as exc:  # the tool's: the dispatcher reports it, never raised here
             self.error = exc
         finally:
             with _abandoned_lock:
-                self.finished = True
+                self.state = "done"
                 if self.abandoned:
                     self.tool._abandoned_threads -= 1
                     _abandoned_lock.notify_all()
@@ -81,9 +89,11 @@ class ThreadRun:
     def abandon(self, cap: int) -> None:
         """The dispatcher stopped waiting: count the thread on the tool while it runs."""
         with _abandoned_lock:
-            if self.finished:
+            if self.state == "done" or self.abandoned:
                 return
             self.abandoned = True
+            if self.state == "pending":
+                return
             self.tool._abandoned_threads += 1
             count = self.tool._abandoned_threads
         if count == cap:  # once per crossing (counts move by one, under the lock)
