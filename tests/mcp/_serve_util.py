@@ -40,15 +40,19 @@ async def stdio_session(
 
 
 @asynccontextmanager
-async def http_session(url: str) -> AsyncIterator[ClientSession]:
+async def http_session(url: str, *, terminate: bool = True) -> AsyncIterator[ClientSession]:
     """The SDK's client on a streamable HTTP server, initialised (bounded).
 
-    Leaving the block ends the MCP session (the client sends DELETE).
+    Leaving the block ends the MCP session (the client sends DELETE), unless
+    ``terminate`` is False: then the client just vanishes.
     """
     client = httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT, read=None))
     async with (
         client,
-        streamable_http_client(url, http_client=client) as (read, write),
+        streamable_http_client(url, http_client=client, terminate_on_close=terminate) as (
+            read,
+            write,
+        ),
         ClientSession(read, write, read_timeout_seconds=WAIT) as session,
     ):
         with anyio.fail_after(WAIT):

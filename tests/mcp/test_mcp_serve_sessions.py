@@ -107,6 +107,15 @@ async def test_disconnected_clients_free_their_interpreters(serve: Any) -> None:
     assert await _wait_unmarked(pid)
 
 
+async def test_vanished_clients_are_freed_by_the_idle_timeout(serve: Any) -> None:
+    """No DELETE (a killed client): the idle timeout frees the interpreters."""
+    pid, url = serve("--session-idle-timeout", "2")
+    for number in range(3):
+        async with http_session(url, terminate=False) as session:
+            await run(session, MARK, f"s-{number}")
+    assert await _wait_unmarked(pid)
+
+
 async def test_max_sessions_refuses_with_a_message_for_the_model(serve: Any) -> None:
     _pid, url = serve("--max-sessions", "2")
     async with http_session(url) as a, http_session(url) as b:
