@@ -406,3 +406,16 @@ async def test_episodes_given_the_same_id_still_get_their_own_sessions(
         await a.step(py("secret = 1"))
         (message,) = await b.step(py("print('secret' in globals())"))
         assert message["content"] == "False\n"
+
+
+async def test_a_dropped_episode_still_ends_its_session(executor: PythonExecutorService) -> None:
+    import gc
+
+    episode = Episode([python_tool(executor)])
+    await episode.step(py("kept = 1"))
+    before = executor.stats()["sessions"]
+    del episode
+    gc.collect()
+    # a call on the executor's loop runs after the close the finalizer scheduled there
+    await executor.aclose_session("no-such-session")
+    assert executor.stats()["sessions"] == before - 1

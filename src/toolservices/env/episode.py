@@ -11,6 +11,7 @@ lockstep) and the TorchRL transforms are thin layers over this class.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import json
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from toolservices import _portal
 from toolservices.dispatch import (
     CallResult,
     Dispatcher,
@@ -156,6 +158,7 @@ class Episode:
         self.last: ItemResult | None = None
         self.closed = False
         self._busy = False
+        self._finalizer = self._watch_session()
 
     # -- views -----------------------------------------------------------------------------
 
@@ -315,7 +318,16 @@ class Episode:
         twin.messages = copy.deepcopy(self.messages)
         twin.state = state
         twin.metrics = dataclasses.replace(self.metrics)
+        twin._finalizer = twin._watch_session()
         return twin
+
+    def _watch_session(self) -> weakref.finalize[Any, Any] | None:
+        """A safety net: an episode dropped without :meth:`aclose` still ends its session."""
+        if self.python is None or self.python_session is None:
+            return None
+        finalizer = weakref.finalize(self, _release_session, self.python, self.python_session)
+        finalizer.atexit = False  # at exit the executor's own shutdown ends every session
+        return finalizer
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -331,6 +343,8 @@ class Episode:
         if self.closed:
             return None
         self.closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if not self.done:
             self.done = True
             self.reason = "closed"
@@ -361,6 +375,17 @@ def check_limits(max_turns: int | None, max_failed_turns: int | None, result_for
         raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
     if result_format not in ("openai", "tool_results"):
         raise UserError(f"Unknown result_format {result_format!r}; valid: 'openai', 'tool_results'")
+
+
+def _release_session(executor: PythonExecutorService, session_id: str) -> None:
+    """Schedule the end of a dropped episode's session on the executor's loop.
+
+    Runs wherever the garbage collector does (possibly on that loop), so it
+    only schedules and never waits.
+    """
+    loop = _portal.started_loop()
+    if loop is not None:  # no loop, no session was ever started
+        asyncio.run_coroutine_threadsafe(executor.aclose_session(session_id), loop)
 
 
 def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:
