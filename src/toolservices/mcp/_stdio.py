@@ -153,7 +153,21 @@ async def serve_stdio(
     signals: tuple[signal.Signals, ...],
 ) -> None:
     """Serve one client on stdin/stdout until it leaves or a signal asks to stop."""
-    _CONNECTION.set("stdio")  # inherited by every handler task of this connection
+    token = _CONNECTION.set("stdio")  # inherited by every handler task of this connection
+    try:
+        await _serve(server, calls, grace=grace, on_ready=on_ready, signals=signals)
+    finally:
+        _CONNECTION.reset(token)
+
+
+async def _serve(
+    server: Server[Any],
+    calls: _Calls,
+    *,
+    grace: float,
+    on_ready: Callable[[str], None] | None,
+    signals: tuple[signal.Signals, ...],
+) -> None:
     answers = _Answers()
     into_send, into_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
