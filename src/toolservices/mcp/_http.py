@@ -5,9 +5,8 @@ on HTTP:
 
 * an over-large request body gets a JSON-RPC error that says what the limit
   is and which option sets it (the SDK answers a bare ``413``);
-* the end of an MCP session (the client's DELETE, or a request that finds
-  its session expired) is reported to ``on_disconnect``, so per-client
-  resources are freed with their client;
+* the end of an MCP session (the client's DELETE) is reported to
+  ``on_disconnect``, so per-client resources are freed with their client;
 * at shutdown the long-lived GET event streams are ended cleanly (they would
   otherwise hold uvicorn's graceful stop open until its timeout).
 
@@ -99,10 +98,12 @@ class HttpFront:
                 # The stream ended on our account: end the response properly.
                 with contextlib.suppress(OSError):  # the peer is gone already
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if session is not None and self.on_disconnect is not None:
-            ended = (method == "DELETE" and exchange.status == 200) or exchange.status == 404
-            if ended:
-                await self.on_disconnect(session)
+        # Only the client's own DELETE counts: a 404 can also answer a credential
+        # that does not own a live session (SDK auth), and an expired session's
+        # resources have been idle as long and expire with it.
+        ended = method == "DELETE" and exchange.status == 200
+        if ended and session is not None and self.on_disconnect is not None:
+            await self.on_disconnect(session)
 
     @contextlib.contextmanager
     def _stream_stopper(self) -> Iterator[anyio.Event]:

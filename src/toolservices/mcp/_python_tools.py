@@ -3,10 +3,11 @@
 Python sessions belong to the MCP connection that opened them: two clients
 that both say ``session_id="a"`` get two interpreters, and neither can close
 the other's. A connection's sessions are closed when it ends (HTTP: the
-client's DELETE or the session's expiry; stdio: the process exits with its
-client), a session unused for ``idle_timeout`` seconds is closed, and at most
-``max_sessions`` are open at once (beyond that a call is refused with a
-message the model can act on; nothing is evicted behind a client's back).
+client's DELETE; stdio: the process exits with its client), a session
+unused for ``idle_timeout`` seconds is closed (this also covers clients
+that vanish without a word), and at most ``max_sessions`` are open at
+once (beyond that a call is refused with a message the model can act on;
+nothing is evicted behind a client's back).
 """
 
 from __future__ import annotations

@@ -242,9 +242,9 @@ async def aserve(
     caps a request body (beyond it: HTTP 413 with a JSON-RPC error saying so);
     an MCP session without any request for ``session_idle_timeout`` seconds is
     ended (``None``: never). ``on_disconnect(connection)`` runs when an HTTP
-    client ends its MCP session (DELETE) or the session is found expired (see
-    :func:`current_connection`); ``background()`` runs while serving and is
-    cancelled at shutdown. Signals are handled only in the main thread.
+    client ends its MCP session (DELETE; see :func:`current_connection`);
+    ``background()`` runs while serving and is cancelled at shutdown. Signals
+    are handled only in the main thread.
     """
     if transport not in ("stdio", "http"):
         raise UserError(f"Unknown MCP transport {transport!r}; valid: 'stdio', 'http'")
