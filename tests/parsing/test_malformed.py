@@ -298,7 +298,14 @@ def test_garbage_never_raises(family: str) -> None:
 def test_error_flood_is_capped() -> None:
     from toolservices.parsing._common import MAX_ERRORS
 
-    result = get_parser("granite")("<tool_call>" * 1000)
-    assert len(result.errors) == MAX_ERRORS
-    assert result.meta["errors_dropped"] == 1000 - MAX_ERRORS
-    assert result.meta["errors"] == MAX_ERRORS
+    # After MAX_ERRORS the scan stops (bounded work on hostile output) and a
+    # last error says so; a good call after the flood is not read.
+    good = '<tool_call>[{"name": "f", "arguments": {}}]'
+    result = get_parser("granite")("<tool_call>" * 1000 + good)
+    assert len(result.errors) == MAX_ERRORS + 1
+    assert [e.kind for e in result.errors[MAX_ERRORS:]] == ["too_many_errors"]
+    assert "was not read" in result.errors[-1].message
+    assert result.meta["scan_stopped"] is True
+    assert result.meta["errors"] == MAX_ERRORS + 1
+    assert result.calls == []
+    assert result.text.endswith(good)  # nothing is cut out of the visible text

@@ -188,7 +188,7 @@ def test_messages_with_structured_tool_calls_are_read_as_is() -> None:
         ],
     }
     for family in ("hermes", "qwen3_coder", "json_envelope"):
-        result = get_parser(family)(message)  # type: ignore[arg-type]
+        result = get_parser(family)(message)
         assert [(c.tool, c.args, c.id) for c in result.calls] == [
             ("get_weather", {"city": "Paris"}, "call_abc")
         ]

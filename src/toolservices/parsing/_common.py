@@ -24,6 +24,7 @@ __all__ = [
     "MAX_ERRORS",
     "Block",
     "Collector",
+    "ErrorFlood",
     "SyntaxParser",
     "after_text",
     "iter_blocks",
@@ -33,8 +34,15 @@ __all__ = [
 ]
 
 
-#: Parse errors kept per response; further ones are only counted in ``meta``.
+#: Parse errors per response. At the next one the scan stops, with one last
+#: ``too_many_errors`` error saying so: a model reads at most this many, and
+#: hostile output cannot make a parser do work per error (each JSON syntax
+#: error costs a pass over the text before it, inside the ``json`` module).
 MAX_ERRORS = 16
+
+
+class ErrorFlood(Exception):
+    """Raised inside a scan when :data:`MAX_ERRORS` is exceeded; ends the scan."""
 
 
 def _cut(text: str, spans: list[tuple[int, int]]) -> str:
@@ -53,7 +61,7 @@ def _cut(text: str, spans: list[tuple[int, int]]) -> str:
 class Collector:
     """Calls, errors and cut spans found in one response."""
 
-    __slots__ = ("_spans", "calls", "dropped", "errors", "parser", "text")
+    __slots__ = ("_spans", "calls", "errors", "parser", "stopped", "text")
 
     def __init__(self, parser: SyntaxParser, text: str) -> None:
         self.parser = parser
@@ -61,7 +69,7 @@ class Collector:
         self.calls: list[ToolCall] = []
         self.errors: list[ParseError] = []
         self._spans: list[tuple[int, int]] = []
-        self.dropped = 0
+        self.stopped = False
 
     def cut(self, start: int, end: int) -> None:
         """Remove ``text[start:end]`` from the visible text."""
@@ -90,18 +98,29 @@ class Collector:
         self.add(self.parser.make_error(what, raw, kind=kind, tool=tool))
 
     def add(self, error: ParseError) -> None:
-        """Record a ready-made parse error (same cap as :meth:`error`)."""
+        """Record a ready-made parse error (same cap as :meth:`error`).
+
+        Past :data:`MAX_ERRORS` this records why the scan stops and raises
+        :class:`ErrorFlood`, which :meth:`SyntaxParser._parse` catches.
+        """
         if len(self.errors) >= MAX_ERRORS:
-            self.dropped += 1
-            return
+            self.stopped = True
+            self.errors.append(
+                self.parser.make_error(
+                    f"more than {MAX_ERRORS} malformed calls; the rest of the response "
+                    "was not read. Fix the calls above and send fewer at a time",
+                    kind="too_many_errors",
+                )
+            )
+            raise ErrorFlood
         self.errors.append(error)
 
     def arguments_error(self, error: ArgumentsError, raw: str, *, tool: str | None = None) -> None:
         self.error(error.message, raw, kind=error.kind, tool=tool)
 
     def result(self, **meta: Any) -> ParseResult:
-        if self.dropped:
-            meta["errors_dropped"] = self.dropped
+        if self.stopped:
+            meta["scan_stopped"] = True
         return ParseResult(_cut(self.text, self._spans), self.calls, self.errors, meta)
 
 
@@ -121,7 +140,10 @@ class SyntaxParser(ToolParser):
 
     def _parse(self, text: str) -> ParseResult:
         found = Collector(self, text)
-        self._scan(text, found)
+        try:
+            self._scan(text, found)
+        except ErrorFlood:
+            pass  # the last error says the scan stopped
         return found.result()
 
     def _scan(self, text: str, found: Collector) -> None:
@@ -145,18 +167,25 @@ class Block:
         return text[self.body_start : self.body_end]
 
 
-def iter_blocks(text: str, open_tag: str, close_tag: str, *, start: int = 0) -> Iterator[Block]:
-    """Every ``open_tag ... close_tag`` block in order; the last may be unterminated."""
-    pos = text.find(open_tag, start)
+def iter_blocks(
+    text: str, open_tag: str, close_tag: str, *, start: int = 0, end: int | None = None
+) -> Iterator[Block]:
+    """Every ``open_tag ... close_tag`` block of ``text[start:end]`` in order.
+
+    The last block may be unterminated (it then runs to ``end``). One pass:
+    each search starts where the previous block ended.
+    """
+    limit = len(text) if end is None else end
+    pos = text.find(open_tag, start, limit)
     while pos != -1:
         body_start = pos + len(open_tag)
-        close = text.find(close_tag, body_start)
+        close = text.find(close_tag, body_start, limit)
         if close == -1:
-            yield Block(pos, body_start, len(text), len(text), False)
+            yield Block(pos, body_start, limit, limit, False)
             return
-        end = close + len(close_tag)
-        yield Block(pos, body_start, close, end, True)
-        pos = text.find(open_tag, end)
+        stop = close + len(close_tag)
+        yield Block(pos, body_start, close, stop, True)
+        pos = text.find(open_tag, stop, limit)
 
 
 def after_text(text: str, calls: str) -> str:

@@ -17,6 +17,7 @@ failures are :class:`ArgumentsError`; parsers turn them into
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
 _DECODER = json.JSONDecoder()
 _WHITESPACE = " \t\n\r"
 _JSON_STARTS = frozenset('{["-0123456789tfnNI')
+_BLANK_TAIL = re.compile(r"\s*\Z")
 
 
 class ArgumentsError(ValueError):
@@ -76,7 +78,10 @@ def describe(value: Any) -> str:
 
 def json_problem(error: json.JSONDecodeError, text: str) -> ArgumentsError:
     """A model-readable description of a JSON syntax error in ``text``."""
-    truncated = error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
+    # "Only blanks after the error": a match at the error, not a copy of the text.
+    truncated = _BLANK_TAIL.match(text, error.pos) is not None or error.msg.startswith(
+        "Unterminated string"
+    )
     if truncated:
         return ArgumentsError(
             "the JSON ends before all its brackets and quotes are closed", truncated=True

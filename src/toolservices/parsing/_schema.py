@@ -8,7 +8,50 @@ from typing import Any
 
 from toolservices.tools._jsonschema import coerce_text
 
-__all__ = ["ToolSchemas"]
+__all__ = ["TYPE_ALIASES", "ToolSchemas", "normalise_types"]
+
+#: Type names real tool specs use that JSON Schema spells differently
+#: (Python's and C's names, mostly). Keys are lower case.
+TYPE_ALIASES: dict[str, str] = {
+    **dict.fromkeys(("float", "double", "num", "decimal", "float32", "float64"), "number"),
+    **dict.fromkeys(("int", "long", "short", "uint", "unsigned", "int32", "int64"), "integer"),
+    "bool": "boolean",
+    "str": "string",
+    "text": "string",
+    **dict.fromkeys(("dict", "map"), "object"),
+    **dict.fromkeys(("list", "arr", "tuple", "sequence"), "array"),
+    "none": "null",
+}
+_JSON_TYPES = frozenset(("string", "integer", "number", "boolean", "array", "object", "null"))
+
+
+def _json_type(name: Any) -> Any:
+    if not isinstance(name, str) or name in _JSON_TYPES:
+        return name
+    lowered = name.strip().lower()
+    return lowered if lowered in _JSON_TYPES else TYPE_ALIASES.get(lowered, name)
+
+
+def normalise_types(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` with its ``type`` names (also in ``anyOf`` / ``oneOf``) in JSON Schema's
+    spelling: ``{"type": "float"}`` reads as ``{"type": "number"}``. Unchanged
+    schemas are returned as they are (no copy)."""
+    changed: dict[str, Any] = {}
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        if _json_type(declared) != declared:
+            changed["type"] = _json_type(declared)
+    elif isinstance(declared, list):
+        names = [_json_type(name) for name in declared]
+        if names != declared:
+            changed["type"] = names
+    for key in ("anyOf", "oneOf"):
+        subs = schema.get(key)
+        if isinstance(subs, list):
+            fixed = [normalise_types(sub) if isinstance(sub, Mapping) else sub for sub in subs]
+            if any(new is not old for new, old in zip(fixed, subs, strict=True)):
+                changed[key] = fixed
+    return {**schema, **changed} if changed else schema
 
 
 @dataclass(frozen=True)
@@ -41,9 +84,10 @@ class ToolSchemas:
         return cls(parameters)
 
     def property_schema(self, tool: str, argument: str) -> Mapping[str, Any] | None:
+        """The argument's schema, with type names such as ``float`` made JSON Schema's."""
         props = self.parameters.get(tool, {}).get("properties") or {}
         schema = props.get(argument)
-        return schema if isinstance(schema, Mapping) else None
+        return normalise_types(schema) if isinstance(schema, Mapping) else None
 
     def coerce(self, tool: str, argument: str, raw: str) -> Any:
         """``raw`` converted to the argument's declared type (kept as text if none)."""

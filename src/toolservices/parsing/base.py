@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from toolservices.errors import UserError
+
 __all__ = [
+    "DEFAULT_MAX_CHARS",
     "LLMToolParser",
     "ParseError",
     "ParseResult",
@@ -54,10 +58,19 @@ def make_call_id(index: int, tool: str, args: Mapping[str, Any], *, raw: str | N
     arguments (cheaper than serialising them, and just as stable).
     """
     if raw is not None:
-        payload = f"{index}\x1f{tool}\x1f{raw}"
-    else:
-        payload = json.dumps([index, tool, args], sort_keys=True, default=str)
+        return _call_id(index, tool, _digest(raw))
+    payload = json.dumps([index, tool, args], sort_keys=True, default=str)
     return "call_" + hashlib.blake2b(payload.encode(), digest_size=6).hexdigest()
+
+
+def _digest(raw: str) -> str:
+    # surrogatepass: ids must never raise, whatever the text holds.
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _call_id(index: int, tool: str, digest: str) -> str:
+    payload = f"{index}\x1f{tool}\x1f{digest}".encode("utf-8", "surrogatepass")
+    return "call_" + hashlib.blake2b(payload, digest_size=6).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -75,7 +88,10 @@ class ParseError:
     tool: str | None = None
     #: A short label: ``invalid_json`` (bad JSON or arguments that are not an
     #: object), ``invalid_syntax`` (the call syntax itself is wrong),
-    #: ``truncated`` (the output stops inside a call).
+    #: ``truncated`` (the output stops inside a call), ``invalid_text`` (the
+    #: response is not valid Unicode: a lone surrogate), ``too_long`` (the
+    #: response is over the parser's ``max_chars``), ``too_many_errors`` (the
+    #: scan stopped after :data:`~toolservices.parsing._common.MAX_ERRORS`).
     kind: str = "invalid_syntax"
 
 
@@ -166,6 +182,61 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
     return ParseResult(response_text(message).strip(), calls, errors)
 
 
+def _surrogate_call_error(call: ToolCall) -> ParseError:
+    tool = _SURROGATE.sub("\ufffd", call.tool)
+    return ParseError(
+        f"Could not parse the tool call {tool!r}: its name or arguments hold a lone "
+        "surrogate (e.g. a JSON \\ud800 escape without its pair), which is not valid "
+        "Unicode. Write the text itself, or a complete surrogate pair.",
+        _SURROGATE.sub("\ufffd", (call.raw or "")[:2000]),
+        tool,
+        "invalid_text",
+    )
+
+
+#: Default :attr:`ToolParser.max_chars`: 16 Mi characters, about four times
+#: the text of a one-million-token generation. Parsing is linear in the input,
+#: so the cap bounds time and memory for runaway output rather than rescuing
+#: a slow parser.
+DEFAULT_MAX_CHARS = 16 * 1024 * 1024
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ACCEPTED = "a str, a chat message dict (with 'content' or 'text') or None"
+
+
+def _repair_pairs(text: str) -> str:
+    """Join surrogate *pairs* into the character they encode (lone halves stay)."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+def _has_surrogate(value: Any) -> bool:
+    """True when a string anywhere in ``value`` holds a surrogate (not valid Unicode).
+
+    Iterative: decoded arguments can nest deeper than Python's recursion limit.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item) is not None:
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def check_max_chars(max_chars: int | None) -> int | None:
+    """Validate a ``max_chars`` setting (a positive int, or None for no limit)."""
+    if max_chars is not None and (
+        isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1
+    ):
+        raise UserError(f"max_chars must be a positive int or None (no limit), got {max_chars!r}")
+    return max_chars
+
+
 class ToolParser:
     """Base class of the parser families.
 
@@ -175,33 +246,106 @@ class ToolParser:
     visible text) and :meth:`render` (calls -> the family's own syntax), so
     that every format round-trips. ``tools`` (OpenAI-style specs or a
     registry) lets schema-typed formats convert raw text values.
+
+    The checks every family shares run here, before :meth:`_parse`: the input
+    type (a wrong type is the developer's mistake: :class:`UserError`), text
+    that is not valid Unicode and text over ``max_chars`` (the model's output:
+    a :class:`ParseError`, never an exception).
     """
 
     #: The name under which :func:`toolservices.get_parser` finds the family.
     name: ClassVar[str] = ""
+    #: Responses longer than this (in characters) are not parsed: one
+    #: ``too_long`` parse error instead. ``None``: no limit.
+    max_chars: int | None = DEFAULT_MAX_CHARS
 
-    def __init__(self, *, tools: Any = None) -> None:
+    def __init__(self, *, tools: Any = None, max_chars: int | None = DEFAULT_MAX_CHARS) -> None:
         from toolservices.parsing._schema import ToolSchemas
 
         self.schemas = ToolSchemas.from_tools(tools)
+        self.max_chars = check_max_chars(max_chars)
 
-    def __call__(self, response: str | dict[str, Any]) -> ParseResult:
+    def __call__(self, response: str | Mapping[str, Any] | None) -> ParseResult:
         if isinstance(response, Mapping) and response.get("tool_calls"):
             # An OpenAI-style message whose calls a server already parsed.
             return self._finish(_structured_calls(response))
-        return self._finish(self._parse(response_text(response)))
+        text = self._text(response)
+        refused = self._refuse(text)
+        if refused is not None:
+            return self._finish(refused)
+        if not text.isascii() and _SURROGATE.search(text) is not None:
+            text = _repair_pairs(text)
+            lone = _SURROGATE.search(text)
+            if lone is not None:
+                return self._finish(self._invalid_text(text, lone.start()))
+        return self._finish(self._parse(text))
+
+    def _text(self, response: Any) -> str:
+        """The text of ``response``; a type no parser reads is a :class:`UserError`."""
+        if isinstance(response, str):
+            return response
+        if response is None or isinstance(response, Mapping):
+            return response_text(response)
+        raise UserError(
+            f"{type(self).__name__} parses {_ACCEPTED}, got {type(response).__name__}"
+            + (" (decode bytes to str first)" if isinstance(response, bytes | bytearray) else "")
+        )
+
+    def _refuse(self, text: str) -> ParseResult | None:
+        """A ``too_long`` result when ``text`` is over :attr:`max_chars`, else None."""
+        if self.max_chars is None or len(text) <= self.max_chars:
+            return None
+        message = (
+            f"Could not parse the tool calls: the response is {len(text):,} characters long, "
+            f"over the limit of {self.max_chars:,}; no tool call was read. Write shorter "
+            "responses with fewer or smaller calls."
+        )
+        return ParseResult(text.strip(), [], [ParseError(message, text[:2000], kind="too_long")])
+
+    @staticmethod
+    def _invalid_text(text: str, position: int) -> ParseResult:
+        """One ``invalid_text`` error: a lone surrogate is not a character at all."""
+        code = ord(text[position])
+        message = (
+            f"Could not parse the tool calls: the response is not valid Unicode (a lone "
+            f"surrogate U+{code:04X} at character {position}); no tool call was read. "
+            "Write the calls again in plain text."
+        )
+        visible = _SURROGATE.sub("\ufffd", text).strip()
+        near = _SURROGATE.sub("\ufffd", text[max(0, position - 100) : position + 100])
+        return ParseResult(visible, [], [ParseError(message, near, kind="invalid_text")])
 
     def _finish(self, result: ParseResult) -> ParseResult:
-        """Give every call an id and fill the standard ``meta`` keys."""
+        """Give every call an id and fill the standard ``meta`` keys.
+
+        A call whose name or arguments hold a surrogate (a JSON ``"\\ud800"``
+        escape decodes to one) becomes a parse error: no tool could receive it.
+        """
+        if any(_has_surrogate(call.tool) or _has_surrogate(call.args) for call in result.calls):
+            kept: list[ToolCall] = []
+            for call in result.calls:
+                if _has_surrogate(call.tool) or _has_surrogate(call.args):
+                    result.errors.append(_surrogate_call_error(call))
+                else:
+                    kept.append(call)
+            result.calls = kept
+        digests: dict[int, str] = {}  # calls of one block share its raw text: hash it once
         for index, call in enumerate(result.calls):
-            if not call.id:
-                call.id = make_call_id(index, call.tool, call.args, raw=call.raw)
+            if call.id:
+                continue
+            if call.raw is None:
+                call.id = make_call_id(index, call.tool, call.args)
+                continue
+            digest = digests.get(id(call.raw))
+            if digest is None:
+                digest = digests[id(call.raw)] = _digest(call.raw)
+            call.id = _call_id(index, call.tool, digest)
         result.meta["count"] = len(result.calls)
         result.meta["errors"] = len(result.errors)
         result.meta["format"] = self.name
         return result
 
-    def parse(self, response: str | dict[str, Any]) -> ParseResult:
+    def parse(self, response: str | Mapping[str, Any] | None) -> ParseResult:
         """Same as calling the parser."""
         return self(response)
 

@@ -19,7 +19,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolservices.errors import UserError
-from toolservices.parsing._common import Collector, SyntaxParser, after_text, iter_blocks
+from toolservices.parsing._common import (
+    Collector,
+    ErrorFlood,
+    SyntaxParser,
+    after_text,
+    iter_blocks,
+)
 from toolservices.parsing._json import (
     ArgumentsError,
     arguments_from_text,
@@ -28,6 +34,7 @@ from toolservices.parsing._json import (
     dumps,
 )
 from toolservices.parsing.base import (
+    DEFAULT_MAX_CHARS,
     ParseError,
     ParseResult,
     ToolCall,
@@ -45,41 +52,60 @@ __all__ = [
 
 # --- xml_block ---------------------------------------------------------------------
 
-_XML_OPEN = r'<tool\s+name="([^"]+)"(?:\s+tag="([^"]+)")?\s*>'
-_XML_BLOCK = re.compile(_XML_OPEN + r"(.*?)</tool>", re.DOTALL)
-_XML_OPEN_RE = re.compile(_XML_OPEN)
+# An opening tag with one or more double-quoted attributes, in any order.
+_XML_OPEN = re.compile(r'<tool((?:\s+[A-Za-z_][\w.:-]*\s*=\s*"[^"]*")+)\s*>')
+_XML_ATTR = re.compile(r'([A-Za-z_][\w.:-]*)\s*=\s*"([^"]*)"')
+_XML_CLOSE = "</tool>"
 
 
 class XMLBlockParser(SyntaxParser):
     """``<tool name="NAME" tag="TAG">{json}</tool>`` blocks anywhere in the text.
 
-    As in TorchRL: a body that is not a JSON object gives ``{"raw": body}``,
-    an empty body gives ``{}`` (neither is a parse error: the tool decides).
-    A block whose ``</tool>`` never comes is reported as truncated.
+    As in TorchRL: a body that is not a JSON object gives ``{"raw": body}``
+    (the body without surrounding blanks), an empty body gives ``{}`` (neither
+    is a parse error: the tool decides). A superset of TorchRL's syntax:
+    attributes may come in any order, with blanks around ``=``; an empty
+    ``tag=""`` means no tag. A block whose ``</tool>`` never comes is
+    reported as truncated; one without a ``name``, or with another attribute,
+    as invalid syntax (TorchRL leaves those in the text silently).
     """
 
     name = "xml_block"
     syntax = '<tool name="TOOL_NAME" tag="OPTIONAL_TAG">{"arg": "value"}</tool>'
 
     def _scan(self, text: str, found: Collector) -> None:
-        tail = 0
-        for match in _XML_BLOCK.finditer(text):
-            body = match.group(3)
+        pos = 0
+        while (opening := _XML_OPEN.search(text, pos)) is not None:
+            attrs: dict[str, str] = {}
+            for key, value in _XML_ATTR.findall(opening.group(1)):
+                attrs.setdefault(key, value)
+            name = attrs.get("name", "")
+            unknown = sorted(set(attrs) - {"name", "tag"})
+            close = text.find(_XML_CLOSE, opening.end())
+            if close == -1:
+                found.error(
+                    "the <tool> block is never closed with </tool> (truncated?)",
+                    text[opening.start() : opening.start() + 2000],
+                    kind="truncated",
+                    tool=name or None,
+                )
+                return
+            end = close + len(_XML_CLOSE)
+            pos = end
+            if not name or unknown:
+                what = 'the <tool> tag needs a non-empty name="TOOL_NAME" attribute'
+                if unknown:
+                    what = f"unknown <tool> attribute {unknown[0]!r} (only name and tag)"
+                found.error(what, text[opening.start() : end], tool=name or None)
+                continue
+            body = text[opening.end() : close].strip()
             try:
                 args = arguments_from_text(body)
             except ArgumentsError:
                 args = {"raw": body}
-            found.call(match.group(1), args, tag=match.group(2), raw=match.group(0))
-            found.cut(match.start(), match.end())
-            tail = match.end()
-        opening = _XML_OPEN_RE.search(text, tail)
-        if opening is not None:
-            found.error(
-                "the <tool> block is never closed with </tool> (truncated?)",
-                text[opening.start() :],
-                kind="truncated",
-                tool=opening.group(1),
-            )
+            tag = attrs.get("tag") or None
+            found.call(name, args, tag=tag, raw=text[opening.start() : end])
+            found.cut(opening.start(), end)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         blocks = []
@@ -106,7 +132,7 @@ class JSONCallParser(SyntaxParser):
         '{"message": "text for the user", "tools": [{"tool": "TOOL_NAME", "args": {"arg": 1}}]}'
     )
 
-    def __call__(self, response: str | dict[str, Any]) -> ParseResult:
+    def __call__(self, response: str | Mapping[str, Any] | None) -> ParseResult:
         if isinstance(response, Mapping) and ("message" in response or "tools" in response):
             found = Collector(self, "")
             text = self._envelope(response, found, None)
@@ -145,6 +171,13 @@ class JSONCallParser(SyntaxParser):
         if not isinstance(tools, list):
             found.error(f'"tools" must be a list of calls, got {describe(tools)}', dumps(tools))
             return text
+        try:
+            self._entries(tools, found, seed)
+        except ErrorFlood:
+            pass  # the last error says the scan stopped
+        return text
+
+    def _entries(self, tools: list[Any], found: Collector, seed: str | None) -> None:
         for entry in tools:
             if not isinstance(entry, dict) and not isinstance(entry, Mapping):
                 found.error(
@@ -172,7 +205,6 @@ class JSONCallParser(SyntaxParser):
             if seed is not None:  # hash the envelope once, not each entry re-serialised
                 call_id = make_call_id(len(found.calls), tool, args, raw=seed)
             found.call(tool, args, tag=None if tag is None else str(tag), id=call_id)
-        return text
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         tools: list[dict[str, Any]] = []
@@ -199,8 +231,14 @@ class PythonBlockParser(SyntaxParser):
     name = "python_block"
     syntax = "```python\nprint('your code here')\n```"
 
-    def __init__(self, *, tool_name: str = "python", tools: Any = None) -> None:
-        super().__init__(tools=tools)
+    def __init__(
+        self,
+        *,
+        tool_name: str = "python",
+        tools: Any = None,
+        max_chars: int | None = DEFAULT_MAX_CHARS,
+    ) -> None:
+        super().__init__(tools=tools, max_chars=max_chars)
         self.tool_name = tool_name
 
     def _scan(self, text: str, found: Collector) -> None:
@@ -318,8 +356,9 @@ class RegexParser(_ArgsErrorMixin):
         flags: int = re.DOTALL,
         template: str | None = None,
         tools: Any = None,
+        max_chars: int | None = DEFAULT_MAX_CHARS,
     ) -> None:
-        super().__init__(tools=tools)
+        super().__init__(tools=tools, max_chars=max_chars)
         self.pattern = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
         if self.pattern.groups < 2:
             raise UserError(

@@ -31,7 +31,7 @@ from toolservices.parsing._json import (
     dumps,
     raw_decode,
 )
-from toolservices.parsing.base import ToolCall
+from toolservices.parsing.base import DEFAULT_MAX_CHARS, ToolCall
 
 __all__ = [
     "ErnieParser",
@@ -204,11 +204,12 @@ class MarkerJSONParser(SyntaxParser):
                 items = value if isinstance(value, list) else [value]
                 calls = [call_from_object(item) for item in items]
             except ArgumentsError as error:
-                found.arguments_error(error, text[match.start() :])
+                found.arguments_error(error, text[match.start() : match.start() + 2000])
                 pos = match.end()
                 continue
+            raw = text[match.start() : end]  # one object for all: hashed once for the ids
             for name, args, call_id in calls:
-                found.call(name, args, id=call_id, raw=text[match.start() : end])
+                found.call(name, args, id=call_id, raw=raw)
             found.cut(match.start(), end)
             pos = end
 
@@ -360,8 +361,9 @@ def _read_mistral(text: str, marker: int, pos: int, limit: int, found: Collector
     except ArgumentsError as error:
         found.arguments_error(error, raw)
         return None
+    source = text[marker:end]  # one object for all: hashed once for the ids
     for name, args, call_id in calls:
-        found.call(name, args, id=call_id, raw=text[marker:end])
+        found.call(name, args, id=call_id, raw=source)
     return end
 
 
@@ -377,8 +379,14 @@ class MistralParser(SyntaxParser):
     name = "mistral"
     syntax = '[TOOL_CALLS]TOOL_NAME{"arg": "value"}'
 
-    def __init__(self, *, variant: Literal["v11", "pre_v11"] = "v11", tools: Any = None) -> None:
-        super().__init__(tools=tools)
+    def __init__(
+        self,
+        *,
+        variant: Literal["v11", "pre_v11"] = "v11",
+        tools: Any = None,
+        max_chars: int | None = DEFAULT_MAX_CHARS,
+    ) -> None:
+        super().__init__(tools=tools, max_chars=max_chars)
         if variant not in ("v11", "pre_v11"):
             raise UserError(f"unknown mistral variant {variant!r}; valid: 'v11', 'pre_v11'")
         self.variant = variant
@@ -407,7 +415,22 @@ class MistralParser(SyntaxParser):
 
 # --- xlam -------------------------------------------------------------------------
 
-_JSON_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
+_JSON_FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\n")
+
+
+def _json_fences(text: str) -> list[tuple[int, int, int, int]]:
+    """``(start, body start, body end, end)`` of each closed ```json fence, in one pass."""
+    fences: list[tuple[int, int, int, int]] = []
+    pos = 0
+    while (opening := _JSON_FENCE_OPEN.search(text, pos)) is not None:
+        close = text.find("```", opening.end())
+        if close == -1:
+            break
+        fences.append((opening.start(), opening.end(), close, close + 3))
+        pos = close + 3
+    return fences
+
+
 _ARRAY_OF_OBJECTS = re.compile(r"\[\s*\{")
 
 
@@ -422,23 +445,24 @@ class XLAMParser(SyntaxParser):
         if "<tool_call>" in text:
             scan_tagged(text, found, "<tool_call>", "</tool_call>")
             return
-        fences = list(_JSON_FENCE.finditer(text))
+        fences = _json_fences(text)
         if fences:
-            for fence in fences:
+            for start, body_start, body_end, end in fences:
+                raw = text[start:end]
                 try:
-                    calls = read_calls(fence.group(1))
+                    calls = read_calls(text[body_start:body_end])
                 except ArgumentsError as error:
-                    found.arguments_error(error, fence.group(0))
+                    found.arguments_error(error, raw)
                     continue
                 for name, args, call_id in calls:
-                    found.call(name, args, id=call_id, raw=fence.group(0))
-                found.cut(fence.start(), fence.end())
-            return
-        start = text.find(_MISTRAL_MARK)
-        if start != -1:
-            end = _read_mistral(text, start, start + len(_MISTRAL_MARK), len(text), found)
-            if end is not None:
+                    found.call(name, args, id=call_id, raw=raw)
                 found.cut(start, end)
+            return
+        marker = text.find(_MISTRAL_MARK)
+        if marker != -1:
+            stop = _read_mistral(text, marker, marker + len(_MISTRAL_MARK), len(text), found)
+            if stop is not None:
+                found.cut(marker, stop)
             return
         self._bare(text, found)
 
@@ -450,15 +474,16 @@ class XLAMParser(SyntaxParser):
                 # A broken array is reported when it is the whole answer (xLAM's
                 # way) or cut off; scanning stops either way (bounded work).
                 if error.truncated or not text[: match.start()].strip():
-                    found.arguments_error(error, text[match.start() :])
+                    found.arguments_error(error, text[match.start() : match.start() + 2000])
                 return
             try:
                 calls = [call_from_object(item) for item in value]
             except ArgumentsError as error:
                 found.arguments_error(error, text[match.start() : end])
                 return
+            raw = text[match.start() : end]  # one object for all: hashed once for the ids
             for name, args, call_id in calls:
-                found.call(name, args, id=call_id, raw=text[match.start() : end])
+                found.call(name, args, id=call_id, raw=raw)
             found.cut(match.start(), end)
             return
 

@@ -196,10 +196,11 @@ class PythonicParser(SyntaxParser):
             except ArgumentsError as error:
                 if _own_line(text, start, end):
                     found.arguments_error(error, text[start:end])
-                pos = start + 1
+                pos = end  # a list in prose is prose, inner lists included (one pass)
                 continue
+            raw = text[start:end]  # one object for all: hashed once for the ids
             for name, args in calls:
-                found.call(name, args, raw=text[start:end])
+                found.call(name, args, raw=raw)
             found.cut(start, end)
             pos = end
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolservices.errors import UserError
-from toolservices.parsing.base import ToolParser
+from toolservices.parsing.base import DEFAULT_MAX_CHARS, ToolParser, check_max_chars
 from toolservices.parsing.contract import (
     JSONCallParser,
     PythonBlockParser,
@@ -134,12 +134,16 @@ def _canonical(name: str) -> str:
     )
 
 
-def get_parser(name: str | ToolParser, *, tools: Any = None) -> ToolParser:
+def get_parser(
+    name: str | ToolParser, *, tools: Any = None, max_chars: int | None = DEFAULT_MAX_CHARS
+) -> ToolParser:
     """The parser family called ``name`` (see ``docs/formats``), or ``name`` itself.
 
     ``tools`` (OpenAI-style specs or a :class:`~toolservices.ToolRegistry`)
     lets schema-typed formats such as ``qwen3_coder`` convert raw text values.
-    A :class:`ToolParser` instance is returned unchanged.
+    ``max_chars``: longer responses get one ``too_long`` parse error instead
+    of being parsed (``None``: no limit). A :class:`ToolParser` instance is
+    returned unchanged.
     """
     if isinstance(name, ToolParser):
         return name
@@ -147,4 +151,7 @@ def get_parser(name: str | ToolParser, *, tools: Any = None) -> ToolParser:
         raise UserError(
             f"get_parser() takes a parser name or a ToolParser, got {type(name).__name__}"
         )
-    return PARSERS[_canonical(name)](tools=tools)
+    limit = check_max_chars(max_chars)
+    parser = PARSERS[_canonical(name)](tools=tools)
+    parser.max_chars = limit
+    return parser

@@ -10,7 +10,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolservices.parsing._common import Block, Collector, SyntaxParser, after_text, iter_blocks
+from toolservices.parsing._common import (
+    Block,
+    Collector,
+    ErrorFlood,
+    SyntaxParser,
+    after_text,
+    iter_blocks,
+)
 from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
 from toolservices.parsing.base import ParseResult, ToolCall
 
@@ -30,9 +37,9 @@ def _section_calls(
     """The ``(call body, raw)`` pairs of one section, and whether all were closed."""
     pieces: list[tuple[str, str]] = []
     complete = True
-    start = block.body_start
-    body_text = text[: block.body_end]
-    for inner in iter_blocks(body_text, call_begin, call_end, start=start):
+    for inner in iter_blocks(
+        text, call_begin, call_end, start=block.body_start, end=block.body_end
+    ):
         pieces.append((inner.body(text), text[inner.start : inner.end]))
         complete = complete and inner.closed
     return pieces, complete
@@ -234,7 +241,10 @@ class HarmonyParser(SyntaxParser):
             target = _HARMONY_TO.search(header)
             channel = _HARMONY_CHANNEL.search(header.replace("<|start|>assistant", ""))
             if target is not None:
-                self._call(target.group(1), body, raw, ending, found)
+                try:
+                    self._call(target.group(1), body, raw, ending, found)
+                except ErrorFlood:
+                    break  # the last error says the scan stopped
             elif channel is not None and channel.group(1) == "analysis":
                 reasoning.append(body.strip())
             else:

@@ -242,7 +242,31 @@ class Step3Parser(_ParamParser):
     )
 
 
-_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.DOTALL)
+_GLM_VALUE = re.compile(r"\s*<arg_value>")
+
+
+def _glm_pairs(body: str) -> list[tuple[str, str]]:
+    """``<arg_key>K</arg_key><arg_value>V</arg_value>`` pairs, in one pass.
+
+    A value whose ``</arg_value>`` is missing runs to the end of the body.
+    """
+    pairs: list[tuple[str, str]] = []
+    pos = 0
+    while (key := body.find("<arg_key>", pos)) != -1:
+        key_end = body.find("</arg_key>", key + 9)
+        if key_end == -1:
+            break
+        value = _GLM_VALUE.match(body, key_end + 10)
+        if value is None:
+            pos = key_end + 10
+            continue
+        value_end = body.find("</arg_value>", value.end())
+        if value_end == -1:
+            pairs.append((body[key + 9 : key_end], body[value.end() :].removesuffix("\n")))
+            break
+        pairs.append((body[key + 9 : key_end], body[value.end() : value_end]))
+        pos = value_end + 12
+    return pairs
 
 
 class Glm45Parser(SyntaxParser):
@@ -273,7 +297,7 @@ class Glm45Parser(SyntaxParser):
                 continue
             args = {
                 key.strip(): self.schemas.coerce(name, key.strip(), value)
-                for key, value in _GLM_PAIR.findall(body)
+                for key, value in _glm_pairs(body)
             }
             found.call(name, args, raw=raw)
             found.cut(block.start, block.end)
