@@ -205,7 +205,8 @@ MALFORMED: list[tuple[str, str, str, str]] = [
         "invalid_syntax",
         "call:TOOL_NAME",
     ),
-    ("mistral", "[TOOL_CALLS] hello there", "invalid_json", "write its JSON arguments"),
+    # words after the token are never a tool name (issue 12): say what is expected
+    ("mistral", "[TOOL_CALLS] hello there", "invalid_syntax", "found 'hello there'"),
     # newer families (more cases in test_new_families.py)
     ("gemma4", 'Checking.<|tool_call>call:get_weather{city:<|"|>Par', "truncated", "never closed"),
     ("gemma4", "<|tool_call>call:f{a 1}<tool_call|>", "invalid_syntax", "key:value"),

@@ -144,10 +144,43 @@ class SyntaxParser(ToolParser):
             self._scan(text, found)
         except ErrorFlood:
             pass  # the last error says the scan stopped
-        return found.result()
+        result = found.result()
+        if not result.errors:
+            self.check_near_miss(result)
+        return result
 
     def _scan(self, text: str, found: Collector) -> None:
         raise NotImplementedError
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        """Call syntax that must not stay silently in the visible text.
+
+        Default: the special token the family's :attr:`syntax` opens with
+        (``<tool_call>``, ``<｜DSML｜function_calls>``...). Families override it.
+        """
+        if not self.syntax.startswith("<"):
+            return ()
+        end = self.syntax.find(">")
+        return (self.syntax[: end + 1],) if end != -1 else ()
+
+    def check_near_miss(self, result: ParseResult) -> None:
+        """Add a parse error when call syntax is left in the visible text unexplained.
+
+        A response that shows a family's marker but yields neither a call nor
+        an error for it is a "near miss" (a typo in a tag, a call outside its
+        block...): the model must hear about it rather than get silence.
+        """
+        for marker in self.near_miss_markers():
+            where = result.text.find(marker)
+            if where != -1:
+                raw = result.text[max(0, where - 100) : where + 400]
+                result.errors.append(
+                    self.make_error(
+                        f"{marker!r} is in the response but no tool call could be read there",
+                        raw,
+                    )
+                )
+                return
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -73,6 +73,9 @@ class XMLBlockParser(SyntaxParser):
     name = "xml_block"
     syntax = '<tool name="TOOL_NAME" tag="OPTIONAL_TAG">{"arg": "value"}</tool>'
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("<tool name", "</tool>")  # e.g. name='x' in single quotes
+
     def _scan(self, text: str, found: Collector) -> None:
         pos = 0
         while (opening := _XML_OPEN.search(text, pos)) is not None:
@@ -132,6 +135,9 @@ class JSONCallParser(SyntaxParser):
         '{"message": "text for the user", "tools": [{"tool": "TOOL_NAME", "args": {"arg": 1}}]}'
     )
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ('"tools"',)  # checked in _parse, outside a whole-response envelope
+
     def __call__(self, response: str | Mapping[str, Any] | None) -> ParseResult:
         if isinstance(response, Mapping) and ("message" in response or "tools" in response):
             found = Collector(self, "")
@@ -143,7 +149,13 @@ class JSONCallParser(SyntaxParser):
         found = Collector(self, text)
         stripped = text.strip()
         if not stripped.startswith("{"):
-            return ParseResult(text, [], [])
+            if '"tools"' in text:  # an envelope in prose or a fence: a near miss
+                found.error(
+                    'the response mentions "tools" but is not one JSON envelope: write the '
+                    "whole response as the JSON object, with no text or fence around it",
+                    text,
+                )
+            return ParseResult(text, [], found.errors)
         try:
             envelope = json.loads(stripped)
         except (json.JSONDecodeError, RecursionError) as error:
@@ -231,6 +243,9 @@ class PythonBlockParser(SyntaxParser):
     name = "python_block"
     syntax = "```python\nprint('your code here')\n```"
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("```python", "```py")  # e.g. code on the fence's own line
+
     def __init__(
         self,
         *,
@@ -306,6 +321,9 @@ class SimpleToolParser(_ArgsErrorMixin):
     name = "simple_tool"
     syntax = '<tool>TOOL_NAME\n{"arg": "value"}</tool>'
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("<tool>", "</tool>")
+
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, "<tool>", "</tool>"):
             raw = text[block.start : block.end]
@@ -371,6 +389,9 @@ class RegexParser(_ArgsErrorMixin):
         )
         self.template = template
         self.syntax = template or f"text matching {self.pattern.pattern!r}"  # type: ignore[misc]
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ()  # the user's pattern defines the syntax; nothing to guess from
 
     def _scan(self, text: str, found: Collector) -> None:
         name_group, args_group = self._groups

@@ -113,6 +113,9 @@ class TaggedJSONParser(SyntaxParser):
     def _scan(self, text: str, found: Collector) -> None:
         scan_tagged(text, found, self.open_tag, self.close_tag)
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (self.open_tag, self.close_tag)  # a stray closing tag: the opening is missing
+
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         objects = [_object(call, self.args_key) for call in calls]
         if self.render_style == "array":
@@ -195,6 +198,9 @@ class MarkerJSONParser(SyntaxParser):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._pattern = re.compile("|".join(map(re.escape, cls.markers)))
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return self.markers
 
     def _scan(self, text: str, found: Collector) -> None:
         pos = 0
@@ -287,7 +293,16 @@ class Llama3JSONParser(SyntaxParser):
     name = "llama3_json"
     syntax = '{"name": "TOOL_NAME", "parameters": {"arg": "value"}}'
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        # A call object that is not one: Python quotes, or no "name".
+        return ('"parameters"', "'parameters'", "'arguments'")
+
     def _scan(self, text: str, found: Collector) -> None:
+        self._read(text, found)
+        if not found.calls and not found.errors and _PYTHON_TAG in text:
+            found.error(f"{_PYTHON_TAG} must be followed by JSON call objects", text[:2000])
+
+    def _read(self, text: str, found: Collector) -> None:
         tag = text.find(_PYTHON_TAG)
         while tag != -1:
             found.cut(tag, tag + len(_PYTHON_TAG))
@@ -326,8 +341,47 @@ class Llama3JSONParser(SyntaxParser):
 
 _MISTRAL_MARK = "[TOOL_CALLS]"
 _MISTRAL_NAMED = re.compile(
-    r"\s*([A-Za-z0-9_\-.]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9_\-]+)\s*)?(?:\[ARGS\])?"
+    r"\s*([A-Za-z_][A-Za-z0-9_\-.]*)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9_\-]+)\s*)?(?:\[ARGS\])?"
 )
+
+
+def _blank_end(text: str, pos: int, limit: int) -> int:
+    while pos < limit and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+_FENCE_END = re.compile(r"\s*```")
+
+
+def _read_array_after_junk(
+    text: str, marker: int, pos: int, limit: int, found: Collector
+) -> int | None:
+    """``[TOOL_CALLS] junk [{...}]``: the pre-v11 array after stray text (a ```json
+    fence, a phrase), whose words are never taken for a tool name."""
+    raw = text[marker : min(limit, marker + 2000)]
+    array = _ARRAY_OF_OBJECTS.search(text, pos, limit)
+    if array is None:
+        junk = text[pos : min(limit, pos + 40)].strip()
+        found.error(
+            "after [TOOL_CALLS] write TOOL_NAME{json arguments} (or a JSON array of call "
+            f"objects); found {junk!r}",
+            raw,
+        )
+        return None
+    try:
+        value, end = raw_decode(text, array.start())
+        calls = [call_from_object(item) for item in value]
+    except ArgumentsError as error:
+        found.arguments_error(error, raw)
+        return None
+    fence = _FENCE_END.match(text, end, limit)
+    if fence is not None and "```" in text[pos : array.start()]:
+        end = fence.end()  # the closing fence of a ```json block
+    source = text[marker:end]
+    for name, args, call_id in calls:
+        found.call(name, args, id=call_id, raw=source)
+    return end
 
 
 def _read_mistral(text: str, marker: int, pos: int, limit: int, found: Collector) -> int | None:
@@ -341,9 +395,15 @@ def _read_mistral(text: str, marker: int, pos: int, limit: int, found: Collector
             calls = [call_from_object(item) for item in items]
         else:
             named = _MISTRAL_NAMED.match(text, pos, limit)
-            if named is None or not named.group(1):
-                found.error("after [TOOL_CALLS] write the tool name, then its JSON arguments", raw)
-                return None
+            after = _blank_end(text, named.end() if named else pos, limit)
+            arguments_next = (
+                after >= limit
+                or text[after] == "{"
+                or (text[after] == "[" and _ARRAY_OF_OBJECTS.match(text, after) is None)
+            )  # NAME{...}, or NAME[...] that is no array of calls (reported below)
+            if named is None or not named.group(1) or not arguments_next:
+                # Junk before a pre-v11 array, or no call at all.
+                return _read_array_after_junk(text, marker, pos, limit, found)
             try:
                 value, end = raw_decode(text, named.end())
             except ArgumentsError as error:
@@ -370,7 +430,9 @@ def _read_mistral(text: str, marker: int, pos: int, limit: int, found: Collector
 class MistralParser(SyntaxParser):
     """``[TOOL_CALLS]`` in both Mistral generations.
 
-    pre-v11 (Mistral-7B-Instruct-v0.3): ``[TOOL_CALLS] [{"name", "arguments"}, ...]``.
+    pre-v11 (Mistral-7B-Instruct-v0.3): ``[TOOL_CALLS] [{"name", "arguments"}, ...]``;
+    stray text between the token and the array (a ```json fence, a phrase) is
+    skipped, never read as a tool name; with no array, it is a parse error.
     v11+ (Mistral Small 3.x, Magistral, Devstral): ``[TOOL_CALLS]NAME{json}`` per call,
     optionally ``NAME[ARGS]{json}`` or ``NAME[CALL_ID]ID[ARGS]{json}`` (the id is kept).
     Both forms are parsed; ``variant`` chooses what :meth:`render` writes.
@@ -378,6 +440,9 @@ class MistralParser(SyntaxParser):
 
     name = "mistral"
     syntax = '[TOOL_CALLS]TOOL_NAME{"arg": "value"}'
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (_MISTRAL_MARK,)
 
     def __init__(
         self,
@@ -440,6 +505,9 @@ class XLAMParser(SyntaxParser):
 
     name = "xlam"
     syntax = '[{"name": "TOOL_NAME", "arguments": {"arg": "value"}}]'
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("<tool_call>", "</tool_call>", _MISTRAL_MARK)
 
     def _scan(self, text: str, found: Collector) -> None:
         if "<tool_call>" in text:

@@ -175,6 +175,9 @@ class PythonicParser(SyntaxParser):
     name = "pythonic"
     syntax = "[tool_name(arg='value', n=1), other_tool()]"
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ()  # a bracketed list in prose is prose, deliberately (see above)
+
     def _scan(self, text: str, found: Collector) -> None:
         pos = 0
         while (match := _LIST_START.search(text, pos)) is not None:
@@ -216,6 +219,9 @@ class Llama4PythonicParser(PythonicParser):
     name = "llama4_pythonic"
     syntax = "<|python_start|>[tool_name(arg='value'), other_tool()]<|python_end|>"
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (_PYTHON_START,)  # checked in _scan: the token is cut from the text
+
     def _scan(self, text: str, found: Collector) -> None:
         for token in (_PYTHON_START, _PYTHON_END):
             pos = text.find(token)
@@ -223,6 +229,8 @@ class Llama4PythonicParser(PythonicParser):
                 found.cut(pos, pos + len(token))
                 pos = text.find(token, pos + 1)
         super()._scan(text, found)
+        if not found.calls and not found.errors and _PYTHON_START in text:
+            found.error(f"{_PYTHON_START} must be followed by a list of calls", text[:2000])
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         out = _PYTHON_START + PythonicParser.render(self, calls) + _PYTHON_END
@@ -234,6 +242,9 @@ class Olmo3Parser(SyntaxParser):
 
     name = "olmo3"
     syntax = "<function_calls>\ntool_name(arg='value')\nother_tool(n=1)\n</function_calls>"
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("<function_calls>", "</function_calls>")
 
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, "<function_calls>", "</function_calls>"):

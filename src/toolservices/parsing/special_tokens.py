@@ -58,6 +58,9 @@ class DeepSeekV3Parser(SyntaxParser):
         f'{{"arg": "value"}}\n```{_DS_CALL_END}{_DS_CALLS_END}'
     )
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (_DS_CALLS_BEGIN, _DS_CALL_BEGIN, _DS_SEP, _DS_CALLS_END)
+
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, _DS_CALLS_BEGIN, _DS_CALLS_END):
             raw = text[block.start : block.end]
@@ -149,6 +152,13 @@ class KimiK2Parser(SyntaxParser):
         '<|tool_call_argument_begin|>{"arg": "value"}<|tool_call_end|><|tool_calls_section_end|>'
     )
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (
+            "<|tool_calls_section_begin|>",
+            "<|tool_call_section_begin|>",
+            "<|tool_call_begin|>",
+        )
+
     def _scan(self, text: str, found: Collector) -> None:
         pos = 0
         while (begin := _KIMI_SECTION.search(text, pos)) is not None:
@@ -223,10 +233,17 @@ class HarmonyParser(SyntaxParser):
         '<|message|>{"arg": "value"}<|call|>'
     )
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("to=functions.",)  # checked in _parse: a call header with no message
+
     def _parse(self, text: str) -> ParseResult:
         found = Collector(self, text)
         if "<|message|>" not in text:
-            return found.result()
+            result = found.result()
+            if "to=functions." in text:  # a call header without its message
+                found.error("a call addressed to=functions.NAME needs <|message|>{json}<|call|>")
+                result.errors = found.errors
+            return result
         visible: list[str] = []
         reasoning: list[str] = []
         boundary = 0

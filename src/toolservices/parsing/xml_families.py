@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from toolservices.parsing._common import (
+    Block,
     Collector,
     SyntaxParser,
     after_text,
@@ -67,6 +68,8 @@ class _ParamParser(SyntaxParser):
     close_tag: ClassVar[str]
     section_re: ClassVar[re.Pattern[str]]
     section_close: ClassVar[str]
+    #: The literal start of a section (``<function=``), for near misses.
+    section_marker: ClassVar[str]
     param_re: ClassVar[re.Pattern[str]]
     param_close: ClassVar[str]
     #: What the model should write inside the outer block, for error messages.
@@ -98,36 +101,64 @@ class _ParamParser(SyntaxParser):
     def _value(self, tool: str, match: re.Match[str], raw: str) -> Any:
         return self.schemas.coerce(tool, match.group(1).strip(), raw)
 
+    def near_miss_markers(self) -> tuple[str, ...]:
+        """The block tags (a stray closing tag: the opening is missing) and the
+        section opening outside any block. The latter only when declared with
+        (or below) the class that sets the block tags: a subclass that wraps the
+        same sections in new tags (DeepSeek-V4 around V3.2's invokes) leaves the
+        older wrapper's output as plain text."""
+        markers: tuple[str, ...] = (self.open_tag, self.close_tag)
+        mro = type(self).__mro__
+        owner = next(i for i, cls in enumerate(mro) if "open_tag" in vars(cls))
+        if any("section_marker" in vars(cls) for cls in mro[: owner + 1]):
+            markers += (self.section_marker,)
+        return markers
+
+    def _section_args(self, name: str, inner: str) -> dict[str, Any]:
+        return {
+            match.group(1).strip(): self._value(name, match, value)
+            for match, value in xml_params(
+                inner, self.param_re, self.param_close, stops=(self.section_close,)
+            )
+        }
+
+    def _gap(self, text: str, start: int, end: int, found: Collector) -> None:
+        """Read ``text[start:end]``, which lies outside every block (nothing by default)."""
+
     def _scan(self, text: str, found: Collector) -> None:
+        previous = 0
         for block in iter_blocks(text, self.open_tag, self.close_tag):
-            raw = text[block.start : block.end]
-            sections = _sections(block.body(text), self.section_re, self.section_close)
-            if not sections:
-                what = f"inside {self.open_tag} write {self.inner_hint}"
-                if not block.closed:
-                    what = f"the {self.open_tag} block is cut off (truncated?); {what}"
-                found.error(what, raw, kind="invalid_syntax" if block.closed else "truncated")
-                continue
-            if not block.closed and not sections[-1][2]:
-                found.error(
-                    f"the call is cut off before {self.section_close} (truncated?)",
-                    raw,
-                    kind="truncated",
-                    tool=sections[-1][0] or None,
-                )
-                continue
-            if any(not name for name, _, _ in sections):
-                found.error(f"a tool name is missing: write {self.inner_hint}", raw)
-                continue
-            for name, inner, _ in sections:
-                args = {
-                    match.group(1).strip(): self._value(name, match, value)
-                    for match, value in xml_params(
-                        inner, self.param_re, self.param_close, stops=(self.section_close,)
-                    )
-                }
-                found.call(name, args, raw=raw)
-            found.cut(block.start, block.end)
+            self._gap(text, previous, block.start, found)
+            previous = block.end
+            self._block(text, block, found)
+        self._gap(text, previous, len(text), found)
+
+    def _block(self, text: str, block: Block, found: Collector) -> None:
+        raw = text[block.start : block.end]
+        sections = _sections(block.body(text), self.section_re, self.section_close)
+        if not sections:
+            what = f"inside {self.open_tag} write {self.inner_hint}"
+            if not block.closed:
+                what = f"the {self.open_tag} block is cut off (truncated?); {what}"
+            found.error(what, raw, kind="invalid_syntax" if block.closed else "truncated")
+            return
+        if not block.closed and not sections[-1][2]:
+            found.error(
+                f"the call is cut off before {self.section_close} (truncated?)",
+                raw,
+                kind="truncated",
+                tool=sections[-1][0] or None,
+            )
+            return
+        if any(not name for name, _, _ in sections):
+            found.error(f"a tool name is missing: write {self.inner_hint}", raw)
+            return
+        for name, inner, _ in sections:
+            found.call(name, self._section_args(name, inner), raw=raw)
+        found.cut(block.start, block.end)
+
+
+_STRAY_CLOSE = re.compile(r"\s*</tool_call>")
 
 
 class Qwen3CoderParser(_ParamParser):
@@ -138,6 +169,7 @@ class Qwen3CoderParser(_ParamParser):
     close_tag = "</tool_call>"
     section_re = re.compile(r"<function=([^>\n]*)>")
     section_close = "</function>"
+    section_marker = "<function="
     param_re = re.compile(r"<parameter=([^>\n]*)>")
     param_close = "</parameter>"
     inner_hint = "<function=TOOL_NAME> with one <parameter=NAME>value</parameter> per argument"
@@ -149,12 +181,49 @@ class Qwen3CoderParser(_ParamParser):
         "<tool_call>\n<function=TOOL_NAME>\n<parameter=ARG_NAME>\nvalue\n</parameter>\n"
         "</function>\n</tool_call>"
     )
+    #: Qwen3-Coder also writes ``<function=...>...</function>`` with no
+    #: ``<tool_call>`` around it (sometimes with a stray ``</tool_call>`` after):
+    #: read those too.
+    bare_functions: ClassVar[bool] = True
+
+    def _gap(self, text: str, start: int, end: int, found: Collector) -> None:
+        if not self.bare_functions or text.find(self.section_marker, start, end) == -1:
+            return
+        gap = text[start:end]
+        pieces = segments(gap, self.section_re)
+        for index, (match, inner) in enumerate(pieces):
+            name = match.group(1).strip()
+            close = inner.find(self.section_close)
+            call_start = start + match.start()
+            if close == -1 and index == len(pieces) - 1:
+                found.error(
+                    f"the call is cut off before {self.section_close} (truncated?)",
+                    text[call_start : call_start + 2000],
+                    kind="truncated",
+                    tool=name or None,
+                )
+                return
+            body = inner if close == -1 else inner[:close]
+            call_end = start + match.end() + len(body)
+            if close != -1:
+                call_end += len(self.section_close)
+                stray = _STRAY_CLOSE.match(gap, call_end - start)
+                if stray is not None:
+                    call_end = start + stray.end()
+            raw = text[call_start:call_end]
+            if not name:
+                found.error(f"a tool name is missing: write {self.inner_hint}", raw)
+                continue
+            found.call(name, self._section_args(name, body), raw=raw)
+            found.cut(call_start, call_end)
 
 
 class SeedOssParser(Qwen3CoderParser):
     """ByteDance Seed-OSS: the Qwen3-Coder layout inside ``<seed:tool_call>``."""
 
     name = "seed_oss"
+    bare_functions = False
+    section_marker = "<function="
     open_tag = "<seed:tool_call>"
     close_tag = "</seed:tool_call>"
     syntax = (
@@ -171,6 +240,7 @@ class MiniMaxM2Parser(_ParamParser):
     close_tag = "</minimax:tool_call>"
     section_re = re.compile(r'<invoke\s+name="?([^">\n]*)"?\s*>')
     section_close = "</invoke>"
+    section_marker = "<invoke"
     param_re = re.compile(r'<parameter\s+name="?([^">\n]*)"?\s*>')
     param_close = "</parameter>"
     inner_hint = '<invoke name="TOOL_NAME"> with <parameter name="ARG">value</parameter>'
@@ -193,6 +263,7 @@ class DeepSeekV32Parser(_ParamParser):
     close_tag = f"</{_DSML}function_calls>"
     section_re = re.compile(rf'<{_DSML}invoke\s+name="([^"]*)"\s*>')
     section_close = f"</{_DSML}invoke>"
+    section_marker = f"<{_DSML}invoke"
     param_re = re.compile(rf'<{_DSML}parameter\s+name="([^"]*)"(?:\s+string="(true|false)")?\s*>')
     param_close = f"</{_DSML}parameter>"
     inner_hint = f'<{_DSML}invoke name="TOOL_NAME"> with parameters'
@@ -226,6 +297,7 @@ class Step3Parser(_ParamParser):
     close_tag = "<｜tool_calls_end｜>"
     section_re = re.compile(r'<steptml:invoke\s+name="([^"]*)"\s*>')
     section_close = "</steptml:invoke>"
+    section_marker = "<steptml:invoke"
     param_re = re.compile(r'<steptml:parameter\s+name="([^"]*)"\s*>')
     param_close = "</steptml:parameter>"
     inner_hint = '<steptml:invoke name="TOOL_NAME"> with <steptml:parameter name="ARG">'
@@ -271,6 +343,9 @@ def _glm_pairs(body: str) -> list[tuple[str, str]]:
 
 class Glm45Parser(SyntaxParser):
     """GLM-4.5/4.6/4.7: ``<tool_call>NAME`` + ``<arg_key>K</arg_key><arg_value>V</arg_value>``."""
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return ("<tool_call>", "</tool_call>", "<arg_key>")
 
     name = "glm45"
     syntax = (
@@ -394,6 +469,9 @@ class FunctionGemmaParser(SyntaxParser):
 
     name = "functiongemma"
     syntax = f"{_FG_START}call:TOOL_NAME{{arg:{_ESC}text{_ESC},n:5}}{_FG_END}"
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (_FG_START, _FG_END)
 
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, _FG_START, _FG_END):
