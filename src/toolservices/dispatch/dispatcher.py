@@ -139,23 +139,35 @@ class Dispatcher:
         bounded = limiter is not None or len(items) > self.max_concurrency
         if limiter is None:
             limiter = anyio.CapacityLimiter(self.max_concurrency)
-        outcomes: list[ItemResult] = [ItemResult() for _ in items]
+        if len(items) == 1:
+            state = states[0] if states is not None else None
+            return [await self._guarded_item(items[0], state, limiter, bounded, 0)]
+        outcomes: list[ItemResult | None] = [None] * len(items)
 
         async def one(i: int) -> None:
             state = states[i] if states is not None else None
-            try:
-                outcomes[i] = await self._run_item(items[i], state, limiter, bounded)
-            except Exception as exc:  # a bug of ours: logged, and every call still answered
-                logger.error("toolservices: dispatching batch item %d failed", i, exc_info=exc)
-                outcomes[i] = _failed_item(items[i], exc)
+            outcomes[i] = await self._guarded_item(items[i], state, limiter, bounded, i)
 
-        if len(items) == 1:
-            await one(0)
-        else:
-            async with anyio.create_task_group() as tg:
-                for i in range(len(items)):
-                    tg.start_soon(one, i)
-        return outcomes
+        async with anyio.create_task_group() as tg:
+            for i in range(len(items)):
+                tg.start_soon(one, i)
+        return outcomes  # type: ignore[return-value]  # one() filled every entry
+
+    async def arun_item(
+        self,
+        item: DispatchItem,
+        *,
+        state: Mapping[str, Any] | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> ItemResult:
+        """``(await arun([item], states=[state], limiter=limiter))[0]``, without the batch.
+
+        The per-turn path of an episode: one response's calls, in order.
+        """
+        bounded = limiter is not None
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(self.max_concurrency)
+        return await self._guarded_item(item, state, limiter, bounded, 0)
 
     async def acall(
         self,
@@ -174,6 +186,21 @@ class Dispatcher:
         call without an id, seeds the derived one (so two identical calls of
         one response get different ids).
         """
+        return await self._call(
+            call, state, None, limiter=limiter, bound_async=bound_async, index=index
+        )
+
+    async def _call(
+        self,
+        call: ToolCall,
+        state: Mapping[str, Any] | None,
+        extra: Mapping[str, Any] | None,
+        *,
+        limiter: anyio.CapacityLimiter | None,
+        bound_async: bool,
+        index: int,
+    ) -> CallResult:
+        """:meth:`acall`; ``extra`` goes over ``state`` (merged only for tools taking state)."""
         started = time.perf_counter()
         call_id = call_id_of(call, index)
 
@@ -194,7 +221,8 @@ class Dispatcher:
             tool = self.registry.get(call.tool)
             args = tool.validate(call.args)
             if self.pass_state and tool.accepts_state and state is not None:
-                args[STATE_PARAMETER] = dict(state)
+                # the tool's own copy (it may mutate it)
+                args[STATE_PARAMETER] = {**state, **extra} if extra else dict(state)
             limit = tool.timeout if tool.timeout is not None else self.timeout
         except ToolError as exc:
             return failed(exc, exc.kind, exc.message)
@@ -219,8 +247,18 @@ class Dispatcher:
                 elif limiter is None or not bound_async:
                     value = await tool.acall(**args)
                 else:
-                    async with limiter:
+                    # A free token is taken without yielding to the loop (acquire()
+                    # always yields once, which doubled the cost of a no-op call);
+                    # acquire_nowait still queues behind waiting tasks, so the order
+                    # in which tasks get tokens is unchanged.
+                    try:
+                        limiter.acquire_nowait()
+                    except anyio.WouldBlock:
+                        await limiter.acquire()
+                    try:
                         value = await tool.acall(**args)
+                    finally:
+                        limiter.release()
         except BaseException as exc:
             if is_real_cancellation(exc, task):
                 if run is not None:  # the caller gave up: the thread runs on, counted
@@ -268,6 +306,20 @@ class Dispatcher:
 
     # -- internals ---------------------------------------------------------------------
 
+    async def _guarded_item(
+        self,
+        item: DispatchItem,
+        state: Mapping[str, Any] | None,
+        limiter: anyio.CapacityLimiter,
+        bounded: bool,
+        position: int,
+    ) -> ItemResult:
+        try:
+            return await self._run_item(item, state, limiter, bounded)
+        except Exception as exc:  # a bug of ours: logged, and every call still answered
+            logger.error("toolservices: dispatching batch item %d failed", position, exc_info=exc)
+            return _failed_item(item, exc)
+
     async def _run_item(
         self,
         item: DispatchItem,
@@ -292,11 +344,13 @@ class Dispatcher:
                     )
                 )
                 continue
-            call_state = None
-            if state is not None:
-                call_state = {**state, "call_index": index}
-            outcome = await self.acall(
-                call, state=call_state, limiter=limiter, bound_async=bounded, index=index
+            outcome = await self._call(
+                call,
+                state,
+                {"call_index": index} if state is not None else None,
+                limiter=limiter,
+                bound_async=bounded,
+                index=index,
             )
             results.append(outcome)
             stopped = self.stop_on_error and not outcome.ok

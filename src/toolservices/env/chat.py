@@ -28,6 +28,7 @@ from toolservices.env.episode import (
     ResultFormat,
     check_limits,
     resolve_parser,
+    shared_limiter,
 )
 from toolservices.errors import UserError
 from toolservices.tools import ToolRegistry
@@ -67,7 +68,7 @@ class ToolEnv:
         self,
         tools: ToolRegistry | Iterable[Any],
         *,
-        parser: ParserLike = "hermes",
+        parser: ParserLike | None = "hermes",
         max_turns: int = 8,
         max_failed_turns: int | None = None,
         system_prompt: str | None = None,
@@ -167,24 +168,34 @@ class ToolEnv:
             metrics=[StepMetrics() for _ in range(n)],
             results=[ItemResult() for _ in range(n)],
         )
-
-        async def one(i: int) -> None:
-            episode = self.episodes[i]
-            response = responses[i]
-            step.tool_messages[i] = await episode.step("" if response is None else response)
-            assert episode.last is not None
-            step.metrics[i] = episode.last.metrics
-            step.results[i] = episode.last
+        active = [i for i in range(n) if not self.episodes[i].done]
+        if not active:
+            return step
+        # Three phases over the batch (parse all, one dispatch, record all) rather
+        # than one task per episode.step: the same work, and the same Episode code
+        # for ids, _state, metrics and rendering, at about 15 us less per item
+        # (docs/benchmarks.md). Parsing first also means a bad response raises
+        # before any call of the batch ran.
+        episodes = [self.episodes[i] for i in active]
+        begun = [self.episodes[i]._begin_turn(_response(responses[i])) for i in active]
+        for episode in episodes:
+            episode._busy = True
+        try:
+            outcomes = await self.dispatcher.arun(
+                [parsed for parsed, _ in begun],
+                states=[state for _, state in begun],
+                limiter=shared_limiter(self.dispatcher),
+            )
+        finally:
+            for episode in episodes:
+                episode._busy = False
+        for episode, i, outcome in zip(episodes, active, outcomes, strict=True):
+            episode.record_turn(outcome)
+            step.tool_messages[i] = episode._append_turn(_response(responses[i]), outcome)
+            step.metrics[i] = outcome.metrics
+            step.results[i] = outcome
             step.done[i] = episode.done
             step.reasons[i] = episode.reason
-
-        active = [i for i in range(n) if not self.episodes[i].done]
-        if len(active) == 1:
-            await one(active[0])
-        else:
-            async with anyio.create_task_group() as tg:
-                for i in active:
-                    tg.start_soon(one, i)
         return step
 
     def close(self) -> None:
@@ -200,3 +211,7 @@ class ToolEnv:
         async with anyio.create_task_group() as tg:
             for episode in self.episodes:
                 tg.start_soon(episode.aclose)
+
+
+def _response(response: str | Mapping[str, Any] | None) -> str | Mapping[str, Any]:
+    return "" if response is None else response

@@ -15,6 +15,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import typing
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,10 +41,13 @@ if TYPE_CHECKING:
     from toolservices.python import PythonExecutorService
 
 __all__ = [
+    "CLOSE_REASONS",
+    "CloseReason",
     "EndReason",
     "Episode",
     "Message",
     "ResultFormat",
+    "ServerCallsParser",
     "check_limits",
     "render_messages",
     "resolve_parser",
@@ -52,8 +56,22 @@ __all__ = [
 
 Message = dict[str, Any]
 ResultFormat = Literal["openai", "tool_results"]
-#: Why an episode ended.
-EndReason = Literal["answered", "max_turns", "too_many_failures", "closed"]
+#: Why an episode ended: ``answered`` (a turn without calls), ``max_turns``,
+#: ``too_many_failures`` (``max_failed_turns`` failed turns in a row), or closed
+#: from outside while still running (:meth:`Episode.aclose`): ``closed`` (by its
+#: owner), ``request_error`` (the model could not be asked: a server failure) or
+#: ``infrastructure_error`` (the tools' backend failed).
+EndReason = Literal[
+    "answered",
+    "max_turns",
+    "too_many_failures",
+    "closed",
+    "request_error",
+    "infrastructure_error",
+]
+#: The reasons :meth:`Episode.aclose` can give an episode it ends.
+CloseReason = Literal["closed", "request_error", "infrastructure_error"]
+CLOSE_REASONS: tuple[CloseReason, ...] = typing.get_args(CloseReason)
 Prompt = str | Sequence[Mapping[str, Any]] | None
 ParserLike = str | ToolParser | Callable[[Any], ParseResult]
 
@@ -99,7 +117,7 @@ class Episode:
         self,
         tools: ToolRegistry | Iterable[Any],
         *,
-        parser: ParserLike = "hermes",
+        parser: ParserLike | None = "hermes",
         prompt: Prompt = None,
         system_prompt: str | None = None,
         max_turns: int | None = 8,
@@ -182,10 +200,7 @@ class Episode:
         :class:`UserError` when the episode is done or already stepping.
         """
         outcome = await self.run_turn(response)
-        messages = self.render(outcome)
-        self.messages.append(self._assistant_message(response, outcome))
-        self.messages.extend(messages)
-        return messages
+        return self._append_turn(response, outcome)
 
     async def run_turn(self, response: str | Mapping[str, Any]) -> ItemResult:
         """Parse and run one turn, update turns, metrics and ``done``; return the results.
@@ -194,23 +209,39 @@ class Episode:
         nothing: for layers that keep the conversation themselves (TorchRL's
         ``History``) and format results their own way.
         """
-        self._check_usable("step")
-        if not isinstance(response, str | Mapping):
-            raise UserError(
-                "step() takes the model's text or an assistant message dict, "
-                f"got {type(response).__name__}"
-            )
+        parsed, call_state = self._begin_turn(response)
         self._busy = True
         try:
-            parsed = self.parser(response if isinstance(response, str) else dict(response))
-            call_state = {**self.state, **self._call_state()}
-            (outcome,) = await self._dispatcher.arun(
-                [parsed], states=[call_state], limiter=self._limiter
+            outcome = await self._dispatcher.arun_item(
+                parsed, state=call_state, limiter=self._limiter
             )
         finally:
             self._busy = False
         self.record_turn(outcome)
         return outcome
+
+    def _begin_turn(self, response: str | Mapping[str, Any]) -> tuple[ParseResult, Message]:
+        """Check the episode can step, parse ``response``; the calls and their ``_state``.
+
+        Changes nothing: a batch layer (ToolEnv) begins every item's turn,
+        runs all their calls as one dispatch, then records each outcome.
+        """
+        self._check_usable("step")
+        if type(response) is not str:  # the common case skips the ABC check
+            if not isinstance(response, Mapping):
+                raise UserError(
+                    "step() takes the model's text or an assistant message dict, "
+                    f"got {type(response).__name__}"
+                )
+            response = dict(response)
+        return self.parser(response), self._call_state()
+
+    def _append_turn(self, response: str | Mapping[str, Any], outcome: ItemResult) -> list[Message]:
+        """Append the assistant message and the tool messages of a recorded turn."""
+        messages = self.render(outcome)
+        self.messages.append(self._assistant_message(response, outcome))
+        self.messages.extend(messages)
+        return messages
 
     def record_turn(self, outcome: ItemResult) -> EndReason | None:
         """Count one turn's results: metrics, failure streak, ``done``/``reason``.
@@ -244,22 +275,25 @@ class Episode:
         return render_messages(outcome.results, self.result_format)
 
     def _call_state(self) -> dict[str, Any]:
-        """The standard ``_state`` entries (over the user's ``state``) for the next turn."""
-        return {
-            "episode_id": self.id,
-            "turn": self.turns + 1,
-            PYTHON_SESSION_KEY: self.python_session,
-        }
+        """The user's ``state`` with the standard ``_state`` entries over it, for the next turn."""
+        state = dict(self.state)
+        state["episode_id"] = self.id
+        state["turn"] = self.turns + 1
+        state[PYTHON_SESSION_KEY] = self.python_session
+        return state
 
     def _assistant_message(self, response: str | Mapping[str, Any], outcome: ItemResult) -> Message:
         message: Message = {"role": "assistant", "content": response_text(response)}
         calls = outcome.parse.calls if outcome.parse is not None else []
         if calls:
-            # the ids the tool messages carry, so the two always match
-            ids = {r.index: r.call_id for r in outcome.results if r.error_kind != "parse_error"}
+            # the ids the tool messages carry, so the two always match (the
+            # dispatcher answers a response's calls first, in order)
+            results = outcome.results
             message["tool_calls"] = [
                 {
-                    "id": ids.get(index, call.id),
+                    "id": results[index].call_id
+                    if index < len(results) and results[index].index == index
+                    else call.id,
                     "type": "function",
                     "function": {
                         "name": call.tool,
@@ -331,15 +365,24 @@ class Episode:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """End the episode and release its Python session; idempotent."""
-        session = self._mark_closed()
+    async def aclose(self, *, reason: CloseReason = "closed") -> None:
+        """End the episode and release its Python session; idempotent.
+
+        An episode still running gets ``reason``: ``"closed"``, or what ended
+        it from outside, ``"request_error"`` (its driver could not get the
+        model's next answer) or ``"infrastructure_error"``. A finished
+        episode keeps its own reason, and the first close wins.
+        """
+        session = self._mark_closed(reason)
         if session is not None and self.python is not None:
             with anyio.CancelScope(shield=True):
                 await self.python.aclose_session(session)
 
-    def _mark_closed(self) -> str | None:
+    def _mark_closed(self, reason: CloseReason = "closed") -> str | None:
         """Mark the episode closed; the Python session still to release, if any."""
+        if reason not in CLOSE_REASONS:
+            valid = ", ".join(repr(r) for r in CLOSE_REASONS)
+            raise UserError(f"Unknown close reason {reason!r}; valid: {valid}")
         if self.closed:
             return None
         self.closed = True
@@ -347,7 +390,7 @@ class Episode:
             self._finalizer.detach()
         if not self.done:
             self.done = True
-            self.reason = "closed"
+            self.reason = reason
         return self.python_session if self.python is not None else None
 
     async def __aenter__(self) -> Episode:
@@ -399,9 +442,36 @@ def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:
     return messages
 
 
-def resolve_parser(parser: ParserLike, registry: ToolRegistry) -> Callable[[Any], ParseResult]:
+class ServerCallsParser(ToolParser):
+    """``parser=None``: the calls a server parsed into the message's ``tool_calls``, only.
+
+    The response's text is never parsed: no syntax in it makes a call, and
+    neither its length nor its content can make a parse error. A message
+    dict's ``tool_calls`` are read (and checked) as every parser reads them.
+    """
+
+    name = "server"
+
+    def __init__(self) -> None:
+        super().__init__(max_chars=None)
+
+    def __call__(self, response: str | Mapping[str, Any] | None) -> ParseResult:
+        if isinstance(response, Mapping) and response.get("tool_calls"):
+            return super().__call__(response)
+        return ParseResult(self._text(response).strip())
+
+    def _parse(self, text: str) -> ParseResult:
+        return ParseResult(text.strip())
+
+
+def resolve_parser(
+    parser: ParserLike | None, registry: ToolRegistry
+) -> Callable[[Any], ParseResult]:
+    """The parser an episode uses; ``None``: the server's ``tool_calls`` only."""
     from toolservices.parsing import get_parser
 
+    if parser is None:
+        return ServerCallsParser()
     if isinstance(parser, str | ToolParser):
         return get_parser(parser, tools=registry)
     if callable(parser):

@@ -13,7 +13,8 @@ import anyio
 from toolservices._portal import run_sync
 from toolservices.dispatch import Dispatcher, StepMetrics
 from toolservices.errors import InfrastructureError, UserError
-from toolservices.parsing.base import ParseResult, ToolParser
+from toolservices.parsing import get_parser
+from toolservices.parsing.base import ToolParser
 from toolservices.rollout._request import (
     RetryPolicy,
     assistant_message,
@@ -26,7 +27,7 @@ from toolservices.tools import ToolRegistry
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-    from toolservices.env.episode import Episode
+    from toolservices.env.episode import CloseReason, Episode
     from toolservices.python import PythonExecutorService
 
 __all__ = ["Rollout", "rollout"]
@@ -35,15 +36,6 @@ Prompt = str | Sequence[Mapping[str, Any]]
 
 #: Request fields the rollout sets itself; ``request_options`` may not override them.
 _OWNED = frozenset({"messages", "model", "tools", "stream", "n", "timeout"})
-
-
-class _ServerCalls(ToolParser):
-    """``parser=None``: only the server's ``tool_calls`` count; text is never parsed."""
-
-    name = "server"
-
-    def _parse(self, text: str) -> ParseResult:
-        return ParseResult(text.strip())
 
 
 class Rollout:
@@ -115,12 +107,10 @@ class Rollout:
                 "(use model=, request_timeout=, send_tools=)"
             )
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        if parser is None:
-            self.parser: ToolParser = _ServerCalls()
-        else:
-            from toolservices.parsing import get_parser
-
-            self.parser = get_parser(parser, tools=self.registry)
+        # None: the episodes run the server's tool_calls only (Episode(parser=None))
+        self.parser: ToolParser | None = (
+            None if parser is None else get_parser(parser, tools=self.registry)
+        )
         self.model = model
         self.max_turns = max_turns
         self.max_failed_turns = max_failed_turns
@@ -249,12 +239,20 @@ class Rollout:
             metrics=episode.metrics,
             finish_reason="running",
         )
+        reason: CloseReason = "closed"
         try:
-            async with episode:  # releases the episode's Python session, if any
-                await self._drive(episode, trajectory)
-                if trajectory.finish_reason == "running":
-                    trajectory.finish_reason = episode.reason or "closed"
-        except InfrastructureError as exc:  # a session that cannot start or close
+            try:
+                error = await self._drive(episode, trajectory)
+                if error is not None:
+                    reason, trajectory.error = "request_error", error
+            except InfrastructureError as exc:  # a tool backend that failed outside a call
+                reason, trajectory.error = "infrastructure_error", f"{type(exc).__name__}: {exc}"
+            finally:
+                # ends the episode with what stopped it (a finished one keeps its
+                # reason) and releases its Python session, if any
+                await episode.aclose(reason=reason)
+            trajectory.finish_reason = episode.reason or "closed"
+        except InfrastructureError as exc:  # a session that cannot close
             trajectory.finish_reason = "infrastructure_error"
             trajectory.error = f"{type(exc).__name__}: {exc}"
         trajectory.messages = episode.messages
@@ -263,7 +261,8 @@ class Rollout:
         trajectory.wall_time = time.perf_counter() - started
         return trajectory
 
-    async def _drive(self, episode: Episode, trajectory: Trajectory) -> None:
+    async def _drive(self, episode: Episode, trajectory: Trajectory) -> str | None:
+        """Ask and step until the episode ends; the request error that stopped it, if any."""
         while not episode.done:
             answer = await request_completion(
                 self.client,
@@ -276,9 +275,7 @@ class Rollout:
             trajectory.requests += answer.attempts
             trajectory.request_time += answer.elapsed
             if answer.error is not None:
-                trajectory.finish_reason = "request_error"
-                trajectory.error = answer.error
-                return
+                return answer.error
             choice = answer.completion.choices[0]
             message = assistant_message(choice)
             record = TurnRecord(
@@ -292,6 +289,7 @@ class Rollout:
             trajectory.turns.append(record)
             record.tool_messages = await episode.step(message)
             record.metrics = episode.last.metrics if episode.last is not None else StepMetrics()
+        return None
 
     # -- lifecycle ---------------------------------------------------------
 
