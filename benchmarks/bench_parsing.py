@@ -8,7 +8,13 @@ of microseconds per response and calls per second. TorchRL 0.14.1's
 same inputs for ``xml_block`` and ``json_envelope``. Times are CPU time of this
 process, so other load on a shared machine does not inflate them.
 
-Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]``
+Then large inputs (1 MB and 10 MB of characters) per family: valid calls (the
+4-call response repeated), and two adversarial malformed shapes repeated: the
+first half of a call (``prefix``) and a call missing its last three characters
+(``unclosed``). Parsing is linear, so MB/s should stay flat from 1 to 10 MB.
+
+Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]
+[--large-mb 1,10 | --large-mb none]``
 """
 
 from __future__ import annotations
@@ -109,11 +115,42 @@ def _side_by_side(
     return statistics.median(mine), statistics.median(other), statistics.median(ratios)
 
 
+def _large_inputs(sizes_mb: list[float], inputs: dict[str, dict[int, str]]) -> None:
+    """CPU ms and MB/s per family on ``sizes_mb`` of valid and of malformed text."""
+    print("\n# large inputs (CPU ms per response, MB/s in brackets; 1 MB = 10^6 characters)")
+    shapes = ("valid", "prefix", "unclosed")
+    header = " ".join(f"{f'{shape} {mb:g}MB':>20}" for shape in shapes for mb in sizes_mb)
+    print(f"{'format':<16} {header}")
+    for family in PARSERS:
+        parser = get_parser(family, tools=SPECS)
+        one = parser.render(_calls_for(family, 1), "")
+        units = {
+            "valid": inputs[family][4] + "\n",
+            "prefix": one[: len(one) // 2],
+            "unclosed": one[:-3],
+        }
+        row = [f"{family:<16}"]
+        for shape in shapes:
+            for mb in sizes_mb:
+                size = int(mb * 1_000_000)
+                unit = units[shape]
+                text = (unit * (size // len(unit) + 1))[:size]
+                runs = 3 if mb <= 1 else 1
+                seconds = statistics.median(
+                    _cpu_per_call(lambda t=text, p=parser: p(t), 1) for _ in range(runs)
+                )
+                row.append(f"{seconds * 1e3:>10.1f} ({size / 1e6 / max(seconds, 1e-9):>6.0f})")
+        print(" ".join(row), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--repeats", type=int, default=7)
     options.add_argument("--target", type=float, default=0.05, help="seconds per repeat")
     options.add_argument("--no-torchrl", action="store_true")
+    options.add_argument(
+        "--large-mb", default="1,10", help="sizes (MB) of the large-input table, or 'none'"
+    )
     args = options.parse_args(argv)
 
     print(f"# parse throughput (median of {args.repeats} repeats; CPU µs per response)")
@@ -135,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             row.append(f"{seconds * 1e6:>10.1f} {count / seconds:>10,.0f}")
         print(" ".join(row))
 
+    if args.large_mb != "none":
+        _large_inputs([float(mb) for mb in args.large_mb.split(",")], inputs)
     if args.no_torchrl:
         return 0
     try:

@@ -58,19 +58,21 @@ def make_call_id(index: int, tool: str, args: Mapping[str, Any], *, raw: str | N
     arguments (cheaper than serialising them, and just as stable).
     """
     if raw is not None:
-        return _call_id(index, tool, _digest(raw))
+        return _call_id(_raw_hash(raw), index, tool)
     payload = json.dumps([index, tool, args], sort_keys=True, default=str)
     return "call_" + hashlib.blake2b(payload.encode(), digest_size=6).hexdigest()
 
 
-def _digest(raw: str) -> str:
+def _raw_hash(raw: str) -> Any:
+    """A hash of ``raw`` to finish per call: calls sharing one block hash it once."""
     # surrogatepass: ids must never raise, whatever the text holds.
-    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=6)
 
 
-def _call_id(index: int, tool: str, digest: str) -> str:
-    payload = f"{index}\x1f{tool}\x1f{digest}".encode("utf-8", "surrogatepass")
-    return "call_" + hashlib.blake2b(payload, digest_size=6).hexdigest()
+def _call_id(raw_hash: Any, index: int, tool: str) -> str:
+    finished = raw_hash.copy()
+    finished.update(f"\x1f{index}\x1f{tool}".encode("utf-8", "surrogatepass"))
+    return "call_" + str(finished.hexdigest())
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,17 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _ACCEPTED = "a str, a chat message dict (with 'content' or 'text') or None"
 
 
+def _valid_unicode(text: str) -> bool:
+    """False when ``text`` holds a surrogate (UTF-8 cannot encode one)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _repair_pairs(text: str) -> str:
     """Join surrogate *pairs* into the character they encode (lone halves stay)."""
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
@@ -273,12 +286,15 @@ class ToolParser:
         refused = self._refuse(text)
         if refused is not None:
             return self._finish(refused)
-        if not text.isascii() and _SURROGATE.search(text) is not None:
+        if not _valid_unicode(text):
             text = _repair_pairs(text)
             lone = _SURROGATE.search(text)
             if lone is not None:
                 return self._finish(self._invalid_text(text, lone.start()))
-        return self._finish(self._parse(text))
+        # Valid text decodes to a surrogate only through an escape (JSON or Python
+        # "\ud800"): without one, the calls' arguments need no walk.
+        escapes = "\\u" in text or "\\U" in text
+        return self._finish(self._parse(text), check_arguments=escapes)
 
     def _text(self, response: Any) -> str:
         """The text of ``response``; a type no parser reads is a :class:`UserError`."""
@@ -315,13 +331,15 @@ class ToolParser:
         near = _SURROGATE.sub("\ufffd", text[max(0, position - 100) : position + 100])
         return ParseResult(visible, [], [ParseError(message, near, kind="invalid_text")])
 
-    def _finish(self, result: ParseResult) -> ParseResult:
+    def _finish(self, result: ParseResult, *, check_arguments: bool = True) -> ParseResult:
         """Give every call an id and fill the standard ``meta`` keys.
 
         A call whose name or arguments hold a surrogate (a JSON ``"\\ud800"``
         escape decodes to one) becomes a parse error: no tool could receive it.
         """
-        if any(_has_surrogate(call.tool) or _has_surrogate(call.args) for call in result.calls):
+        if check_arguments and any(
+            _has_surrogate(call.tool) or _has_surrogate(call.args) for call in result.calls
+        ):
             kept: list[ToolCall] = []
             for call in result.calls:
                 if _has_surrogate(call.tool) or _has_surrogate(call.args):
@@ -329,17 +347,17 @@ class ToolParser:
                 else:
                     kept.append(call)
             result.calls = kept
-        digests: dict[int, str] = {}  # calls of one block share its raw text: hash it once
+        hashes: dict[int, Any] = {}  # calls of one block share its raw text: hash it once
         for index, call in enumerate(result.calls):
             if call.id:
                 continue
             if call.raw is None:
                 call.id = make_call_id(index, call.tool, call.args)
                 continue
-            digest = digests.get(id(call.raw))
-            if digest is None:
-                digest = digests[id(call.raw)] = _digest(call.raw)
-            call.id = _call_id(index, call.tool, digest)
+            raw_hash = hashes.get(id(call.raw))
+            if raw_hash is None:
+                raw_hash = hashes[id(call.raw)] = _raw_hash(call.raw)
+            call.id = _call_id(raw_hash, index, call.tool)
         result.meta["count"] = len(result.calls)
         result.meta["errors"] = len(result.errors)
         result.meta["format"] = self.name
