@@ -1,6 +1,6 @@
 """Dispatch overhead per call: no-op tools through the Dispatcher.
 
-Run: .venv/bin/python benchmarks/bench_dispatch.py
+Run: .venv/bin/python benchmarks/bench_dispatch.py [--limiter-only]
 
 Reports the median wall time of one batch and the overhead per call (batch
 time / calls) for sync and async no-op tools, through the async entry point
@@ -8,12 +8,18 @@ time / calls) for sync and async no-op tools, through the async entry point
 shared background loop). A direct Python call of the same function is the
 floor; TorchRL 0.14.1's ExecuteToolsInOrder loop is not run here because it
 needs a ChatEnv (see bench_torchrl.py for the env.step comparison).
+
+Last, the CPU time (``time.process_time``; the machine is shared) of one
+async no-op call through ``arun``, without and with a shared
+``CapacityLimiter`` (``limiter=``, what episodes sharing a dispatcher pass),
+interleaved in blocks; medians of the blocks.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -67,5 +73,30 @@ def main() -> None:
             print(f"{label:<34}{fmt_time(native):>14}{fmt_time(native / calls):>12}")
 
 
+async def limiter_cpu(blocks: int = 21, steps: int = 500) -> dict[str, float]:
+    """CPU seconds per one-call ``arun`` of ``anoop``, without and with a shared limiter."""
+    dispatcher = Dispatcher(ToolRegistry([anoop]))
+    items = [[ToolCall("anoop", {"x": 1})]]
+    limiter = anyio.CapacityLimiter(dispatcher.max_concurrency)
+    cases = {
+        "no limiter": lambda: dispatcher.arun(items),
+        "shared limiter": lambda: dispatcher.arun(items, limiter=limiter),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(blocks):
+        for name, fn in cases.items():
+            started = time.process_time()
+            for _ in range(steps):
+                await fn()
+            samples[name].append((time.process_time() - started) / steps)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
 if __name__ == "__main__":
-    main()
+    if "--limiter-only" not in sys.argv:
+        main()
+    cpu = anyio.run(limiter_cpu)
+    print(
+        "anoop arun() 1 call, CPU: "
+        + ", ".join(f"{name} {fmt_time(value)}" for name, value in cpu.items())
+    )

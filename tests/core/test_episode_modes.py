@@ -74,7 +74,7 @@ async def test_parser_none_still_checks_server_calls() -> None:
     messages = await episode.step(bad)
     assert len(messages) == 1 and "Could not read the tool call" in messages[0]["content"]
     assert episode.metrics.parse_errors == 1 and not episode.done
-    assert episode.parser.name == "server"  # type: ignore[union-attr]
+    assert episode.parser.name == "server"
 
 
 def test_parser_none_in_toolenv() -> None:
@@ -90,7 +90,7 @@ def test_parser_none_in_toolenv() -> None:
 
 
 async def test_aclose_reason_is_the_running_episodes_reason() -> None:
-    assert set(CLOSE_REASONS) <= set(EndReason.__args__)  # type: ignore[attr-defined]
+    assert set(CLOSE_REASONS) <= set(EndReason.__args__)
     for reason in CLOSE_REASONS:
         episode = Episode([add])
         await episode.step(HERMES)
@@ -110,7 +110,7 @@ async def test_aclose_reason_keeps_a_finished_episodes_reason() -> None:
 async def test_aclose_rejects_unknown_reasons() -> None:
     episode = Episode([add])
     with pytest.raises(UserError, match="valid: 'closed', 'request_error', 'infrastructure_error'"):
-        await episode.aclose(reason="answered")  # type: ignore[arg-type]
+        await episode.aclose(reason="answered")
     assert not episode.closed and not episode.done
 
 
@@ -156,7 +156,7 @@ def test_toolenv_bad_response_raises_before_any_call_runs() -> None:
     env.reset(["a", "b"])
     call = '<tool_call>\n{"name": "mark", "arguments": {}}\n</tool_call>'
     with pytest.raises(UserError, match="got int"):
-        env.step([call, 7])  # type: ignore[list-item]
+        env.step([call, 7])
     assert ran == [] and [e.turns for e in env.episodes] == [0, 0]
     assert not any(e._busy for e in env.episodes)
 

@@ -45,7 +45,7 @@ async def test_parser_none_answer_text_is_never_parsed() -> None:
     assert trajectory.finish_reason == "answered", trajectory.error
     assert trajectory.requests == 1 and trajectory.metrics.parse_errors == 0
     (episode,) = runner.episodes
-    assert episode.parser.name == "server"  # type: ignore[union-attr]
+    assert episode.parser.name == "server"
 
 
 async def test_a_request_error_is_the_episodes_reason() -> None:
@@ -75,7 +75,7 @@ async def test_a_session_close_failure_after_the_answer_keeps_the_episodes_reaso
             DEMO_TOOLS,
             model="m",
             base_url=server.url,
-            python=BrokenExecutor(),  # type: ignore[arg-type]
+            python=BrokenExecutor(),
         ) as runner:
             (trajectory,) = await runner.arun(["a"])
     assert trajectory.finish_reason == "infrastructure_error"

@@ -99,7 +99,11 @@ class Episode:
     (``done``, with ``reason``) when a response makes no call
     (``"answered"``, unless ``end_on_answer=False``), after ``max_turns``
     turns (``None``: no limit), after ``max_failed_turns`` consecutive turns
-    whose calls all failed or were malformed, or on :meth:`aclose`.
+    whose calls all failed or were malformed, or on :meth:`aclose` (which
+    can give a failure from outside as the reason: see :data:`EndReason`).
+
+    ``parser=None``: only the calls a server parsed into the message's
+    ``tool_calls`` run; the text is never parsed (:class:`ServerCallsParser`).
 
     Sharing: pass one ``dispatcher`` to many episodes to put all their calls
     under its ``max_concurrency`` (the calls run against *this* episode's
