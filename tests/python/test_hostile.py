@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from toolservices.errors import InfrastructureError
 from toolservices.python import ExecResult, PythonExecutorService, SandboxConfig
 
 # --- recursion ---------------------------------------------------------------------------
@@ -532,3 +533,18 @@ def listener() -> Iterator[tuple[int, list[int]]]:
         stop.set()
         thread.join(timeout=5)
         server.close()
+
+
+def test_a_source_forks_as_many_copies_as_its_budget_allows() -> None:
+    """A source and its copies share one budget: n copies need n + 1 places, not 2n."""
+    with PythonExecutorService(pool_size=1, timeout=30, sandbox=SandboxConfig(nproc=8)) as svc:
+        _needs(svc, "session_namespaces")
+        svc.execute("x = 5", session_id="src")
+        copies = svc.fork_session("src", 7)  # the last copy's fork briefly needs one more
+        results = [svc.execute("print(x)", session_id=c).stdout for c in copies]
+        assert results == ["5\n"] * 7
+        with pytest.raises(InfrastructureError, match="could not fork"):
+            svc.fork_session("src", 1)  # the budget is used up: the source stays usable
+        assert svc.execute("print(x + 1)", session_id="src").stdout == "6\n"
+        svc.close_session(copies[0])
+        assert len(svc.fork_session("src", 1)) == 1

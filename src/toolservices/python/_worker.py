@@ -337,7 +337,13 @@ class _Worker:
                         # the copy learns that the middle process is gone (and that it now
                         # belongs to the fork server) when this pipe reaches EOF
                         gone_r, gone_w = os.pipe()
-                        if os.fork() == 0:
+                        try:
+                            copy = os.fork()
+                        except OSError as exc:  # tell the parent on the copy's channel
+                            body = json.dumps({"error": f"the session could not fork: {exc}"})
+                            send_frame(socket.socket(fileno=fd), Kind.ERROR, 0, body.encode())
+                            os._exit(0)
+                        if copy == 0:
                             os.close(gone_w)
                             os.read(gone_r, 1)
                             os.close(gone_r)
@@ -348,6 +354,9 @@ class _Worker:
                             return  # the copy continues the serve loop on its own channel
                         os._exit(0)
                     middles.append(middle)
+                    # reaped at once: its zombie would take a place in the process budget
+                    os.waitpid(middle, 0)
+                    middles.pop()
             finally:
                 if os.getpid() == source:  # not in a copy, which returns from inside the loop
                     for fd in chans:
