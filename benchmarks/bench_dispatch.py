@@ -17,6 +17,7 @@ interleaved in blocks; medians of the blocks.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -52,7 +53,7 @@ def main() -> None:
             items = [[ToolCall(name, {"x": k}) for k in range(per_item)] for _ in range(batch)]
             calls = batch * per_item
             sync = statistics.median(
-                measure(lambda items=items: dispatcher.run(items), repeats=repeats)
+                measure(functools.partial(dispatcher.run, items), repeats=repeats)
             )
             label = f"{name} run()   {batch:>2} items x {per_item}"
             print(f"{label:<34}{fmt_time(sync):>14}{fmt_time(sync / calls):>12}")
