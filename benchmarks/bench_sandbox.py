@@ -8,12 +8,14 @@ Run: ``.venv/bin/python benchmarks/bench_sandbox.py [--repeat N]``
 * "plan": ``plan_server_launch`` once its probe is cached (the first call
   per configuration and process also runs the probe launch, reported once).
 * "enter_session": a session forked from a warm process, from fork to the end
-  of ``enter_session`` (rlimits, no_new_privs, Landlock), against a bare fork.
+  of ``enter_session`` (rlimits, no_new_privs, Landlock), against a bare fork;
+  in a lean fork server per level, with and without per-session namespaces.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -147,13 +149,52 @@ def bench_enter_in_server(repeat: int) -> None:
 
     code = "import _sandbox_session as s; print(s.last_enter_seconds)"
     for config in LEVELS.values():
-        snippets = {f"s{i}": {"code": code} for i in range(repeat)}
-        report, results = run_snippets(config, snippets)
-        times = [float(r["output"].split()[-1]) for r in results.values()]
-        print(
-            f"{'enter_session in a lean fork server, ' + report['level']:58s} "
-            f"{_median_ms(times):7.2f} ms"
+        # with and without per-session namespaces (own user/mount/IPC ns, two tmpfs mounts)
+        for own_ns in (True, False):
+            variant = dataclasses.replace(config, session_namespaces=own_ns)
+            snippets = {f"s{i}": {"code": code} for i in range(repeat)}
+            report, results = run_snippets(variant, snippets)
+            times = [float(r["output"].split()[-1]) for r in results.values()]
+            active = report["layers"]["session_namespaces"]["active"]
+            label = f"enter_session in a lean fork server, {report['level']}" + (
+                " + session namespaces" if active else ""
+            )
+            print(f"{label:58s} {_median_ms(times):7.2f} ms")
+
+
+def bench_fresh_runs(repeat: int) -> None:
+    """Fresh-interpreter print(1) with no spare ready, with and without session namespaces.
+
+    Interleaved rounds of 30 calls per variant; the median of round medians. This is
+    the full price of a new interpreter: fork, enter_session, the call, and the
+    kill of the previous one (in the background), where namespaces also cost teardown.
+    """
+    from toolservices.python import PythonExecutorService
+
+    services = {
+        own_ns: PythonExecutorService(
+            pool_size=1, spares=0, sandbox=SandboxConfig(session_namespaces=own_ns)
         )
+        for own_ns in (True, False)
+    }
+    rounds: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for svc in services.values():
+            svc.execute("pass")
+        for _ in range(max(3, repeat // 3)):
+            for own_ns, svc in services.items():
+                samples = []
+                for _ in range(30):
+                    start = time.perf_counter()
+                    svc.execute("print(1)")
+                    samples.append(time.perf_counter() - start)
+                rounds[own_ns].append(statistics.median(samples))
+    finally:
+        for svc in services.values():
+            svc.close()
+    for own_ns in (True, False):
+        label = "fresh print(1), no spare, " + ("with" if own_ns else "without")
+        print(f"{label + ' session namespaces':58s} {_median_ms(rounds[own_ns]):7.2f} ms")
 
 
 def main() -> None:
@@ -164,6 +205,7 @@ def main() -> None:
     bench_start(args.repeat)
     bench_enter(args.repeat * 4)
     bench_enter_in_server(args.repeat * 2)
+    bench_fresh_runs(args.repeat)
 
 
 if __name__ == "__main__":
