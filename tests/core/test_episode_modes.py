@@ -188,3 +188,28 @@ async def test_shared_limiter_fast_path_keeps_the_bound() -> None:
         assert inside == 2
         gate.set()
     assert peak == 2 and all(e.last is not None and e.last.results[0].ok for e in episodes)
+
+
+async def test_a_cancelled_toolenv_step_leaves_the_batch_as_it_was() -> None:
+    started = anyio.Event()
+
+    @tool
+    async def hang() -> str:
+        """Never returns on its own."""
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    env = ToolEnv([hang], timeout=None)
+    env.reset(["a", "b"])
+    before = [list(m) for m in env.messages]
+    call = '<tool_call>\n{"name": "hang", "arguments": {}}\n</tool_call>'
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(env.astep, [call, call])
+        await started.wait()
+        tg.cancel_scope.cancel()
+    assert env.messages == before
+    assert [e.turns for e in env.episodes] == [0, 0]
+    assert not any(e._busy or e.done for e in env.episodes)
+    step = await env.astep(["bye", "bye"])  # usable again
+    assert step.reasons == ["answered", "answered"]
