@@ -293,7 +293,7 @@ class ToolParser:
                 return self._finish(self._invalid_text(text, lone.start()))
         # Valid text decodes to a surrogate only through an escape (JSON or Python
         # "\ud800"): without one, the calls' arguments need no walk.
-        escapes = "\\u" in text or "\\U" in text
+        escapes = "\\" in text and ("\\u" in text or "\\U" in text)  # 1 char: memchr-fast
         return self._finish(self._parse(text), check_arguments=escapes)
 
     def _text(self, response: Any) -> str:
