@@ -238,7 +238,7 @@ async def test_state_reaches_tools_and_stays_in_its_episode() -> None:
     def record(_state: dict[str, Any]) -> str:
         """Records the call state."""
         seen.append(_state)
-        _state["mutated"] = True  # a copy: must not leak into the episode
+        _state["mutated"] = True  # persists in this episode only
         return "ok"
 
     a = Episode([record], state={"user": "a"}, episode_id="ep-a")
@@ -252,7 +252,7 @@ async def test_state_reaches_tools_and_stays_in_its_episode() -> None:
         ("ep-a", "a", 2),
     ]
     assert seen[0]["call_index"] == 0 and seen[0]["python_session"] is None
-    assert "mutated" not in a.state
+    assert a.state == {"user": "a", "mutated": True} and b.state == {"user": "b", "mutated": True}
 
 
 async def test_python_state_is_per_episode(executor: PythonExecutorService) -> None:

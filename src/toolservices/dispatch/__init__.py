@@ -1,5 +1,6 @@
 """Concurrent execution of parsed tool calls, results and metrics."""
 
+from toolservices.dispatch._state import EpisodeState
 from toolservices.dispatch.dispatcher import (
     DEFAULT_MAX_ABANDONED_THREADS,
     Dispatcher,
@@ -27,6 +28,7 @@ __all__ = [
     "DispatchItem",
     "Dispatcher",
     "EpisodeMetrics",
+    "EpisodeState",
     "ItemResult",
     "StepMetrics",
     "call_id_of",

@@ -30,6 +30,7 @@ from toolservices.dispatch._guard import (
     is_real_cancellation,
     wait_abandoned,
 )
+from toolservices.dispatch._state import EpisodeState
 from toolservices.dispatch.results import CallResult, ItemResult, StepMetrics, value_text
 from toolservices.errors import (
     ErrorKind,
@@ -73,8 +74,10 @@ class Dispatcher:
       (see ``docs/dispatch.md`` for the exact bound);
     * with ``stop_on_error`` the calls after a failed one are not run and are
       reported as ``skipped``;
-    * with ``pass_state`` the per-call state dict goes, as ``_state=``, to the
-      tools that accept it, and only to those.
+    * with ``pass_state`` the per-call state goes, as ``_state=``, to the
+      tools that accept it, and only to those: a fresh dict per call (the
+      tool's own copy), and with an :class:`EpisodeState` (what an episode
+      passes) the tool's writes to the episode's keys persist.
 
     Failures are reported, never raised: a tool's exception becomes
     ``Type: message`` (``tool_failed``; a :class:`ToolError` keeps its own
@@ -220,9 +223,13 @@ class Dispatcher:
         try:
             tool = self.registry.get(call.tool)
             args = tool.validate(call.args)
+            given: dict[str, Any] | None = None
             if self.pass_state and tool.accepts_state and state is not None:
-                # the tool's own copy (it may mutate it)
-                args[STATE_PARAMETER] = {**state, **extra} if extra else dict(state)
+                if isinstance(state, EpisodeState):  # writes go back after the call
+                    given = state.for_call(extra)
+                else:  # the tool's own copy: what it writes stays there
+                    given = {**state, **extra} if extra else dict(state)
+                args[STATE_PARAMETER] = given
             limit = tool.timeout if tool.timeout is not None else self.timeout
         except ToolError as exc:
             return failed(exc, exc.kind, exc.message)
@@ -272,6 +279,8 @@ class Dispatcher:
                 f"Tool '{call.tool}' timed out after {limit:g} s and was abandoned"
             )
             return failed(timeout, "timeout", timeout.message)
+        if given is not None and isinstance(state, EpisodeState):
+            state.keep(given, extra)
         if error is not None:
             if isinstance(error, ToolError):
                 return failed(error, error.kind, error.message)

@@ -28,6 +28,7 @@ from toolservices.dispatch import (
     CallResult,
     Dispatcher,
     EpisodeMetrics,
+    EpisodeState,
     ItemResult,
     render_tool_results,
     to_openai_messages,
@@ -224,7 +225,7 @@ class Episode:
         self.record_turn(outcome)
         return outcome
 
-    def _begin_turn(self, response: str | Mapping[str, Any]) -> tuple[ParseResult, Message]:
+    def _begin_turn(self, response: str | Mapping[str, Any]) -> tuple[ParseResult, EpisodeState]:
         """Check the episode can step, parse ``response``; the calls and their ``_state``.
 
         Changes nothing: a batch layer (ToolEnv) begins every item's turn,
@@ -278,13 +279,20 @@ class Episode:
         """The tool messages for ``outcome`` in this episode's ``result_format``."""
         return render_messages(outcome.results, self.result_format)
 
-    def _call_state(self) -> dict[str, Any]:
-        """The user's ``state`` with the standard ``_state`` entries over it, for the next turn."""
-        state = dict(self.state)
-        state["episode_id"] = self.id
-        state["turn"] = self.turns + 1
-        state[PYTHON_SESSION_KEY] = self.python_session
-        return state
+    def _call_state(self) -> EpisodeState:
+        """The next turn's ``_state``: :attr:`state` under the standard entries.
+
+        Each call gets its own dict; what a tool writes to the user's keys
+        goes back into :attr:`state` once the call has ended.
+        """
+        return EpisodeState(
+            self.state,
+            {
+                "episode_id": self.id,
+                "turn": self.turns + 1,
+                PYTHON_SESSION_KEY: self.python_session,
+            },
+        )
 
     def _assistant_message(self, response: str | Mapping[str, Any], outcome: ItemResult) -> Message:
         message: Message = {"role": "assistant", "content": response_text(response)}
