@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-import anyio
 import pytest
 
 pytest.importorskip("trl")
@@ -24,6 +23,11 @@ from toolservices import PythonExecutorService, tool  # noqa: E402
 from toolservices.env import python_tool  # noqa: E402
 from toolservices.errors import UserError  # noqa: E402
 from toolservices.trainers.trl import trl_environment  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _hang_tool import hang  # noqa: E402
+
+sys.path.pop(0)
 
 
 @tool
@@ -52,17 +56,6 @@ def whoami(value: str, _state: dict) -> str:
         value: Echoed back.
     """
     return f"{_state['episode_id']}|{_state.get('answer')}|{value}"
-
-
-@tool
-async def hang(seconds: float) -> str:
-    """Never returns (until the call's time limit).
-
-    Args:
-        seconds: Ignored.
-    """
-    await anyio.Event().wait()
-    return "unreachable"
 
 
 @pytest.fixture

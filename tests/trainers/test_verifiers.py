@@ -34,6 +34,7 @@ with warnings.catch_warnings():
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _chat_server  # noqa: E402
+from _hang_tool import hang  # noqa: E402
 
 sys.path.pop(0)
 
@@ -129,17 +130,6 @@ async def test_runaway_code_and_unknown_tools_become_messages(executor, llm):
     unknown = await env.rollout(rollout_input("unknown"), llm, "scripted")
     (text,) = tool_texts(unknown)
     assert "nope" in text and "Error" in text
-
-
-@tool
-async def hang(seconds: float) -> str:
-    """Never returns before the call's time limit.
-
-    Args:
-        seconds: Ignored.
-    """
-    await anyio.Event().wait()
-    return "unreachable"
 
 
 @pytest.mark.anyio

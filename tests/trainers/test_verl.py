@@ -43,22 +43,6 @@ sys.path.pop(0)
 
 EXECUTOR = {"pool_size": 2, "timeout": 2.0}
 
-HANG_MODULE = '''
-import anyio
-from toolservices import tool
-
-
-@tool
-async def hang(seconds: float) -> str:
-    """Never returns before the call's time limit.
-
-    Args:
-        seconds: Ignored.
-    """
-    await anyio.Event().wait()
-    return "unreachable"
-'''
-
 
 class LocalModelServer:
     """verl's server-manager interface (``generate``) served by a local HF model on CPU."""
@@ -231,10 +215,9 @@ async def test_under_verls_own_loop_each_call_is_fresh_and_released(tiny, execut
 
 
 @pytest.mark.anyio
-async def test_a_hanging_tool_times_out(tmp_path, monkeypatch):
-    (tmp_path / "hang_tools.py").write_text(HANG_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    tool = ToolservicesTool({"type": "native", "tool": "hang_tools:hang", "timeout": 0.5}, None)
+async def test_a_hanging_tool_times_out(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # verl imports _hang_tool by name
+    tool = ToolservicesTool({"type": "native", "tool": "_hang_tool:hang", "timeout": 0.5}, None)
     instance, _ = await tool.create()
     response, reward, metrics = await tool.execute(instance, {"seconds": 1})
     assert "timed out" in response.text.lower()
