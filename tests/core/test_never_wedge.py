@@ -13,117 +13,46 @@ the per-test timeout.
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from tests._misbehaving import (
+    RAISE_KINDS,
+    ExitingStr,
+    NoStr,
+    async_kinds,
+    deep,
+    misbehave,
+    returns,
+)
 
 from toolservices import Dispatcher, ToolCall, ToolEnv, ToolRegistry, tool
 from toolservices.dispatch import CallResult, render_tool_results, to_openai_messages
-
-T = TypeVar("T")
-
-
-def returns(fn: Callable[[], T], *, within: float = 60.0) -> T:
-    """``fn()`` run in a helper thread; fails the test if it has not returned in time.
-
-    The bound is only the hang detector: a working call returns in milliseconds.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(within)
-    if thread.is_alive():
-        pytest.fail(f"the call did not return within {within:g} s: the process is wedged")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-class Custom(BaseException):
-    """A BaseException subclass that is neither an exit nor an interrupt."""
-
-
-class Unprintable(Exception):
-    def __str__(self) -> str:
-        raise RuntimeError("no text for you")
-
-
-class ExitingMessage(Exception):
-    def __str__(self) -> str:
-        raise SystemExit("from __str__")
-
-
-class ExitingStr:
-    def __str__(self) -> str:
-        raise SystemExit("from __str__")
-
-
-class NoStr:
-    def __str__(self) -> str:
-        raise ValueError("str() refused")
-
-    def __repr__(self) -> str:
-        raise ValueError("repr() refused")
-
-
-def _deep(depth: int = 100_000) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-RAISED: dict[str, Callable[[], BaseException]] = {
-    "SystemExit": lambda: SystemExit(3),
-    "KeyboardInterrupt": KeyboardInterrupt,
-    "Custom": lambda: Custom("custom base"),
-    "GeneratorExit": GeneratorExit,
-    "CancelledError": asyncio.CancelledError,
-    "Unprintable": Unprintable,
-    "ExitingMessage": ExitingMessage,
-}
 
 
 @tool
 def sync_raise(kind: str) -> str:
     """Raise the named exception from a worker thread."""
-    if kind == "exit":
-        sys.exit(3)
-    raise RAISED[kind]()
+    return misbehave(kind)
 
 
 @tool
 async def async_raise(kind: str) -> str:
     """Raise the named exception on the event loop."""
-    if kind == "exit":
-        sys.exit(3)
-    raise RAISED[kind]()
-
-
-def _unshowable(kind: str) -> Any:
-    return {"nostr": NoStr, "exiting": ExitingStr}.get(kind, _deep)()
+    return misbehave(kind)
 
 
 @tool
 def sync_return(kind: str) -> Any:
     """Return a value that cannot be shown as text."""
-    return _unshowable(kind)
+    return misbehave(kind)
 
 
 @tool
 async def async_return(kind: str) -> Any:
     """Return a value that cannot be shown as text, from async code."""
-    return _unshowable(kind)
+    return misbehave(kind)
 
 
 @tool
@@ -133,10 +62,8 @@ def ok() -> str:
 
 
 REGISTRY = ToolRegistry([sync_raise, async_raise, sync_return, async_return, ok])
-KINDS = ["exit", *RAISED]
-#: Before Python 3.11 a task cannot tell a tool's own CancelledError from a real
-#: cancellation, so an async tool's CancelledError is treated as real there.
-ASYNC_KINDS = KINDS if sys.version_info >= (3, 11) else [k for k in KINDS if k != "CancelledError"]
+KINDS = RAISE_KINDS
+ASYNC_KINDS = async_kinds(KINDS)
 
 
 def _still_working() -> None:
@@ -218,7 +145,7 @@ def test_renderers_survive_a_result_built_by_hand() -> None:
     """A CallResult not made by the dispatcher (no text yet) still renders."""
     from toolservices.dispatch import render_simple
 
-    for value in (NoStr(), ExitingStr(), _deep()):
+    for value in (NoStr(), ExitingStr(), deep()):
         result = CallResult(tool="t", call_id="c", ok=True, value=value)
         assert "cannot be shown as text" in result.content
         assert "cannot be shown as text" in render_tool_results([result])
