@@ -40,13 +40,17 @@ async def stdio_session(
 
 
 @asynccontextmanager
-async def http_session(url: str, *, terminate: bool = True) -> AsyncIterator[ClientSession]:
+async def http_session(
+    url: str, *, terminate: bool = True, token: str | None = None
+) -> AsyncIterator[ClientSession]:
     """The SDK's client on a streamable HTTP server, initialised (bounded).
 
     Leaving the block ends the MCP session (the client sends DELETE), unless
-    ``terminate`` is False: then the client just vanishes.
+    ``terminate`` is False: then the client just vanishes. ``token`` is sent
+    as ``Authorization: Bearer``.
     """
-    client = httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT, read=None))
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+    client = httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT, read=None), headers=headers)
     async with (
         client,
         streamable_http_client(url, http_client=client, terminate_on_close=terminate) as (
@@ -64,6 +68,39 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> Any:
     """One ``tools/call``, bounded; returns the SDK's ``CallToolResult``."""
     with anyio.fail_after(WAIT):
         return await session.call_tool(tool, arguments)
+
+
+async def run(
+    session: ClientSession, code: str, session_id: str | None = "shared"
+) -> dict[str, Any]:
+    """``python_execute`` that must succeed as a tool call; its structured result."""
+    arguments: dict[str, Any] = {"code": code}
+    if session_id is not None:
+        arguments["session_id"] = session_id
+    result = await call(session, "python_execute", **arguments)
+    assert not result.is_error, result.content[0].text
+    return dict(result.structured_content or {})
+
+
+#: A session's interpreter marks itself with this niceness (a kernel fact the test can see),
+#: so its processes can be told from the executor's fork server and spares.
+MARK = "import os; os.nice(11)"
+
+
+def marked(pid: int) -> int:
+    """How many of the server's processes carry the session mark."""
+    count = 0
+    for child in descendants(pid):
+        try:
+            count += psutil.Process(child).nice() == 11
+        except psutil.NoSuchProcess:
+            continue
+    return count
+
+
+async def wait_unmarked(pid: int) -> bool:
+    """Whether the server's marked interpreters all went within the bound."""
+    return await anyio.to_thread.run_sync(lambda: wait_until(lambda: marked(pid) == 0))
 
 
 def descendants(pid: int) -> set[int]:

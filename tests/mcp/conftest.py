@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.mcp._serve_util import CLI, descendants, kill_group, start_server
 
 SERVERS = Path(__file__).parent / "servers"
 DEMO = str(SERVERS / "demo_server.py")
@@ -38,14 +39,7 @@ def time_stdio() -> dict[str, object]:
 
 def server_children() -> set[int]:
     """Live (non-zombie) descendants of this test process."""
-    alive = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.add(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
+    return descendants(os.getpid())
 
 
 @pytest.fixture
@@ -175,3 +169,24 @@ def announced_server() -> Iterator[Callable[..., Announced]]:
             proc.wait(PROCESS_WAIT)
             if proc.stderr is not None:
                 proc.stderr.close()
+
+
+#: ``serve --mcp`` over HTTP on a free port, two interpreters at once.
+SERVE_HTTP = [CLI, "serve", "--mcp", "--transport", "http", "--port", "0", "--pool-size", "2"]
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., tuple[int, str]]]:
+    """Start an HTTP ``serve --mcp`` with extra options: ``serve(*args)`` -> (pid, url)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> tuple[int, str]:
+        proc, url = start_server([*SERVE_HTTP, *args])
+        started.append(proc)
+        return proc.pid, url
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            kill_group(proc)

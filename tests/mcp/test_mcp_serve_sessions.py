@@ -8,54 +8,23 @@ session) and outlived their client (100 disconnected clients left 106 processes)
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
-import psutil
 import pytest
 from tests.mcp._serve_util import (
     CLI,
+    MARK,
     call,
-    descendants,
     http_session,
-    kill_group,
-    start_server,
+    marked,
+    run,
     stdio_session,
-    wait_until,
+    wait_unmarked,
 )
 
 pytest.importorskip("toolservices.python")
-
-HTTP = [CLI, "serve", "--mcp", "--transport", "http", "--port", "0", "--pool-size", "2"]
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., tuple[int, str]]]:
-    """Start an HTTP ``serve --mcp`` with extra options: ``serve(*args)`` -> (pid, url)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> tuple[int, str]:
-        proc, url = start_server([*HTTP, *args])
-        started.append(proc)
-        return proc.pid, url
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            kill_group(proc)
-
-
-async def run(session: Any, code: str, session_id: str | None = "shared") -> dict[str, Any]:
-    arguments: dict[str, Any] = {"code": code}
-    if session_id is not None:
-        arguments["session_id"] = session_id
-    result = await call(session, "python_execute", **arguments)
-    assert not result.is_error, result.content[0].text
-    return dict(result.structured_content)
 
 
 async def test_two_clients_with_one_session_id_are_kept_apart(serve: Any) -> None:
@@ -73,26 +42,6 @@ async def test_two_clients_with_one_session_id_are_kept_apart(serve: Any) -> Non
         assert after["session_id"] == "shared"  # the client's id, not the internal one
 
 
-# A session's interpreter marks itself with this niceness (a kernel fact the test can see),
-# so its processes can be told from the executor's fork server and spares.
-MARK = "import os; os.nice(11)"
-
-
-def _marked(pid: int) -> int:
-    """How many of the server's processes carry the session mark."""
-    count = 0
-    for child in descendants(pid):
-        try:
-            count += psutil.Process(child).nice() == 11
-        except psutil.NoSuchProcess:
-            continue
-    return count
-
-
-async def _wait_unmarked(pid: int) -> bool:
-    return await anyio.to_thread.run_sync(lambda: wait_until(lambda: _marked(pid) == 0))
-
-
 async def test_disconnected_clients_free_their_interpreters(serve: Any) -> None:
     pid, url = serve()
     clients = 6
@@ -102,9 +51,9 @@ async def test_disconnected_clients_free_their_interpreters(serve: Any) -> None:
             for number, session in enumerate(sessions):
                 for name in ("s1", "s2"):  # ids unique across clients: the leak alone is tested
                     tg.start_soon(run, session, MARK, f"{name}-of-{number}")
-        assert _marked(pid) == 2 * clients  # one interpreter per (client, session_id)
+        assert marked(pid) == 2 * clients  # one interpreter per (client, session_id)
     # All clients ended their MCP sessions (DELETE): their interpreters go.
-    assert await _wait_unmarked(pid)
+    assert await wait_unmarked(pid)
 
 
 async def test_vanished_clients_are_freed_by_the_idle_timeout(serve: Any) -> None:
@@ -113,7 +62,7 @@ async def test_vanished_clients_are_freed_by_the_idle_timeout(serve: Any) -> Non
     for number in range(3):
         async with http_session(url, terminate=False) as session:
             await run(session, MARK, f"s-{number}")
-    assert await _wait_unmarked(pid)
+    assert await wait_unmarked(pid)
 
 
 async def test_max_sessions_refuses_with_a_message_for_the_model(serve: Any) -> None:
@@ -135,9 +84,9 @@ async def test_idle_sessions_are_closed_and_say_so(serve: Any) -> None:
     pid, url = serve("--session-idle-timeout", "3")
     async with http_session(url) as session:
         await run(session, f"{MARK}; x = 42", "idle")
-        assert _marked(pid) == 1
+        assert marked(pid) == 1
         # The session's interpreter goes after 3 s without calls ...
-        assert await _wait_unmarked(pid)
+        assert await wait_unmarked(pid)
         # ... and its next call says the state is gone.
         after = await run(session, "print(x)", "idle")
         assert after["restarted"] and "NameError" in after["stderr"]
