@@ -10,7 +10,7 @@ import threading
 import anyio
 import pytest
 
-from toolservices import Dispatcher, ParseError, ParseResult, ToolCall, ToolRegistry, tool
+from toolservices import Dispatcher, ParseError, ParseResult, Tool, ToolCall, ToolRegistry, tool
 from toolservices.dispatch import CallResult, StepMetrics
 from toolservices.errors import ToolBusyError, ToolTimeoutError
 
@@ -39,25 +39,34 @@ class Gate:
                 self.changed.notify_all()
         return "late"
 
+    def tool(self, name: str, *, timeout: float | None = 0.05) -> Tool:
+        """A sync tool ``name`` that holds its caller's thread in this gate."""
+
+        def hold() -> str:
+            """Blocks until the test releases it."""
+            return self.hold()
+
+        return tool(name=name, timeout=timeout)(hold)
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()  # whatever the test did, no thread stays blocked
+
 
 def test_timed_out_sync_calls_hold_at_most_the_cap_of_threads(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """200 timeouts of a hung tool used to leave 200 threads behind."""
-    gate = Gate()
-
-    @tool(timeout=0.05)
-    def hang() -> str:
-        """Blocks until the test releases it."""
-        return gate.hold()
 
     @tool
     def quick() -> str:
         """Answers at once."""
         return "ok"
 
-    dispatcher = Dispatcher(ToolRegistry([hang, quick]), max_abandoned_threads=3)
-    try:
+    with Gate() as gate:
+        dispatcher = Dispatcher(ToolRegistry([gate.tool("hang"), quick]), max_abandoned_threads=3)
         with caplog.at_level(logging.WARNING, logger="toolservices.dispatch"):
             results = [dispatcher.run([[ToolCall("hang", {})]])[0].results[0] for _ in range(40)]
         kinds = [r.error_kind for r in results]
@@ -74,8 +83,6 @@ def test_timed_out_sync_calls_hold_at_most_the_cap_of_threads(
         # other tools are not affected
         (outcome,) = dispatcher.run([[ToolCall("quick", {})]])
         assert outcome.results[0].ok
-    finally:
-        gate.release.set()
     assert dispatcher.wait_abandoned(timeout=60)
     assert dispatcher.abandoned_calls() == {}
     # the tool is accepted again once its threads ended
@@ -86,13 +93,6 @@ def test_timed_out_sync_calls_hold_at_most_the_cap_of_threads(
 async def test_cancelling_the_caller_propagates_and_counts_the_thread() -> None:
     """A real cancellation is not turned into a failed call, and the sync tool's
     thread it leaves behind counts towards the cap."""
-    gate = Gate()
-
-    @tool
-    def hang() -> str:
-        """Blocks until released."""
-        return gate.hold()
-
     waiting = anyio.Event()
 
     @tool
@@ -102,8 +102,10 @@ async def test_cancelling_the_caller_propagates_and_counts_the_thread() -> None:
         await anyio.sleep(3600)
         return "never"
 
-    dispatcher = Dispatcher(ToolRegistry([hang, waits]), timeout=None)
-    try:
+    with Gate() as gate:
+        dispatcher = Dispatcher(
+            ToolRegistry([gate.tool("hang", timeout=None), waits]), timeout=None
+        )
         for name in ("hang", "waits"):
             returned = False
             with anyio.CancelScope() as scope:
@@ -121,8 +123,6 @@ async def test_cancelling_the_caller_propagates_and_counts_the_thread() -> None:
                     returned = True
             assert scope.cancelled_caught and not returned, name
         assert dispatcher.abandoned_calls() == {"hang": 1}
-    finally:
-        gate.release.set()
     assert await anyio.to_thread.run_sync(dispatcher.wait_abandoned, 60)
 
 
@@ -260,15 +260,8 @@ def test_calls_already_running_when_the_cap_is_reached_may_still_add_to_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The documented bound: cap plus the calls of the tool running at once."""
-    gate = Gate()
-
-    @tool(timeout=0.05)
-    def hang() -> str:
-        """Blocks until released."""
-        return gate.hold()
-
-    dispatcher = Dispatcher(ToolRegistry([hang]), max_abandoned_threads=2)
-    try:
+    with Gate() as gate:
+        dispatcher = Dispatcher(ToolRegistry([gate.tool("hang")]), max_abandoned_threads=2)
         with caplog.at_level(logging.WARNING, logger="toolservices.dispatch"):
             batch = dispatcher.run([[ToolCall("hang", {})] for _ in range(5)])
             assert [o.results[0].error_kind for o in batch] == ["timeout"] * 5
@@ -277,32 +270,18 @@ def test_calls_already_running_when_the_cap_is_reached_may_still_add_to_it(
         assert after.results[0].error_kind == "infrastructure"
         assert gate.entered == 5
         assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
-    finally:
-        gate.release.set()
     assert dispatcher.wait_abandoned(timeout=60)
 
 
 def test_a_call_that_times_out_before_its_thread_starts_is_not_counted() -> None:
     """With every slot taken, a call can time out while waiting for one: it holds
     no thread, so it must not count towards the cap (it did, for ever)."""
-    gate = Gate()
-
-    @tool(timeout=1.0)
-    def holder() -> str:
-        """Holds the only slot until it times out."""
-        return gate.hold()
-
-    @tool(timeout=0.05)
-    def waiter() -> str:
-        """Never gets a slot in time."""
-        return gate.hold()
-
-    dispatcher = Dispatcher(ToolRegistry([holder, waiter]), max_concurrency=1)
-    try:
+    with Gate() as gate:
+        # the holder keeps the only slot until it times out; the waiter never gets it in time
+        registry = ToolRegistry([gate.tool("holder", timeout=1.0), gate.tool("waiter")])
+        dispatcher = Dispatcher(registry, max_concurrency=1)
         first, second = dispatcher.run([[ToolCall("holder", {})], [ToolCall("waiter", {})]])
         assert first.results[0].timed_out and second.results[0].timed_out
         assert dispatcher.abandoned_calls() == {"holder": 1}
-    finally:
-        gate.release.set()
     assert dispatcher.wait_abandoned(timeout=60)
     assert gate.entered == 1, "the call that timed out while waiting must never run"
