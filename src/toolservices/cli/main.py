@@ -79,6 +79,22 @@ def _build_parser() -> argparse.ArgumentParser:
         help="on SIGINT/SIGTERM, seconds calls in flight may still finish before they are "
         "cancelled (default 5)",
     )
+    serve.add_argument(
+        "--session-scope",
+        choices=("connection", "namespace"),
+        default="connection",
+        help="whom a Python session belongs to (HTTP): the MCP connection (default; freed "
+        "on disconnect) or the namespace of the caller's bearer token (shared by every "
+        "connection with that token, freed on idle timeout); see docs/mcp.md",
+    )
+    serve.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        help="a bearer token HTTP clients must send (repeatable; visible to other local "
+        "users in the process list: prefer --tokens-file or $TOOLSERVICES_MCP_TOKENS)",
+    )
+    serve.add_argument("--tokens-file", help="file of bearer tokens, one a line (# comments)")
     return parser
 
 
@@ -135,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             session_idle_timeout=args.session_idle_timeout or None,
             max_request_bytes=args.max_request_bytes,
             shutdown_grace=args.shutdown_grace,
+            session_scope=args.session_scope,
+            tokens=args.token,
+            tokens_file=args.tokens_file,
         )
     raise AssertionError(f"unhandled command {args.command}")
 

@@ -12,7 +12,13 @@ from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
 from toolservices.mcp._connection import MCPConnectionError, ServerState
 from toolservices.mcp._python_tools import PythonSessions, python_tools, serve_main
 from toolservices.mcp._result import ContentPart, MCPResult
-from toolservices.mcp._server import aserve, build_server, current_connection, serve
+from toolservices.mcp._server import (
+    aserve,
+    build_server,
+    current_connection,
+    current_namespace,
+    serve,
+)
 from toolservices.mcp._toolset import MCPTool, MCPToolset
 
 __all__ = [
@@ -29,6 +35,7 @@ __all__ = [
     "aserve",
     "build_server",
     "current_connection",
+    "current_namespace",
     "python_tools",
     "serve",
     "serve_main",

@@ -8,7 +8,10 @@ on HTTP:
 * the end of an MCP session (the client's DELETE) is reported to
   ``on_disconnect``, so per-client resources are freed with their client;
 * at shutdown the long-lived GET event streams are ended cleanly (they would
-  otherwise hold uvicorn's graceful stop open until its timeout).
+  otherwise hold uvicorn's graceful stop open until its timeout);
+* with ``tokens``, every request must carry a valid bearer token (else 401
+  with a JSON-RPC error saying what to send); the namespace it proves is put
+  in the ASGI scope for the tools (see :func:`~toolservices.mcp._server.current_namespace`).
 
 uvicorn runs without its own signal handlers: :func:`serve_http` handles
 SIGINT/SIGTERM itself. It drains the calls in flight first (new calls are
@@ -33,7 +36,8 @@ import uvicorn
 from mcp.server.lowlevel import Server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from toolservices.mcp._server import _Calls, wait_for_signals
+from toolservices.mcp._auth import AuthFailure, Tokens, header_value
+from toolservices.mcp._server import NAMESPACE_SCOPE_KEY, _Calls, wait_for_signals
 
 __all__ = ["HttpFront", "serve_http"]
 
@@ -65,10 +69,12 @@ class HttpFront:
         *,
         max_request_bytes: int,
         on_disconnect: Callable[[str], Awaitable[None]] | None = None,
+        tokens: Tokens | None = None,
     ) -> None:
         self.app = app
         self.max_request_bytes = max_request_bytes
         self.on_disconnect = on_disconnect
+        self.tokens = tokens
         self._streams: set[anyio.Event] = set()
         self._closing = False
 
@@ -82,6 +88,15 @@ class HttpFront:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.tokens is not None:
+            try:
+                namespace = self.tokens.namespace(
+                    scope.get("headers", ()), scope.get("query_string", b"")
+                )
+            except AuthFailure as failure:
+                await _json_error(send, failure.status, failure.message, failure.challenge)
+                return
+            scope = {**scope, NAMESPACE_SCOPE_KEY: namespace}
         method = scope["method"]
         session = _header(scope, _SESSION_HEADER)
         if method == "GET" and self._closing:
@@ -142,10 +157,7 @@ class HttpFront:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+    return header_value(scope.get("headers", ()), name)
 
 
 def _until(stop: anyio.Event, receive: Receive) -> Receive:
@@ -173,20 +185,17 @@ def _until(stop: anyio.Event, receive: Receive) -> Receive:
     return receive_or_stop
 
 
-async def _json_error(send: Send, status: int, message: str) -> None:
+async def _json_error(send: Send, status: int, message: str, challenge: str | None = None) -> None:
     body = json.dumps(
         {"jsonrpc": "2.0", "id": None, "error": {"code": _INVALID_REQUEST, "message": message}}
     ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if challenge is not None:
+        headers.append((b"www-authenticate", challenge.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -211,6 +220,7 @@ async def serve_http(
     on_ready: Callable[[str], None] | None,
     on_disconnect: Callable[[str], Awaitable[None]] | None,
     signals: tuple[signal.Signals, ...],
+    tokens: Tokens | None = None,
 ) -> None:
     """Serve until a signal (drain, then stop) or cancellation (stop within a bound)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -225,7 +235,9 @@ async def serve_http(
             max_request_body_size=max_request_bytes,
             session_idle_timeout=session_idle_timeout,
         )
-        front = HttpFront(app, max_request_bytes=max_request_bytes, on_disconnect=on_disconnect)
+        front = HttpFront(
+            app, max_request_bytes=max_request_bytes, on_disconnect=on_disconnect, tokens=tokens
+        )
         config = uvicorn.Config(
             front,
             log_level="warning",

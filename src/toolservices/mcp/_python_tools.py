@@ -8,6 +8,12 @@ unused for ``idle_timeout`` seconds is closed (this also covers clients
 that vanish without a word), and at most ``max_sessions`` are open at
 once (beyond that a call is refused with a message the model can act on;
 nothing is evicted behind a client's back).
+
+With ``scope="namespace"`` (HTTP with bearer tokens) sessions belong to the
+namespace the caller's token proves instead: every connection presenting
+that token (and sub-namespace) reaches them, no other token does, and they
+end on idle timeout or ``python_close_session``, not when a connection ends
+(a client that reconnects for every call keeps its state).
 """
 
 from __future__ import annotations
@@ -15,14 +21,17 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
 from toolservices.errors import ToolError, UserError
+from toolservices.mcp._auth import TOKENS_ENV, Tokens, load_tokens
 from toolservices.mcp._server import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_SESSION_IDLE_TIMEOUT,
@@ -30,6 +39,7 @@ from toolservices.mcp._server import (
     Transport,
     _announce,
     current_connection,
+    current_namespace,
     serve,
 )
 from toolservices.tools import FunctionTool, Tool
@@ -43,11 +53,13 @@ DEFAULT_MAX_SESSIONS = 64
 #: How many idle-expired sessions are remembered (their next call says the state is gone).
 EXPIRED_MEMORY = 4096
 
-_Key = tuple[str, str]  # (MCP connection, the client's session_id)
+_Key = tuple[str, str]  # (MCP connection or "ns:" namespace, the client's session_id)
+SessionScope = Literal["connection", "namespace"]
 
 
 class PythonSessions:
-    """The executor's sessions, scoped to MCP connections (see the module docstring)."""
+    """The executor's sessions, scoped to MCP connections or token namespaces
+    (see the module docstring)."""
 
     def __init__(
         self,
@@ -55,7 +67,10 @@ class PythonSessions:
         *,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+        scope: SessionScope = "connection",
     ) -> None:
+        if scope not in ("connection", "namespace"):
+            raise UserError(f"Unknown session scope {scope!r}; valid: 'connection', 'namespace'")
         if max_sessions < 1:
             raise UserError(f"max_sessions must be at least 1, got {max_sessions}")
         if idle_timeout is not None and not 0 < idle_timeout < math.inf:
@@ -63,6 +78,7 @@ class PythonSessions:
         self.executor = executor
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
+        self.scope = scope
         self._last_used: dict[_Key, float] = {}  # open sessions (loop time of their last call)
         self._busy: dict[_Key, int] = {}  # calls running per session: never expired meanwhile
         self._expired: OrderedDict[_Key, None] = OrderedDict()
@@ -74,7 +90,7 @@ class PythonSessions:
         """Run ``code`` in the caller's session ``session_id`` (or a fresh interpreter)."""
         if session_id is None:
             return dict(await self.executor.aexecute(code))
-        key = _key(session_id)
+        key = self._key(session_id)
         if key not in self._last_used:
             if len(self._last_used) >= self.max_sessions:
                 raise ToolError(
@@ -107,15 +123,35 @@ class PythonSessions:
 
     async def close(self, session_id: str) -> bool:
         """Close the caller's session ``session_id``; whether it was open."""
-        key = _key(session_id)
+        key = self._key(session_id)
         self._expired.pop(key, None)
         if self._last_used.pop(key, None) is None:
             return False
         await self.executor.aclose_session(_executor_id(key))
         return True
 
+    def _key(self, session_id: str) -> _Key:
+        if self.scope == "namespace":
+            namespace = current_namespace()
+            if namespace is None:
+                raise ToolError(
+                    "session_id needs a namespace, and this request proved none "
+                    "(the server is not checking bearer tokens)."
+                )
+            return f"ns:{namespace}", str(session_id)
+        connection = current_connection()
+        if connection is None:
+            raise ToolError(
+                "session_id needs an MCP session, and this request came without one "
+                "(stateless HTTP): call python_execute without a session_id."
+            )
+        return connection, str(session_id)
+
     async def release(self, connection: str) -> None:
-        """Close every session of ``connection`` (its client has gone)."""
+        """Close every session of ``connection`` (its client has gone); namespace
+        sessions outlive connections (they end on idle timeout)."""
+        if self.scope == "namespace":
+            return
         keys = [key for key in self._last_used if key[0] == connection]
         for key in [k for k in self._expired if k[0] == connection]:
             del self._expired[key]
@@ -159,18 +195,8 @@ class PythonSessions:
             await anyio.sleep(max(0.0, min(idle, default=now) + limit - anyio.current_time()))
 
 
-def _key(session_id: str) -> _Key:
-    connection = current_connection()
-    if connection is None:
-        raise ToolError(
-            "session_id needs an MCP session, and this request came without one "
-            "(stateless HTTP): call python_execute without a session_id."
-        )
-    return connection, str(session_id)
-
-
 def _executor_id(key: _Key) -> str:
-    # MCP session ids are visible ASCII and contain no "/", so the split is unambiguous.
+    # MCP session ids and namespaces are visible ASCII without "/": the split is unambiguous.
     return f"{key[0]}/{key[1]}"
 
 
@@ -214,20 +240,32 @@ def serve_main(
     session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+    session_scope: SessionScope = "connection",
+    tokens: Sequence[str] = (),
+    tokens_file: str | None = None,
 ) -> int:
     """``toolservices serve --mcp``: the sandboxed Python executor as an MCP server.
 
     Serves until the client disconnects (stdio) or SIGINT/SIGTERM (drained,
     see :func:`~toolservices.mcp.aserve`); the executor's interpreters are shut
-    down on the way out. Returns the exit status (0).
+    down on the way out. ``session_scope="namespace"`` (HTTP only) keys Python
+    sessions by the caller's bearer token, from ``tokens``, ``tokens_file`` and
+    ``$TOOLSERVICES_MCP_TOKENS``; any token configured makes every HTTP request
+    need one. Returns the exit status (0; 2 for a bad configuration, said on stderr).
     """
     from toolservices.python import PythonExecutorService
+
+    try:
+        checked = _check_tokens(transport, session_scope, tokens, tokens_file)
+    except UserError as exc:
+        print(f"toolservices serve: {exc}", file=sys.stderr)
+        return 2
 
     executor = PythonExecutorService(
         pool_size=pool_size, timeout=timeout, max_sessions=max(max_sessions, pool_size)
     )
     sessions = PythonSessions(
-        executor, max_sessions=max_sessions, idle_timeout=session_idle_timeout
+        executor, max_sessions=max_sessions, idle_timeout=session_idle_timeout, scope=session_scope
     )
     main = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
@@ -250,6 +288,7 @@ def serve_main(
             shutdown_grace=shutdown_grace,
             on_disconnect=sessions.release,
             background=sessions.expire_idle,
+            tokens=checked,
         )
     except (KeyboardInterrupt, _Terminated):
         logger.info("interrupted")
@@ -264,6 +303,33 @@ def serve_main(
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
     return 0
+
+
+def _check_tokens(
+    transport: Transport,
+    scope: SessionScope,
+    tokens: Sequence[str],
+    tokens_file: str | None,
+) -> list[str] | None:
+    """The tokens the server checks (``None``: none), or a UserError saying what is wrong."""
+    if scope not in ("connection", "namespace"):
+        raise UserError(f"Unknown session scope {scope!r}; valid: 'connection', 'namespace'")
+    found = load_tokens(tokens, tokens_file=tokens_file)
+    if transport != "http":
+        if scope == "namespace" or tokens or tokens_file is not None:
+            raise UserError(
+                "--session-scope namespace and tokens need --transport http "
+                "(a stdio server has one client: the process that started it)"
+            )
+        return None  # $TOOLSERVICES_MCP_TOKENS is for HTTP servers
+    if scope == "namespace" and not found:
+        raise UserError(
+            f"--session-scope namespace needs tokens: --token, --tokens-file or ${TOKENS_ENV}"
+        )
+    if found:
+        Tokens(found)  # checked now, so a bad token is said before serving
+        return found
+    return None
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

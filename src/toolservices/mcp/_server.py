@@ -34,7 +34,7 @@ from toolservices.mcp._result import escape_result, escape_text
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import Tool, ToolRegistry
 
-__all__ = ["aserve", "build_server", "current_connection", "serve"]
+__all__ = ["aserve", "build_server", "current_connection", "current_namespace", "serve"]
 
 Transport = Literal["stdio", "http"]
 
@@ -53,6 +53,9 @@ SHUTDOWN_CANCELLED = (
 SHUTDOWN_REFUSED = "The server is shutting down; the call was not run."
 
 _CONNECTION: ContextVar[str | None] = ContextVar("toolservices_mcp_connection", default=None)
+_NAMESPACE: ContextVar[str | None] = ContextVar("toolservices_mcp_namespace", default=None)
+#: Where the HTTP front puts the namespace a request's bearer token proved (ASGI scope key).
+NAMESPACE_SCOPE_KEY = "toolservices.namespace"
 
 
 def current_connection() -> str | None:
@@ -64,6 +67,16 @@ def current_connection() -> str | None:
     apart.
     """
     return _CONNECTION.get()
+
+
+def current_namespace() -> str | None:
+    """The namespace the running tool call's bearer token proved (HTTP with ``tokens``).
+
+    ``None`` without tokens, on stdio, or outside a call. Calls presenting
+    the same token (and sub-namespace) get the same namespace whatever their
+    MCP connection; the value is derived from a digest, never the token.
+    """
+    return _NAMESPACE.get()
 
 
 class _Calls:
@@ -160,6 +173,7 @@ def _build(
         if calls.draining:
             return _error(SHUTDOWN_REFUSED)
         token = _CONNECTION.set(_connection_of(ctx))
+        namespace = _NAMESPACE.set(_namespace_of(ctx))
         scope = calls.open()
         try:
             with scope:
@@ -168,6 +182,7 @@ def _build(
                 )
         finally:
             calls.close(scope)
+            _NAMESPACE.reset(namespace)
             _CONNECTION.reset(token)
         if scope.cancelled_caught:
             return _error(SHUTDOWN_CANCELLED)
@@ -191,6 +206,13 @@ def _connection_of(ctx: ServerRequestContext[Any]) -> str | None:
         session = headers.get("mcp-session-id")
         return str(session) if session else None
     return _CONNECTION.get()
+
+
+def _namespace_of(ctx: ServerRequestContext[Any]) -> str | None:
+    """What the HTTP front proved for this request (see :data:`NAMESPACE_SCOPE_KEY`)."""
+    scope = getattr(ctx.request, "scope", None)
+    namespace = scope.get(NAMESPACE_SCOPE_KEY) if isinstance(scope, Mapping) else None
+    return str(namespace) if namespace is not None else None
 
 
 def _schema(tool: Tool) -> dict[str, Any]:
@@ -233,6 +255,7 @@ async def aserve(
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
     on_disconnect: Callable[[str], Awaitable[None]] | None = None,
     background: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    tokens: Iterable[str] | None = None,
 ) -> None:
     """Serve ``tools`` until the client leaves (stdio), SIGINT/SIGTERM arrives or the
     caller cancels; then drain (see the module docstring) and return.
@@ -243,8 +266,10 @@ async def aserve(
     an MCP session without any request for ``session_idle_timeout`` seconds is
     ended (``None``: never). ``on_disconnect(connection)`` runs when an HTTP
     client ends its MCP session (DELETE; see :func:`current_connection`);
-    ``background()`` runs while serving and is cancelled at shutdown. Signals
-    are handled only in the main thread.
+    ``background()`` runs while serving and is cancelled at shutdown. With
+    ``tokens`` (HTTP only) every request needs ``Authorization: Bearer`` one
+    of them (else 401), and tools see the namespace it proves through
+    :func:`current_namespace`. Signals are handled only in the main thread.
     """
     if transport not in ("stdio", "http"):
         raise UserError(f"Unknown MCP transport {transport!r}; valid: 'stdio', 'http'")
@@ -256,6 +281,13 @@ async def aserve(
         )
     if not 0 <= shutdown_grace < math.inf:
         raise UserError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace}")
+    checked = None
+    if tokens is not None:
+        if transport != "http":
+            raise UserError("tokens need the 'http' transport (stdio has one client: its parent)")
+        from toolservices.mcp._auth import Tokens
+
+        checked = Tokens(tokens)
     server, calls = _build(tools, name=name, tool_timeout=tool_timeout)
     async with anyio.create_task_group() as tg:
         if background is not None:
@@ -281,6 +313,7 @@ async def aserve(
                 on_ready=on_ready,
                 on_disconnect=on_disconnect,
                 signals=_signals(),
+                tokens=checked,
             )
         tg.cancel_scope.cancel()
 
@@ -320,6 +353,7 @@ def serve(
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
     on_disconnect: Callable[[str], Awaitable[None]] | None = None,
     background: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    tokens: Iterable[str] | None = None,
 ) -> None:
     """Blocking :func:`aserve` (runs its own event loop; call from the main thread)."""
     anyio.run(
@@ -337,6 +371,7 @@ def serve(
             shutdown_grace=shutdown_grace,
             on_disconnect=on_disconnect,
             background=background,
+            tokens=tokens,
         )
     )
 

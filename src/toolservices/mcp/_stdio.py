@@ -153,47 +153,36 @@ async def serve_stdio(
     signals: tuple[signal.Signals, ...],
 ) -> None:
     """Serve one client on stdin/stdout until it leaves or a signal asks to stop."""
-    token = _CONNECTION.set("stdio")  # inherited by every handler task of this connection
-    try:
-        await _serve(server, calls, grace=grace, on_ready=on_ready, signals=signals)
-    finally:
-        _CONNECTION.reset(token)
-
-
-async def _serve(
-    server: Server[Any],
-    calls: _Calls,
-    *,
-    grace: float,
-    on_ready: Callable[[str], None] | None,
-    signals: tuple[signal.Signals, ...],
-) -> None:
     answers = _Answers()
     into_send, into_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
-    with _claimed_stdin() as lines:
-        async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
-            if on_ready is not None:
-                on_ready("stdio")
-            async with anyio.create_task_group() as tg:
-                inbound = anyio.CancelScope()
-                tg.start_soon(_pump_in, read, into_send, answers, inbound)
-                tg.start_soon(_pump_out, out_recv, write, answers)
-                first, second = anyio.Event(), anyio.Event()
-                tg.start_soon(wait_for_signals, signals, first, second)
+    token = _CONNECTION.set("stdio")  # inherited by every handler task of this connection
+    try:
+        with _claimed_stdin() as lines:
+            async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
+                if on_ready is not None:
+                    on_ready("stdio")
+                async with anyio.create_task_group() as tg:
+                    inbound = anyio.CancelScope()
+                    tg.start_soon(_pump_in, read, into_send, answers, inbound)
+                    tg.start_soon(_pump_out, out_recv, write, answers)
+                    first, second = anyio.Event(), anyio.Event()
+                    tg.start_soon(wait_for_signals, signals, first, second)
 
-                async def drain_on_signal() -> None:
-                    await first.wait()
-                    await calls.drain(grace, second)
-                    with anyio.move_on_after(ANSWER_TIMEOUT):
-                        await answers.all_sent()
-                    inbound.cancel()  # the server sees EOF and ends its session
+                    async def drain_on_signal() -> None:
+                        await first.wait()
+                        await calls.drain(grace, second)
+                        with anyio.move_on_after(ANSWER_TIMEOUT):
+                            await answers.all_sent()
+                        inbound.cancel()  # the server sees EOF and ends its session
 
-                tg.start_soon(drain_on_signal)
-                await server.run(into_recv, out_send, server.create_initialization_options())
-                tg.cancel_scope.cancel()
-            if lines is not None:
-                lines.stop()
+                    tg.start_soon(drain_on_signal)
+                    await server.run(into_recv, out_send, server.create_initialization_options())
+                    tg.cancel_scope.cancel()
+                if lines is not None:
+                    lines.stop()
+    finally:
+        _CONNECTION.reset(token)
 
 
 async def _pump_in(
