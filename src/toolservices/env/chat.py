@@ -27,6 +27,7 @@ from toolservices.env.episode import (
     ParserLike,
     ResultFormat,
     check_limits,
+    on_dispatcher,
     resolve_parser,
     shared_limiter,
 )
@@ -136,11 +137,9 @@ class ToolEnv:
                 max_turns=self.max_turns,
                 max_failed_turns=self.max_failed_turns,
                 result_format=self.result_format,
-                timeout=self.dispatcher.timeout,
-                stop_on_error=self.dispatcher.stop_on_error,
-                dispatcher=self.dispatcher,
                 python=self.python,
                 state={"batch_index": i},
+                **on_dispatcher(self.dispatcher),
             )
             for i, prompt in enumerate(prompts)
         ]

@@ -50,6 +50,7 @@ __all__ = [
     "ResultFormat",
     "ServerCallsParser",
     "check_limits",
+    "on_dispatcher",
     "render_messages",
     "resolve_parser",
     "shared_limiter",
@@ -410,6 +411,20 @@ class Episode:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def on_dispatcher(dispatcher: Dispatcher) -> dict[str, Any]:
+    """Episode options to run on ``dispatcher`` as configured (its object, its settings).
+
+    For layers that build every episode on their own dispatcher (ToolEnv,
+    TorchRL, rollouts): ``Episode(tools, **on_dispatcher(d), ...)``.
+    """
+    return {
+        "dispatcher": dispatcher,
+        "timeout": dispatcher.timeout,
+        "stop_on_error": dispatcher.stop_on_error,
+        "pass_state": dispatcher.pass_state,
+    }
 
 
 def render_messages(results: Sequence[CallResult], result_format: ResultFormat) -> list[Message]:

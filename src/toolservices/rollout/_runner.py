@@ -211,7 +211,7 @@ class Rollout:
 
     def new_episode(self, prompt: Prompt, state: Mapping[str, Any] | None = None) -> Episode:
         """The :class:`~toolservices.Episode` a prompt starts (tools, parser, limits)."""
-        from toolservices.env.episode import Episode
+        from toolservices.env.episode import Episode, on_dispatcher
 
         return Episode(
             self.registry,
@@ -220,10 +220,9 @@ class Rollout:
             system_prompt=self.system_prompt,
             max_turns=self.max_turns,
             max_failed_turns=self.max_failed_turns,
-            timeout=self.tool_timeout,
-            dispatcher=self.dispatcher,
             python=self.python,
             state=state,
+            **on_dispatcher(self.dispatcher),
         )
 
     async def _episode(

@@ -10,7 +10,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_simple
-from toolservices.env.episode import Episode, render_messages
+from toolservices.env.episode import Episode, on_dispatcher, render_messages
 from toolservices.errors import UserError
 from toolservices.parsing.base import ParseResult, ToolCall
 from toolservices.tools import ToolRegistry
@@ -70,14 +70,10 @@ class DispatchingTransform(ToolTransformBase):
         return self.registry.openai_specs()
 
     def _new_episode(self, index: int) -> Episode:
-        dispatcher = self.dispatcher
         return Episode(
             self.registry,
             parser=self.parser,
-            dispatcher=dispatcher,
-            timeout=dispatcher.timeout,
-            stop_on_error=dispatcher.stop_on_error,
-            pass_state=dispatcher.pass_state,
+            **on_dispatcher(self.dispatcher),
             **self._episode_options(index),
         )
 
