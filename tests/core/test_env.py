@@ -5,29 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests._chat import add, hermes
 
 from toolservices import ToolEnv, UserError, tool
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: First addend.
-        b: Second addend.
-    """
-    return a + b
 
 
 @tool
 def broken() -> None:
     """Always fails."""
     raise RuntimeError("backend unavailable")
-
-
-def hermes(name: str, args: dict) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
 
 def test_multi_turn_episode_grows_the_conversation() -> None:

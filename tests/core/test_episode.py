@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -10,28 +9,14 @@ from typing import Any
 
 import anyio
 import pytest
+from tests._chat import add, hermes
 
 from toolservices import Dispatcher, Episode, ToolRegistry, UserError, python_tool, tool
 from toolservices.python import PythonExecutorService
 
 
-def hermes(name: str, args: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
-
-
 def py(code: str) -> str:
     return hermes("python", {"code": code})
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: First addend.
-        b: Second addend.
-    """
-    return a + b
 
 
 @pytest.fixture(scope="module")

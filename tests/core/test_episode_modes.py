@@ -3,27 +3,21 @@ and the batch path of ToolEnv keeping the per-episode guarantees."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
 import pytest
+from tests._chat import add, hermes
+from tests._chat import server_call as _server_call
 
 from toolservices import Dispatcher, Episode, ToolEnv, ToolRegistry, UserError, tool
 from toolservices.env.episode import CLOSE_REASONS, EndReason
 
-HERMES = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+HERMES = hermes("add", {"a": 1, "b": 2})
 
 
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-def server_call(args: Any, call_id: str = "call_srv_1") -> dict[str, Any]:
-    arguments = args if isinstance(args, str) else json.dumps(args)
-    return {"id": call_id, "type": "function", "function": {"name": "add", "arguments": arguments}}
+def server_call(args: dict[str, Any] | str, call_id: str = "call_srv_1") -> dict[str, Any]:
+    return _server_call(call_id, "add", args)
 
 
 # -- parser=None -----------------------------------------------------------------------

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
 import pytest
+from tests._chat import hermes
 
 from toolservices import Dispatcher, Episode, ToolEnv, ToolRegistry, tool
 from toolservices.parsing import ToolCall
 
 
-def hermes(*calls: tuple[str, dict[str, Any]]) -> str:
-    return "".join(
-        f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
-        for name, args in calls
-    )
+def calls(*pairs: tuple[str, dict[str, Any]]) -> str:
+    return "".join(hermes(name, args) for name, args in pairs)
 
 
 @tool
@@ -61,18 +58,18 @@ def texts(messages: list[dict[str, Any]]) -> list[str]:
 
 async def test_writes_persist_for_later_turns_of_the_episode() -> None:
     episode = Episode(TOOLS, end_on_answer=False, state={"user": "alice"})
-    await episode.step(hermes(("remember", {"key": "plan", "value": "A"})))
+    await episode.step(calls(("remember", {"key": "plan", "value": "A"})))
     assert episode.state == {"user": "alice", "plan": "A"}
-    assert texts(await episode.step(hermes(("recall", {"key": "plan"})))) == ["A"]
-    await episode.step(hermes(("remember", {"key": "plan", "value": "B"})))
-    await episode.step(hermes(("forget", {"key": "user"})))
+    assert texts(await episode.step(calls(("recall", {"key": "plan"})))) == ["A"]
+    await episode.step(calls(("remember", {"key": "plan", "value": "B"})))
+    await episode.step(calls(("forget", {"key": "user"})))
     assert episode.state == {"plan": "B"}
 
 
 async def test_a_later_call_of_the_same_response_sees_the_write() -> None:
     episode = Episode(TOOLS)
     out = await episode.step(
-        hermes(("remember", {"key": "k", "value": "v"}), ("recall", {"key": "k"}))
+        calls(("remember", {"key": "k", "value": "v"}), ("recall", {"key": "k"}))
     )
     assert texts(out) == ["stored", "v"]
 
@@ -80,8 +77,8 @@ async def test_a_later_call_of_the_same_response_sees_the_write() -> None:
 async def test_never_across_episodes() -> None:
     a = Episode(TOOLS, episode_id="same")
     b = Episode(TOOLS, episode_id="same")
-    await a.step(hermes(("remember", {"key": "k", "value": "a"})))
-    assert texts(await b.step(hermes(("recall", {"key": "k"})))) == ["<nothing>"]
+    await a.step(calls(("remember", {"key": "k", "value": "a"})))
+    assert texts(await b.step(calls(("recall", {"key": "k"})))) == ["<nothing>"]
     assert b.state == {} and a.state == {"k": "a"}
 
 
@@ -97,8 +94,8 @@ async def test_standard_entries_are_not_the_tools_to_change() -> None:
         return "ok"
 
     episode = Episode([meddle], episode_id="ep", end_on_answer=False)
-    await episode.step(hermes(("meddle", {}), ("meddle", {})))
-    await episode.step(hermes(("meddle", {})))
+    await episode.step(calls(("meddle", {}), ("meddle", {})))
+    await episode.step(calls(("meddle", {})))
     assert episode.state == {}
     standard = [(s["episode_id"], s["turn"], s["call_index"]) for s in seen]
     assert standard == [("ep", 1, 0), ("ep", 1, 1), ("ep", 2, 0)]
@@ -111,7 +108,7 @@ async def test_a_user_key_named_like_a_standard_one_is_kept() -> None:
         return str(_state["turn"])
 
     episode = Episode([peek], state={"turn": "mine"})
-    assert texts(await episode.step(hermes(("peek", {})))) == ["1"]  # the standard entry wins
+    assert texts(await episode.step(calls(("peek", {})))) == ["1"]  # the standard entry wins
     assert episode.state == {"turn": "mine"}  # and the user's value is not lost
 
 
@@ -130,19 +127,19 @@ async def test_a_failing_call_keeps_its_writes_a_timed_out_one_does_not() -> Non
         return "unreachable"
 
     episode = Episode([write_then_fail, write_then_hang], timeout=0.2, end_on_answer=False)
-    await episode.step(hermes(("write_then_fail", {})))
+    await episode.step(calls(("write_then_fail", {})))
     assert episode.last is not None and episode.last.results[0].error_kind == "tool_failed"
-    await episode.step(hermes(("write_then_hang", {})))
+    await episode.step(calls(("write_then_hang", {})))
     assert episode.last is not None and episode.last.results[0].error_kind == "timeout"
     assert episode.state == {"failed_write": True}
 
 
 async def test_forks_write_to_their_own_copies() -> None:
     parent = Episode(TOOLS, end_on_answer=False, state={"log": ["base"]})
-    await parent.step(hermes(("remember", {"key": "k", "value": "parent"})))
+    await parent.step(calls(("remember", {"key": "k", "value": "parent"})))
     left, right = await parent.fork(2)
-    await left.step(hermes(("remember", {"key": "k", "value": "left"})))
-    assert texts(await right.step(hermes(("recall", {"key": "k"})))) == ["parent"]
+    await left.step(calls(("remember", {"key": "k", "value": "left"})))
+    assert texts(await right.step(calls(("recall", {"key": "k"})))) == ["parent"]
     assert (parent.state["k"], left.state["k"], right.state["k"]) == ("parent", "left", "parent")
     assert left.state["log"] is not parent.state["log"]
 
@@ -152,15 +149,15 @@ async def test_shared_dispatcher_keeps_each_episodes_writes_apart() -> None:
     episodes = [Episode(TOOLS, dispatcher=shared) for _ in range(4)]
     async with anyio.create_task_group() as tg:
         for n, episode in enumerate(episodes):
-            tg.start_soon(episode.step, hermes(("remember", {"key": "n", "value": str(n)})))
+            tg.start_soon(episode.step, calls(("remember", {"key": "n", "value": str(n)})))
     assert [e.state for e in episodes] == [{"n": str(n)} for n in range(4)]
 
 
 def test_toolenv_batches_persist_per_item() -> None:
     env = ToolEnv(TOOLS, max_turns=3)
     env.reset(["a", "b"])
-    env.step([hermes(("remember", {"key": "k", "value": "0"})), hermes(("recall", {"key": "k"}))])
-    step = env.step([hermes(("recall", {"key": "k"})), hermes(("recall", {"key": "k"}))])
+    env.step([calls(("remember", {"key": "k", "value": "0"})), calls(("recall", {"key": "k"}))])
+    step = env.step([calls(("recall", {"key": "k"})), calls(("recall", {"key": "k"}))])
     assert [texts(m) for m in step.tool_messages] == [["0"], ["<nothing>"]]
     assert [e.state for e in env.episodes] == [{"batch_index": 0, "k": "0"}, {"batch_index": 1}]
     env.close()
@@ -186,5 +183,5 @@ async def test_falsy_values_are_written_back(value: Any) -> None:
         return "ok"
 
     episode = Episode([put], state={"v": "old"})
-    await episode.step(hermes(("put", {})))
+    await episode.step(calls(("put", {})))
     assert episode.state == {"v": value}

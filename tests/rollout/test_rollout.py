@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import openai
 import pytest
+from tests._chat import hermes, server_call
 
 from toolservices import UserError, tool
 from toolservices.cli._demo_data import FORMAT_TURNS, SCENARIOS
@@ -23,19 +24,6 @@ from toolservices.rollout.testing import Fail, Hang, Raw, ScriptedChatServer, to
 
 #: Fast retries for tests (the backoff itself is not what is tested here).
 FAST = RetryPolicy(max_attempts=4, backoff=0.01, max_backoff=0.05)
-
-
-def hermes(name: str, args: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
-
-
-def server_call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """A ``tool_calls`` entry as a server with a tool parser returns it."""
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args)},
-    }
 
 
 def calc(expression: str) -> str:
@@ -323,27 +311,6 @@ async def test_each_episode_runs_python_in_its_own_session() -> None:
         assert executor.stats()["sessions"] == 0
     finally:
         await executor.aclose()
-
-
-async def test_a_session_that_cannot_close_ends_only_its_episode() -> None:
-    """Fault injection: an executor whose session release fails (cannot happen on demand)."""
-    from toolservices.errors import ServiceUnavailableError
-
-    class BrokenExecutor:
-        async def aclose_session(self, session_id: str) -> bool:
-            raise ServiceUnavailableError("the interpreter host is gone")
-
-    with ScriptedChatServer({"a": ["hi"]}) as server:
-        async with Rollout(
-            DEMO_TOOLS,
-            model="m",
-            base_url=server.url,
-            python=BrokenExecutor(),  # type: ignore[arg-type]
-        ) as runner:
-            (trajectory,) = await runner.arun(["a"])
-    assert trajectory.finish_reason == "infrastructure_error"
-    assert trajectory.error == "ServiceUnavailableError: the interpreter host is gone"
-    assert len(trajectory.turns) == 1 and trajectory.messages[-1]["content"] == "hi"
 
 
 def test_sync_run_and_states() -> None:

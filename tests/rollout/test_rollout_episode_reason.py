@@ -80,5 +80,6 @@ async def test_a_session_close_failure_after_the_answer_keeps_the_episodes_reaso
             (trajectory,) = await runner.arun(["a"])
     assert trajectory.finish_reason == "infrastructure_error"
     assert trajectory.error == "ServiceUnavailableError: the interpreter host is gone"
+    assert len(trajectory.turns) == 1 and trajectory.messages[-1]["content"] == "hi"
     (episode,) = runner.episodes
     assert episode.reason == "answered" and episode.closed
