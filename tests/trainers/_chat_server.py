@@ -37,6 +37,8 @@ SCRIPTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("python_execute", {"code": "x = 20", "session_id": "rollout-1"}),
         ("python_execute", {"code": "print(x + 1)", "session_id": "rollout-1"}),
     ],
+    # another rollout asking for the first one's variable
+    "mcp-peek": [("python_execute", {"code": "print(x)", "session_id": "rollout-1"})],
 }
 #: The messages of the latest request per script, for tests to read what the tools answered.
 LAST_MESSAGES: dict[str, list[dict[str, Any]]] = {}

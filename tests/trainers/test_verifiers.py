@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 pytest.importorskip("verifiers")
@@ -30,7 +31,7 @@ with warnings.catch_warnings():
 
     from toolservices import PythonExecutorService, tool
     from toolservices.env import python_tool
-    from toolservices.trainers.verifiers import EPISODE_KEY, ToolservicesEnv
+    from toolservices.trainers.verifiers import EPISODE_KEY, ToolservicesEnv, mcp_rollout_url
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _chat_server  # noqa: E402
@@ -146,6 +147,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: ``toolservices serve --mcp`` needs the MCP SDK 2, verifiers <0.4 pins 1.x: the server
 #: runs from the main venv (CI builds it first), as it would in production: its own process.
 SERVER_BIN = Path(os.environ.get("TOOLSERVICES_MCP_BIN", REPO / ".venv" / "bin" / "toolservices"))
+#: The token the test's server accepts (given to it in its environment, as an operator would).
+MCP_TOKEN = "vf-test-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +159,8 @@ def mcp_server_url():
     )
     proc = subprocess.Popen(
         [str(SERVER_BIN), "serve", "--mcp", "--transport", "http", "--host", "127.0.0.1"]
-        + ["--port", "0", "--timeout", "5"],
+        + ["--port", "0", "--timeout", "5", "--session-scope", "namespace"],
+        env={**os.environ, "TOOLSERVICES_MCP_TOKENS": MCP_TOKEN},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -196,42 +200,67 @@ def mcp_server_url():
         proc.stderr.close()
 
 
-@pytest.mark.anyio
-async def test_our_mcp_server_as_a_verifiers_toolset_by_url(mcp_server_url, server_url):
-    """The docs' recipe: a v1 Toolset pointing at ``toolservices serve --mcp`` by URL.
-
-    verifiers' own ``serve_shared`` resolves the toolset to the URL (nothing is
-    launched), and its own harness program (the null/chat harness) lists and
-    calls our server's tools with its MCP client while talking to the
-    loopback model server.
-    """
+async def _harness_run(mcp_urls: dict[str, str], server_url: str, prompt: str) -> list[dict]:
+    """verifiers' own null-harness program, given the tool servers as NullHarness.launch does
+    (an ``mcpServers`` URL config); the tool results it sent back to the model."""
     import verifiers.v1 as v1
-    from verifiers.v1.mcp import serve_shared
 
-    class ToolservicesPython(v1.Toolset[v1.SharedToolsetConfig]):
-        TOOL_PREFIX = None  # keep the server's tool names (python_execute, ...)
-
-    toolset = ToolservicesPython(v1.SharedToolsetConfig(url=mcp_server_url))
-    async with serve_shared([toolset]) as servers:
-        mcp_config = {
-            "mcpServers": {name: {"url": s.url, "timeout": 60} for name, s in servers.items()}
-        }
-    assert mcp_config["mcpServers"] == {"": {"url": mcp_server_url, "timeout": 60}}
+    mcp_config = {
+        "mcpServers": {name: {"url": url, "timeout": 60} for name, url in mcp_urls.items()}
+    }
     program = Path(v1.__file__).parent / "harnesses" / "null" / "program.py"
     result = await anyio.run_process(
         [sys.executable, str(program), "--base-url", server_url, "--api-key", "loopback"]
-        + ["--model", "scripted", "--prompt", "mcp", "--mcp-config", json.dumps(mcp_config)],
+        + ["--model", "scripted", "--prompt", prompt, "--mcp-config", json.dumps(mcp_config)],
         check=False,
     )
     assert result.returncode == 0, result.stderr.decode()
-    tools = [m["content"] for m in _chat_server.LAST_MESSAGES["mcp"] if m["role"] == "tool"]
-    results = [json.loads(text) for text in tools]
+    tools = [m["content"] for m in _chat_server.LAST_MESSAGES[prompt] if m["role"] == "tool"]
+    return [json.loads(text) for text in tools]
+
+
+@pytest.mark.anyio
+async def test_our_mcp_server_as_a_verifiers_toolset_by_url(mcp_server_url, server_url):
+    """The docs' recipe: a task-scoped v1 Toolset whose URL carries the token and a fresh
+    namespace per rollout (``mcp_rollout_url``), on ``serve --mcp --session-scope namespace``.
+
+    verifiers' own ``serve_tools`` resolves each rollout's toolsets to URLs
+    (nothing is launched), and its own harness program lists and calls our
+    server's tools, on a new MCP connection per call, while talking to the
+    loopback model server. Python state lasts through a rollout and stays in it.
+    """
+    import verifiers.v1 as v1
+    from verifiers.v1.mcp import serve_tools
+    from verifiers.v1.runtimes import SubprocessConfig, SubprocessRuntime
+
+    class ToolservicesPython(v1.Toolset[v1.ToolsetConfig]):
+        TOOL_PREFIX = None  # keep the server's tool names (python_execute, ...)
+
+    class PythonTask(v1.Task):
+        @classmethod
+        def toolsets(cls, config: v1.TaskConfig) -> list[v1.Toolset]:
+            url = mcp_rollout_url(mcp_server_url, token=MCP_TOKEN)
+            return [ToolservicesPython(v1.ToolsetConfig(url=url))]
+
+    async def rollout_urls() -> dict[str, str]:  # what a rollout hands its harness
+        toolsets = PythonTask.toolsets(v1.TaskConfig())
+        async with serve_tools(toolsets, SubprocessRuntime(SubprocessConfig())) as urls:
+            return dict(urls)
+
+    first = await rollout_urls()
+    assert first[""].startswith(mcp_server_url + "?access_token=")
+    results = await _harness_run(first, server_url, "mcp")
     assert results[0]["stdout"] == "42\n"
     assert results[1]["success"] is True
-    # Known limit (docs/trainers.md): our server scopes a session_id to the MCP connection,
-    # and verifiers' harness programs open a new connection for every call, so state set in
-    # one call is gone in the next.
-    assert results[2]["exception"]["type"] == "NameError"
+    # Three calls, three MCP connections, one Python session: the rollout's namespace.
+    assert results[2]["stdout"] == "21\n"
+    (peek,) = await _harness_run(await rollout_urls(), server_url, "mcp-peek")
+    assert peek["exception"]["type"] == "NameError"  # another rollout: another namespace
+    (again,) = await _harness_run(first, server_url, "mcp-peek")
+    assert again["stdout"] == "20\n"  # the first rollout's URL still reaches its state
+    # Without the token the server refuses: the harness cannot even list the tools.
+    async with httpx.AsyncClient() as client:
+        assert (await client.post(mcp_server_url, json={})).status_code == 401
 
 
 @pytest.mark.anyio
@@ -251,3 +280,12 @@ async def test_evaluate_scores_rollouts_with_a_rubric(executor, llm):
     )
     results = await env.evaluate(llm, "scripted", num_examples=2, rollouts_per_example=2)
     assert [o["reward"] for o in results["outputs"]] == [1.0] * 4
+
+
+def test_mcp_rollout_url_adds_the_token_and_a_fresh_namespace():
+    base = "http://127.0.0.1:8765/mcp?keep=1&namespace=old"
+    one, two = mcp_rollout_url(base, token="t" * 20), mcp_rollout_url(base, token="t" * 20)
+    assert one != two  # a fresh namespace each call: one per rollout
+    assert one.startswith("http://127.0.0.1:8765/mcp?keep=1&access_token=tttt")
+    assert "namespace=old" not in one and "namespace=vf-" in one
+    assert mcp_rollout_url(base, token="t" * 20, namespace="r-7").endswith("&namespace=r-7")

@@ -12,16 +12,22 @@ each call, and a cleanup handler closes it when the rollout ends, however it
 ends. Calls run through the episode: per-call timeout, argument validation,
 and every failure as a tool message the model reads.
 
-For tools served by ``toolservices mcp serve`` (streamable HTTP), build the
-tools with ``toolservices.mcp`` (``MCPToolset``) and pass them here; see
-``docs/trainers.md``.
+For tools served by ``toolservices serve --mcp`` (streamable HTTP), build the
+tools with ``toolservices.mcp`` (``MCPToolset``) and pass them here, or give
+verifiers' own (v1) harness the server as a toolset by URL: verifiers opens a
+new MCP connection for every call and passes tool servers by URL only, so
+run the server with ``--session-scope namespace`` and hand each rollout the
+URL :func:`mcp_rollout_url` makes (token and a fresh namespace as URL
+parameters); see ``docs/trainers.md``.
 """
 
 from __future__ import annotations
 
 import functools
+import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
     import verifiers as vf
@@ -39,7 +45,7 @@ if TYPE_CHECKING:
     from toolservices.python import PythonExecutorService
     from toolservices.tools import ToolRegistry
 
-__all__ = ["EPISODE_KEY", "ToolservicesEnv"]
+__all__ = ["EPISODE_KEY", "ToolservicesEnv", "mcp_rollout_url"]
 
 #: Where the rollout's episode lives in the verifiers state (and the hidden tool argument).
 EPISODE_KEY = "toolservices_episode"
@@ -123,3 +129,23 @@ class ToolservicesEnv(vf.StatefulToolEnv):
         episode = state.pop(EPISODE_KEY, None)
         if episode is not None:
             await episode.aclose()
+
+
+def mcp_rollout_url(url: str, *, token: str, namespace: str | None = None) -> str:
+    """``url`` of a ``serve --mcp --session-scope namespace`` server for one rollout.
+
+    verifiers' harness programs reach a tool server by URL alone (no headers)
+    and reconnect for every call, so the bearer token and the rollout's
+    namespace ride as the ``access_token`` and ``namespace`` URL parameters:
+    calls with this URL share Python sessions, calls with another
+    namespace's URL cannot see them. ``namespace`` defaults to a fresh random
+    one (letters, digits, ``.``, ``_``, ``:`` and ``-``, at most 128).
+    """
+    parts = urlsplit(url)
+    query = [
+        (key, value)
+        for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        if key not in ("access_token", "namespace")
+    ]
+    query += [("access_token", token), ("namespace", namespace or f"vf-{secrets.token_hex(8)}")]
+    return urlunsplit(parts._replace(query=urlencode(query)))
