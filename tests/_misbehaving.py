@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from toolservices import tool
+
 T = TypeVar("T")
 
 
@@ -108,3 +110,15 @@ def async_kinds(kinds: list[str]) -> list[str]:
     if sys.version_info >= (3, 11):
         return kinds
     return [k for k in kinds if k != "CancelledError"]
+
+
+@tool
+def in_thread(kind: str) -> Any:
+    """Misbehaves (see :func:`misbehave`) in a worker thread."""
+    return misbehave(kind)
+
+
+@tool
+async def on_loop(kind: str) -> Any:
+    """Misbehaves (see :func:`misbehave`) on the event loop."""
+    return misbehave(kind)

@@ -23,7 +23,8 @@ from tests._misbehaving import (
     NoStr,
     async_kinds,
     deep,
-    misbehave,
+    in_thread,
+    on_loop,
     returns,
 )
 
@@ -32,36 +33,12 @@ from toolservices.dispatch import CallResult, render_tool_results, to_openai_mes
 
 
 @tool
-def sync_raise(kind: str) -> str:
-    """Raise the named exception from a worker thread."""
-    return misbehave(kind)
-
-
-@tool
-async def async_raise(kind: str) -> str:
-    """Raise the named exception on the event loop."""
-    return misbehave(kind)
-
-
-@tool
-def sync_return(kind: str) -> Any:
-    """Return a value that cannot be shown as text."""
-    return misbehave(kind)
-
-
-@tool
-async def async_return(kind: str) -> Any:
-    """Return a value that cannot be shown as text, from async code."""
-    return misbehave(kind)
-
-
-@tool
 def ok() -> str:
     """Works."""
     return "fine"
 
 
-REGISTRY = ToolRegistry([sync_raise, async_raise, sync_return, async_return, ok])
+REGISTRY = ToolRegistry([in_thread, on_loop, ok])
 KINDS = RAISE_KINDS
 ASYNC_KINDS = async_kinds(KINDS)
 
@@ -74,7 +51,7 @@ def _still_working() -> None:
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("sync_raise", k) for k in KINDS] + [("async_raise", k) for k in ASYNC_KINDS],
+    [("in_thread", k) for k in KINDS] + [("on_loop", k) for k in ASYNC_KINDS],
 )
 def test_any_exception_from_a_tool_is_a_failed_call(name: str, kind: str) -> None:
     calls = [ToolCall(name, {"kind": kind}), ToolCall("ok", {})]
@@ -90,19 +67,19 @@ def test_any_exception_from_a_tool_is_a_failed_call(name: str, kind: str) -> Non
 
 def test_an_exception_whose_str_exits_still_reads() -> None:
     (outcome,) = returns(
-        lambda: Dispatcher(REGISTRY).run([[ToolCall("async_raise", {"kind": "ExitingMessage"})]])
+        lambda: Dispatcher(REGISTRY).run([[ToolCall("on_loop", {"kind": "ExitingMessage"})]])
     )
     assert outcome.results[0].error == "ExitingMessage: <str() of the exception failed: SystemExit>"
 
 
 def test_an_unprintable_exception_still_reads() -> None:
     (outcome,) = returns(
-        lambda: Dispatcher(REGISTRY).run([[ToolCall("sync_raise", {"kind": "Unprintable"})]])
+        lambda: Dispatcher(REGISTRY).run([[ToolCall("in_thread", {"kind": "Unprintable"})]])
     )
     assert outcome.results[0].error == "Unprintable: <str() of the exception failed: RuntimeError>"
 
 
-@pytest.mark.parametrize("name", ["sync_return", "async_return"])
+@pytest.mark.parametrize("name", ["in_thread", "on_loop"])
 @pytest.mark.parametrize(
     ("kind", "cause"),
     [("nostr", "ValueError"), ("deep", "RecursionError"), ("exiting", "SystemExit")],
@@ -158,8 +135,8 @@ def test_renderers_survive_a_result_built_by_hand() -> None:
 @pytest.mark.parametrize("result_format", ["openai", "tool_results"])
 def test_tool_env_stays_consistent_whatever_the_tools_do(result_format: Any) -> None:
     """Every assistant turn with calls is followed by its tool message(s), every step."""
-    cases = [("sync_raise", k) for k in KINDS] + [("async_raise", k) for k in ASYNC_KINDS]
-    cases += [(n, k) for n in ("sync_return", "async_return") for k in ("nostr", "deep", "exiting")]
+    cases = [("in_thread", k) for k in KINDS] + [("on_loop", k) for k in ASYNC_KINDS]
+    cases += [(n, k) for n in ("in_thread", "on_loop") for k in ("nostr", "deep", "exiting")]
     env = ToolEnv(REGISTRY, parser="hermes", max_turns=2, result_format=result_format)
     env.reset(["go"] * len(cases))
     responses = [
@@ -223,10 +200,10 @@ async def test_tool_acall_outside_the_dispatcher_turns_an_exit_into_an_error() -
     from toolservices.errors import ToolExecutionError
 
     with pytest.raises(ToolExecutionError, match="SystemExit: 3") as caught:
-        await sync_raise.acall(kind="exit")
+        await in_thread.acall(kind="exit")
     assert isinstance(caught.value.__cause__, SystemExit)
     with pytest.raises(KeyError):  # ordinary exceptions are left as they are
-        await sync_raise.acall(kind="no such kind")
+        await in_thread.acall(kind="no such kind")
 
 
 def test_the_python_executor_still_answers_after_a_tool_exited() -> None:
@@ -234,7 +211,7 @@ def test_the_python_executor_still_answers_after_a_tool_exited() -> None:
     from toolservices.python import PythonExecutorService
 
     (outcome,) = returns(
-        lambda: Dispatcher(REGISTRY).run([[ToolCall("async_raise", {"kind": "exit"})]])
+        lambda: Dispatcher(REGISTRY).run([[ToolCall("on_loop", {"kind": "exit"})]])
     )
     assert outcome.results[0].error_kind == "tool_failed"
     with PythonExecutorService(pool_size=1, timeout=30) as executor:

@@ -6,25 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests._misbehaving import ALL_KINDS, async_kinds, misbehave, returns
+from tests._misbehaving import ALL_KINDS, async_kinds, in_thread, misbehave, on_loop, returns
 
-from toolservices import ToolRegistry, tool
+from toolservices import ToolRegistry
 from toolservices.torchrl import ExecuteToolsInOrder, SimpleToolTransform
 
-
-@tool
-def bad(kind: str) -> Any:
-    """Misbehaves in a worker thread."""
-    return misbehave(kind)
-
-
-@tool
-async def abad(kind: str) -> Any:
-    """Misbehaves on the event loop."""
-    return misbehave(kind)
-
-
-CASES = [("bad", kind) for kind in ALL_KINDS] + [("abad", kind) for kind in async_kinds(ALL_KINDS)]
+CASES = [("in_thread", kind) for kind in ALL_KINDS] + [
+    ("on_loop", kind) for kind in async_kinds(ALL_KINDS)
+]
 
 
 @pytest.mark.parametrize("result_format", ["tool_results", "openai"])
@@ -32,7 +21,7 @@ def test_execute_tools_in_order_answers_every_misbehaving_call(
     chat: Any, result_format: Any
 ) -> None:
     transform = ExecuteToolsInOrder(
-        ToolRegistry([bad, abad]), "xml_block", result_format=result_format
+        ToolRegistry([in_thread, on_loop]), "xml_block", result_format=result_format
     )
     driver = chat(transform, len(CASES))
     texts = [f'<tool name="{name}">{{"kind": "{kind}"}}</tool>' for name, kind in CASES]
@@ -53,7 +42,7 @@ def test_simple_tool_transform_answers_every_misbehaving_call(chat: Any) -> None
     async def async_bad(kind: str) -> Any:
         return misbehave(kind)
 
-    driver = chat(SimpleToolTransform({"bad": sync_bad, "abad": async_bad}), len(CASES))
+    driver = chat(SimpleToolTransform({"in_thread": sync_bad, "on_loop": async_bad}), len(CASES))
     texts = [f'<tool>{name}\n{{"kind": "{kind}"}}</tool>' for name, kind in CASES]
     returns(lambda: driver.step(texts))
     for i, (name, kind) in enumerate(CASES):
