@@ -22,6 +22,19 @@ CLI = str(Path(sys.executable).parent / "toolservices")
 HOSTILE = str(Path(__file__).parent / "servers" / "serve_hostile.py")
 #: Bound on every wait of these tests (a loaded 2-core machine is slow, never this slow).
 WAIT = 30.0
+#: A raw ``initialize`` request, for tests that speak HTTP without the SDK client.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "1"},
+    },
+}
+#: The headers a streamable HTTP POST needs.
+POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
 @asynccontextmanager

@@ -12,12 +12,20 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 from mcp import MCPError
-from tests.mcp._serve_util import CLI, WAIT, call, http_session, kill_group, start_server
+from tests.mcp._serve_util import (
+    CLI,
+    INITIALIZE,
+    POST_HEADERS,
+    WAIT,
+    call,
+    http_session,
+    kill_group,
+    start_server,
+)
 
 pytest.importorskip("toolservices.python")
 
 LIMIT = 64 * 1024
-HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +40,7 @@ def url() -> Iterator[str]:
 
 def _initialize(size: int) -> bytes:
     """An ``initialize`` request padded with JSON whitespace to exactly ``size`` bytes."""
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "limit-test", "version": "1"},
-            },
-        }
-    ).encode()
+    body = json.dumps(INITIALIZE).encode()
     return body + b" " * (size - len(body))
 
 
@@ -61,9 +58,9 @@ def _check_too_large(response: httpx2.Response, declared: bool) -> None:
 
 def test_a_body_at_the_limit_is_served_one_byte_more_is_refused_clearly(url: str) -> None:
     with httpx2.Client(timeout=WAIT) as client:
-        at_limit = client.post(url, content=_initialize(LIMIT), headers=HEADERS)
+        at_limit = client.post(url, content=_initialize(LIMIT), headers=POST_HEADERS)
         assert at_limit.status_code == 200, at_limit.text
-        over = client.post(url, content=_initialize(LIMIT + 1), headers=HEADERS)
+        over = client.post(url, content=_initialize(LIMIT + 1), headers=POST_HEADERS)
         _check_too_large(over, declared=True)
 
 
@@ -73,9 +70,9 @@ def test_a_chunked_body_without_a_length_is_limited_too(url: str) -> None:
             yield body[start : start + 4096]
 
     with httpx2.Client(timeout=WAIT) as client:
-        ok = client.post(url, content=chunks(_initialize(LIMIT)), headers=HEADERS)
+        ok = client.post(url, content=chunks(_initialize(LIMIT)), headers=POST_HEADERS)
         assert ok.status_code == 200, ok.text
-        over = client.post(url, content=chunks(_initialize(LIMIT + 1)), headers=HEADERS)
+        over = client.post(url, content=chunks(_initialize(LIMIT + 1)), headers=POST_HEADERS)
         _check_too_large(over, declared=False)
 
 
@@ -96,7 +93,7 @@ def test_the_default_limit_is_4_mib_with_the_same_clear_answer() -> None:
     try:
         default = 4 * 1024 * 1024
         with httpx2.Client(timeout=WAIT) as client:
-            over = client.post(url, content=_initialize(default + 1), headers=HEADERS)
+            over = client.post(url, content=_initialize(default + 1), headers=POST_HEADERS)
         assert over.status_code == 413
         assert f"at most {default} bytes per request" in over.json()["error"]["message"]
     finally:

@@ -18,7 +18,9 @@ import httpx2
 import pytest
 from tests.mcp._serve_util import (
     CLI,
+    INITIALIZE,
     MARK,
+    POST_HEADERS,
     WAIT,
     call,
     http_session,
@@ -31,16 +33,6 @@ pytest.importorskip("toolservices.python")
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 
 
 @pytest.fixture
@@ -99,8 +91,8 @@ async def _post(url: str, headers: dict[str, str]) -> httpx2.Response:
     async with httpx2.AsyncClient(timeout=WAIT) as client:
         return await client.post(
             url,
-            json=INIT,
-            headers={"Accept": "application/json, text/event-stream", **headers},
+            json=INITIALIZE,
+            headers={**POST_HEADERS, **headers},
         )
 
 

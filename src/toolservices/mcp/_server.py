@@ -14,13 +14,14 @@ and only then does the transport close.
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec
 
 import anyio
 import mcp.types as mt
@@ -37,6 +38,7 @@ from toolservices.tools import Tool, ToolRegistry
 __all__ = ["aserve", "build_server", "current_connection", "current_namespace", "serve"]
 
 Transport = Literal["stdio", "http"]
+P = ParamSpec("P")
 
 #: Default of ``max_request_bytes``: the MCP SDK's own limit of an HTTP request body.
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -338,42 +340,21 @@ async def wait_for_signals(
             first.set()
 
 
-def serve(
-    tools: ToolRegistry | Iterable[Any],
-    *,
-    transport: Transport = "stdio",
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    path: str = "/mcp",
-    name: str = "toolservices",
-    tool_timeout: float | None = None,
-    on_ready: Callable[[str], None] | None = None,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
-    on_disconnect: Callable[[str], Awaitable[None]] | None = None,
-    background: Callable[[], Coroutine[Any, Any, None]] | None = None,
-    tokens: Iterable[str] | None = None,
-) -> None:
-    """Blocking :func:`aserve` (runs its own event loop; call from the main thread)."""
-    anyio.run(
-        lambda: aserve(
-            tools,
-            transport=transport,
-            host=host,
-            port=port,
-            path=path,
-            name=name,
-            tool_timeout=tool_timeout,
-            on_ready=on_ready,
-            max_request_bytes=max_request_bytes,
-            session_idle_timeout=session_idle_timeout,
-            shutdown_grace=shutdown_grace,
-            on_disconnect=on_disconnect,
-            background=background,
-            tokens=tokens,
-        )
+def _blocking(run: Callable[P, Coroutine[Any, Any, None]], *, name: str) -> Callable[P, None]:
+    """``run`` with its own event loop (same parameters), for callers without one."""
+
+    @functools.wraps(run)
+    def blocking(*args: P.args, **kwargs: P.kwargs) -> None:
+        anyio.run(functools.partial(run, *args, **kwargs))
+
+    blocking.__name__ = blocking.__qualname__ = name
+    blocking.__doc__ = (
+        f"Blocking :func:`{run.__name__}` (runs its own event loop; call from the main thread)."
     )
+    return blocking
+
+
+serve = _blocking(aserve, name="serve")
 
 
 def _announce(where: str) -> None:
