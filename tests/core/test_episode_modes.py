@@ -207,3 +207,29 @@ async def test_a_cancelled_toolenv_step_leaves_the_batch_as_it_was() -> None:
     assert not any(e._busy or e.done for e in env.episodes)
     step = await env.astep(["bye", "bye"])  # usable again
     assert step.reasons == ["answered", "answered"]
+
+
+async def test_closing_many_episodes_closes_all_and_raises_one_failure() -> None:
+    """Fault injection: an executor whose session release fails for one episode (cannot
+    happen on demand). Every episode is still closed and the others' sessions released,
+    and the caller gets that one InfrastructureError, not an exception group."""
+    from toolservices.errors import ServiceUnavailableError
+
+    released: list[str] = []
+
+    class HalfBrokenExecutor:
+        timeout = 5.0
+
+        async def aclose_session(self, session_id: str) -> bool:
+            if not released:
+                released.append("failed")
+                raise ServiceUnavailableError("the interpreter host is gone")
+            released.append(session_id)
+            return True
+
+    env = ToolEnv([add], python=HalfBrokenExecutor())  # type: ignore[arg-type]
+    env.reset(["a", "b", "c"])
+    with pytest.raises(ServiceUnavailableError, match="host is gone"):
+        await env.aclose()
+    assert all(e.closed and e.reason == "closed" for e in env.episodes)
+    assert len(released) == 3  # one failure, two sessions released

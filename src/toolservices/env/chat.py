@@ -17,8 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from toolservices._portal import run_sync
 from toolservices.dispatch import Dispatcher, EpisodeMetrics, ItemResult, StepMetrics
 from toolservices.env.episode import (
@@ -26,6 +24,7 @@ from toolservices.env.episode import (
     Message,
     ParserLike,
     ResultFormat,
+    aclose_all,
     check_limits,
     on_dispatcher,
     resolve_parser,
@@ -207,9 +206,7 @@ class ToolEnv:
 
     async def aclose(self) -> None:
         """Async :meth:`close`."""
-        async with anyio.create_task_group() as tg:
-            for episode in self.episodes:
-                tg.start_soon(episode.aclose)
+        await aclose_all(self.episodes)
 
 
 def _response(response: str | Mapping[str, Any] | None) -> str | Mapping[str, Any]:

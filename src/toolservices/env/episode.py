@@ -49,6 +49,7 @@ __all__ = [
     "Message",
     "ResultFormat",
     "ServerCallsParser",
+    "aclose_all",
     "check_limits",
     "on_dispatcher",
     "render_messages",
@@ -411,6 +412,28 @@ class Episode:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def aclose_all(episodes: Iterable[Episode]) -> None:
+    """Close every episode, concurrently, even when releasing some sessions fails.
+
+    Each episode is marked closed at once; a failed release does not keep
+    the other episodes' sessions open. The first failure is raised after
+    all are done (one exception, not a group).
+    """
+    failures: list[BaseException] = []
+
+    async def close(episode: Episode) -> None:
+        try:
+            await episode.aclose()
+        except Exception as exc:  # kept, and raised once every episode is closed
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for episode in episodes:
+            tg.start_soon(close, episode)
+    if failures:
+        raise failures[0]
 
 
 def on_dispatcher(dispatcher: Dispatcher) -> dict[str, Any]:

@@ -45,6 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from toolservices.env import Episode, python_tool
+from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
 from toolservices.tools import Tool, as_tool
@@ -78,8 +79,7 @@ class _Trajectory:
 
     async def aclose(self) -> None:
         episodes, self.episodes = list(self.episodes.values()), {}
-        for episode in episodes:
-            await episode.aclose()
+        await aclose_all(episodes)  # one failed release does not keep the others open
 
 
 _TRAJECTORY: contextvars.ContextVar[_Trajectory | None] = contextvars.ContextVar(
