@@ -59,6 +59,7 @@ class EpisodeSpec:
         """A fresh episode: no messages, its own (lazily started) Python session."""
         return Episode(
             self.registry,
+            parser=None,  # the trainer parsed the call: the episode runs tool_calls only
             python=self.python,
             timeout=self.timeout,
             max_turns=self.max_turns,
