@@ -83,3 +83,25 @@ async def test_a_session_close_failure_after_the_answer_keeps_the_episodes_reaso
     assert len(trajectory.turns) == 1 and trajectory.messages[-1]["content"] == "hi"
     (episode,) = runner.episodes
     assert episode.reason == "answered" and episode.closed
+
+
+async def test_a_tool_backend_failure_is_a_failed_call_the_model_reads() -> None:
+    """What docs/rollout.md says: an InfrastructureError from a tool during a call does
+    not end the episode; the model reads it and answers."""
+    from tests._chat import hermes
+
+    from toolservices import tool
+
+    @tool
+    def flaky() -> str:
+        """Needs a backend that is down."""
+        raise ServiceUnavailableError("the backend is down", retryable=True)
+
+    script = {"a": [hermes("flaky", {}), "I could not reach it."]}
+    with ScriptedChatServer(script) as server:
+        async with Rollout([flaky], model="m", base_url=server.url, parser="hermes") as runner:
+            (trajectory,) = await runner.arun(["a"])
+    assert trajectory.finish_reason == "answered" and trajectory.ok
+    assert trajectory.metrics.failed_calls == 1
+    (tool_message,) = trajectory.turns[0].tool_messages
+    assert "the backend is down" in tool_message["content"]

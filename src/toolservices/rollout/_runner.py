@@ -240,12 +240,12 @@ class Rollout:
         )
         reason: CloseReason = "closed"
         try:
+            # A tool's backend failing during a call (InfrastructureError) is a failed
+            # call the model reads (the dispatcher's rule); nothing in a step raises it.
             try:
                 error = await self._drive(episode, trajectory)
                 if error is not None:
                     reason, trajectory.error = "request_error", error
-            except InfrastructureError as exc:  # a tool backend that failed outside a call
-                reason, trajectory.error = "infrastructure_error", f"{type(exc).__name__}: {exc}"
             finally:
                 # ends the episode with what stopped it (a finished one keeps its
                 # reason) and releases its Python session, if any

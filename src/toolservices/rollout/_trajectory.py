@@ -57,7 +57,7 @@ class Trajectory:
     metrics: EpisodeMetrics
     #: ``answered``, ``max_turns``, ``too_many_failures`` (from the episode), or
     #: ``request_error`` (the server could not be used: see :attr:`error`) or
-    #: ``infrastructure_error`` (a tool's infrastructure failed).
+    #: ``infrastructure_error`` (the episode's Python session could not be released).
     finish_reason: str
     #: Why the episode stopped early, for ``request_error`` and ``infrastructure_error``.
     error: str | None = None
@@ -81,7 +81,7 @@ class Trajectory:
         return self.finish_reason not in ("request_error", "infrastructure_error")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (for logging trajectories to disk)."""
+        """The fields as plain data, with ``retries`` (JSON-serialisable when ``state`` is)."""
         data = dataclasses.asdict(self)
         data["retries"] = self.retries
         return data
