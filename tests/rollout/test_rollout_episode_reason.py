@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from toolservices import Episode
+from tests._chat import hermes
+
+from toolservices import Episode, tool
 from toolservices.cli._demo_tools import DEMO_TOOLS
 from toolservices.errors import ServiceUnavailableError
 from toolservices.rollout import RetryPolicy, Rollout
@@ -88,9 +90,6 @@ async def test_a_session_close_failure_after_the_answer_keeps_the_episodes_reaso
 async def test_a_tool_backend_failure_is_a_failed_call_the_model_reads() -> None:
     """What docs/rollout.md says: an InfrastructureError from a tool during a call does
     not end the episode; the model reads it and answers."""
-    from tests._chat import hermes
-
-    from toolservices import tool
 
     @tool
     def flaky() -> str:
