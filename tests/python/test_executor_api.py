@@ -134,7 +134,8 @@ def test_a_call_cancelled_while_the_fork_server_starts_leaks_nothing(sid: str) -
         with anyio.move_on_after(0.01):
             await svc.aexecute("pass", session_id=sid)
 
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    # fork servers are our direct children (other services' sessions are further down)
+    before = {p.pid for p in psutil.Process().children()}
     svc = PythonExecutorService(pool_size=1, timeout=10)
     try:
         anyio.run(cancel_early, svc)
@@ -143,6 +144,6 @@ def test_a_call_cancelled_while_the_fork_server_starts_leaks_nothing(sid: str) -
     finally:
         svc.close()
     gc.collect()  # an abandoned server's socket, log and Popen warn here (errors in pytest)
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    left = [p for p in psutil.Process().children() if p.pid not in before]
     _gone, alive = psutil.wait_procs(left, timeout=10)
     assert not alive

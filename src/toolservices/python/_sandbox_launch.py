@@ -16,7 +16,7 @@ Steps, each driven by the spec:
    hidden from the sandbox as a bonus.
 2. ``setgroups([])`` and ``setresgid``/``setresuid`` to the dedicated uid.
 3. Subreaper (so double-forked children stay below the server), rlimits
-   (and a 256 MiB main-thread stack), no_new_privs.
+   (and the main thread's stack limit raised to its hard limit), no_new_privs.
 4. seccomp: loaded here when bwrap is not used, otherwise written to a memfd
    whose number replaces ``@SECCOMP_FD@`` in bwrap's ``--seccomp`` argument.
 5. ``execve`` of the final command with the allowlisted environment.
@@ -50,8 +50,6 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 SECCOMP_FD_PLACEHOLDER = "@SECCOMP_FD@"
-#: the main thread's stack limit in the sandbox (see _raise_stack_limit)
-STACK_BYTES = 256 << 20
 _RLIMITS = {
     "AS": resource.RLIMIT_AS,
     "CPU": resource.RLIMIT_CPU,
@@ -148,17 +146,16 @@ def _seccomp_memfd(program: bytes) -> int:
 def _raise_stack_limit() -> None:
     """Room for the main thread's stack: deep C-level recursion raises, not crashes.
 
-    Set before ``execve`` so that the kernel lays out the server's address
-    space with that much room below the stack (it is reserved only as it is
-    used, so ``RLIMIT_AS`` counts just the part a deep recursion touches).
-    The server resets glibc's default thread stack to 8 MiB, which would
-    otherwise follow this limit; the worker caps ``sys.setrecursionlimit`` to
-    what the stack holds.
+    The soft limit goes up to the hard one (normally unlimited), before
+    ``execve``, so that the kernel lays out the server's address space for it.
+    The stack is reserved only as it is used, so ``RLIMIT_AS`` counts just what
+    a deep recursion touches, and the worker caps ``sys.setrecursionlimit`` to
+    what ``RLIMIT_AS`` leaves room for. With an unlimited stack glibc gives
+    threads 2 MiB stacks by default; the server sets 8 MiB for the sessions'.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
-    want = STACK_BYTES if hard == resource.RLIM_INFINITY else min(STACK_BYTES, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_STACK, (want, hard))
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
 
 
 def launch(spec: dict[str, Any]) -> None:

@@ -98,11 +98,16 @@ def set_default_thread_stack(size: int = THREAD_STACK) -> None:
 
 
 def recursion_cap() -> int:
-    """The highest recursion limit the main thread's stack sustains (see STACK_PER_LEVEL)."""
-    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    if soft == resource.RLIM_INFINITY:
-        soft = 256 << 20
-    return max(MIN_RECURSION_CAP, soft // STACK_PER_LEVEL)
+    """The highest recursion limit the main thread's stack sustains (see STACK_PER_LEVEL).
+
+    The stack may use its own limit or, when that is unlimited, half of the
+    address-space limit (the rest is for the heap).
+    """
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if stack == resource.RLIM_INFINITY:
+        stack = space // 2 if space != resource.RLIM_INFINITY else 8 << 30
+    return max(MIN_RECURSION_CAP, stack // STACK_PER_LEVEL)
 
 
 def cap_recursion_limit(cap: int) -> None:
