@@ -159,7 +159,29 @@ def test_toolenv_batches_persist_per_item() -> None:
     env.step([calls(("remember", {"key": "k", "value": "0"})), calls(("recall", {"key": "k"}))])
     step = env.step([calls(("recall", {"key": "k"})), calls(("recall", {"key": "k"}))])
     assert [texts(m) for m in step.tool_messages] == [["0"], ["<nothing>"]]
-    assert [e.state for e in env.episodes] == [{"batch_index": 0, "k": "0"}, {"batch_index": 1}]
+    assert [e.state for e in env.episodes] == [{"k": "0"}, {}]
+    env.close()
+
+
+def test_a_layers_context_is_read_only_for_tools() -> None:
+    """ToolEnv's batch_index (like TorchRL's batch_index and session_id) is context:
+    every call sees it, and a tool that overwrites or deletes it changes nothing."""
+    seen: list[Any] = []
+
+    @tool
+    def meddle(_state: dict[str, Any]) -> str:
+        """Reads, then tries to change, the batch index."""
+        seen.append(_state["batch_index"])
+        _state["batch_index"] = 99
+        del _state["batch_index"]
+        return "ok"
+
+    env = ToolEnv([meddle], max_turns=3)
+    env.reset(["a", "b"])
+    env.step([calls(("meddle", {}), ("meddle", {})), calls(("meddle", {}))])
+    env.step([calls(("meddle", {})), calls(("meddle", {}))])
+    assert sorted(seen) == [0, 0, 0, 1, 1]
+    assert [e.state for e in env.episodes] == [{}, {}]
     env.close()
 
 

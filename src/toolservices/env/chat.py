@@ -137,7 +137,7 @@ class ToolEnv:
                 max_failed_turns=self.max_failed_turns,
                 result_format=self.result_format,
                 python=self.python,
-                state={"batch_index": i},
+                context={"batch_index": i},
                 **on_dispatcher(self.dispatcher),
             )
             for i, prompt in enumerate(prompts)

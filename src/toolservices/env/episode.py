@@ -113,6 +113,11 @@ class Episode:
     tools, with this episode's ``timeout``, ``stop_on_error`` and
     ``pass_state``). Parsers and registries given as objects are shared too.
 
+    State: tools that take ``_state`` get :attr:`state` with the standard
+    entries (``episode_id``, ``turn``, ``call_index``, ``python_session``) and
+    ``context`` over it; what they write to the other keys persists in
+    :attr:`state` for later calls of this episode (never of another).
+
     Python: with ``python`` (an executor), the episode's ``python_session``
     (its id, the interpreter is created on first use) goes to the tools in
     ``_state["python_session"]``; :func:`~toolservices.python_tool` runs code
@@ -135,6 +140,7 @@ class Episode:
         python: PythonExecutorService | None = None,
         episode_id: str | None = None,
         state: Mapping[str, Any] | None = None,
+        context: Mapping[str, Any] | None = None,
         stop_on_error: bool = False,
         pass_state: bool = True,
         end_on_answer: bool = True,
@@ -175,6 +181,8 @@ class Episode:
         )
         self.messages: list[Message] = _conversation(prompt, system_prompt)
         self.state: dict[str, Any] = dict(state or {})
+        #: Read-only ``_state`` entries of every call (a layer's ``batch_index``...).
+        self.context: dict[str, Any] = dict(context or {})
         self.done = False
         self.reason: EndReason | None = None
         self.turns = 0
@@ -282,7 +290,7 @@ class Episode:
         return render_messages(outcome.results, self.result_format)
 
     def _call_state(self) -> EpisodeState:
-        """The next turn's ``_state``: :attr:`state` under the standard entries.
+        """The next turn's ``_state``: :attr:`state` under ``context`` and the standard entries.
 
         Each call gets its own dict; what a tool writes to the user's keys
         goes back into :attr:`state` once the call has ended.
@@ -290,6 +298,7 @@ class Episode:
         return EpisodeState(
             self.state,
             {
+                **self.context,
                 "episode_id": self.id,
                 "turn": self.turns + 1,
                 PYTHON_SESSION_KEY: self.python_session,

@@ -123,7 +123,7 @@ class ToolTransformBase(Transform):
         return {
             "max_turns": None,
             "end_on_answer": False,
-            "state": {"batch_index": index, "session_id": self.session_id(index)},
+            "context": {"batch_index": index, "session_id": self.session_id(index)},
         }
 
     def _process_batch_item(self, content: str, index: int) -> list[str] | None:
