@@ -6,7 +6,8 @@ copies a dict its owner keeps (an episode's ``state``) into each call's
 ``_state``, with the standard entries over it, and after the call writes
 the tool's changes to the owner's keys back: later calls, in this turn or a
 later one, see them. Standard entries are recomputed for every call, so a
-tool cannot change them for the next one.
+tool cannot change them for the next one. Values are not copied (a mutable
+value changed in place is changed in the owner's dict too).
 """
 
 from __future__ import annotations
