@@ -177,8 +177,7 @@ async def test_shared_limiter_fast_path_keeps_the_bound() -> None:
     async with anyio.create_task_group() as tg:
         for episode in episodes:
             tg.start_soon(episode.step, call)
-        for _ in range(50):  # let every step reach the limiter
-            await anyio.lowlevel.checkpoint()
+        await anyio.wait_all_tasks_blocked()  # every step is in the tool or at the limiter
         assert inside == 2
         gate.set()
     assert peak == 2 and all(e.last is not None and e.last.results[0].ok for e in episodes)
