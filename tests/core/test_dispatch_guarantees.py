@@ -94,13 +94,7 @@ async def test_cancelling_the_caller_propagates_and_counts_the_thread() -> None:
     """A real cancellation is not turned into a failed call, and the sync tool's
     thread it leaves behind counts towards the cap."""
     waiting = anyio.Event()
-
-    @tool
-    async def waits() -> str:
-        """Waits on the loop until cancelled."""
-        waiting.set()
-        await anyio.sleep(3600)
-        return "never"
+    waits = waiting_tool(waiting)
 
     with Gate() as gate:
         dispatcher = Dispatcher(
@@ -126,6 +120,19 @@ async def test_cancelling_the_caller_propagates_and_counts_the_thread() -> None:
     assert await anyio.to_thread.run_sync(dispatcher.wait_abandoned, 60)
 
 
+def waiting_tool(started: anyio.Event) -> Tool:
+    """An async tool ``waits`` that sets ``started``, then waits until cancelled or closed."""
+
+    @tool
+    async def waits() -> str:
+        """Waits on the loop until cancelled."""
+        started.set()
+        await anyio.sleep(3600)
+        return "never"
+
+    return waits
+
+
 def _wait_entered(gate: Gate) -> None:
     with gate.changed:
         assert gate.changed.wait_for(lambda: gate.entered > 0, 60)
@@ -134,16 +141,8 @@ def _wait_entered(gate: Gate) -> None:
 async def test_closing_a_suspended_call_is_not_swallowed() -> None:
     """``coroutine.close()`` throws GeneratorExit into the call; it must leave
     (a coroutine that ignores GeneratorExit makes close() raise RuntimeError)."""
-    started = asyncio.Event()
-
-    @tool
-    async def waits() -> str:
-        """Waits until closed."""
-        started.set()
-        await asyncio.sleep(3600)
-        return "never"
-
-    coro = Dispatcher(ToolRegistry([waits])).acall(ToolCall("waits", {}))
+    started = anyio.Event()
+    coro = Dispatcher(ToolRegistry([waiting_tool(started)])).acall(ToolCall("waits", {}))
     task = asyncio.ensure_future(coro)
     await started.wait()
     coro.close()  # raises RuntimeError if the GeneratorExit was swallowed
