@@ -50,8 +50,9 @@ class EpisodeSpec:
         self.python = python
         self.timeout = timeout
         self.max_turns = max_turns
-        # Fails here, not at the first rollout, for two executors and the like.
-        self.new_episode()  # holds nothing until its first call
+        # Fails here, not at the first rollout, for two executors and the like; the
+        # probe never ran a call, so closing it only detaches its session safety net.
+        self.new_episode()._mark_closed()
 
     def new_episode(
         self, *, episode_id: str | None = None, state: Mapping[str, Any] | None = None
