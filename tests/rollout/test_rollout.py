@@ -318,8 +318,9 @@ def test_sync_run_and_states() -> None:
 
     @tool
     def remember(_state: dict) -> str:
-        """Record the episode's state."""
+        """Record the episode's state, and write to it."""
         seen.append(_state["answer"])
+        _state["noted"] = _state["answer"] * 10
         return "noted"
 
     script = {"a": [hermes("remember", {}), "ok"], "b": [hermes("remember", {}), "ok"]}
@@ -328,7 +329,10 @@ def test_sync_run_and_states() -> None:
             trajectories = runner.run(["a", "b"], states=[{"answer": 1}, {"answer": 2}])
         assert runner.client.is_closed()
     assert sorted(seen) == [1, 2]
-    assert [t.state["answer"] for t in trajectories] == [1, 2]
+    assert [t.state for t in trajectories] == [
+        {"answer": 1, "noted": 10},
+        {"answer": 2, "noted": 20},
+    ]
 
 
 # -- developer errors ------------------------------------------------------------------------
