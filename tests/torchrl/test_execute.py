@@ -145,6 +145,27 @@ def test_state_only_for_tools_that_accept_it(chat: Any) -> None:
     assert len({s["session_id"] for s in states}) == 2
 
 
+def test_state_writes_persist_per_item_until_its_reset(chat: Any) -> None:
+    def count(_state: dict[str, Any]) -> int:
+        """Counts this item's calls in its state; the context entries stay as they were."""
+        _state["n"] = _state.get("n", 0) + 1
+        _state["batch_index"] = -1  # context: not the tool's to change
+        return _state["n"]
+
+    driver = chat(ExecuteToolsInOrder(ToolRegistry([count]), "xml_block"), 2)
+    call = '<tool name="count">{}</tool>'
+    driver.step([call, call])
+    driver.step([call + call, "done"])
+    (block,) = driver.tool_texts(0)  # item 0's second turn: its calls 2 and 3
+    assert "Result: 2" in block and "Result: 3" in block
+    driver.reset_items([True, False])
+    driver.step([call, call])
+    assert "Result: 1" in driver.tool_texts(0)[0]  # the reset item starts afresh
+    assert "Result: 2" in driver.tool_texts(1)[0]  # the other keeps counting
+    states = [episode.state for episode in driver.env.transform[0]._episodes]
+    assert states == [{"n": 1}, {"n": 2}]
+
+
 def test_pass_state_false_gives_no_state(chat: Any) -> None:
     got: list[object] = []
 
