@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -106,19 +105,6 @@ def test_batch_items_run_concurrently_with_blocking_tools(chat: Any) -> None:
     driver.step([f'<tool name="meet">{{"x": {i}}}</tool>' for i in range(4)])
     for i in range(4):
         assert "succeeded" in driver.tool_texts(i)[0]
-
-
-def test_blocking_tool_batch_is_much_faster_than_sequential(chat: Any) -> None:
-    def slow(x: int) -> int:
-        """Sleep 0.2 s."""
-        time.sleep(0.2)
-        return x
-
-    driver = chat(ExecuteToolsInOrder(ToolRegistry([slow]), "xml_block"), 8)
-    started = time.perf_counter()
-    driver.step(['<tool name="slow">{"x": 1}</tool>'] * 8)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 0.2 * 8 / 2  # sequential would take 1.6 s
 
 
 def test_state_only_for_tools_that_accept_it(chat: Any) -> None:
