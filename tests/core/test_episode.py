@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -186,34 +185,60 @@ async def test_shared_dispatcher_bounds_all_episodes() -> None:
     assert all(e.metrics.calls == 2 and e.metrics.failed_calls == 0 for e in episodes)
 
 
-async def test_concurrent_episodes_take_about_the_slowest_time_not_the_sum() -> None:
+async def test_episodes_take_turns_independently_not_in_lockstep() -> None:
+    """One episode runs three whole turns while five others are inside one tool call.
+
+    The third turn's tool waits until all five are inside ``hold``, and ``hold``
+    waits until that third turn is done: this completes only if the episodes
+    overlap and none waits for the others' turns (in turn or in lockstep it
+    deadlocks, and the 60 s bound fails the test).
+    """
+    n_short = 5
+    inside, long_done = 0, anyio.Event()
+    all_inside = anyio.Event()
+
     @tool
-    async def slow(seconds: float) -> str:
-        """Sleeps.
+    def tick() -> str:
+        """Returns at once."""
+        return "tick"
 
-        Args:
-            seconds: How long.
-        """
-        await anyio.sleep(seconds)
-        return "ok"
+    @tool
+    async def gather() -> str:
+        """Waits until every short episode is inside its call."""
+        await all_inside.wait()
+        long_done.set()
+        return "gathered"
 
-    shared = Dispatcher(ToolRegistry([slow]))
-    plans = [(1 + k % 3, 0.05 * (k + 1)) for k in range(6)]  # (turns, latency)
-    episodes = [Episode(shared.registry, dispatcher=shared, max_turns=10) for _ in plans]
+    @tool
+    async def hold() -> str:
+        """Waits, counted as inside, until the long episode has taken its three turns."""
+        nonlocal inside
+        inside += 1
+        if inside == n_short:
+            all_inside.set()
+        await long_done.wait()
+        return "held"
 
-    async def drive(episode: Episode, turns: int, latency: float) -> None:
-        for _ in range(turns):
-            await episode.step(hermes("slow", {"seconds": latency}))
+    shared = Dispatcher(ToolRegistry([tick, gather, hold]))
+    long = Episode(shared.registry, dispatcher=shared, max_turns=10, timeout=60)
+    shorts = [
+        Episode(shared.registry, dispatcher=shared, max_turns=10, timeout=60)
+        for _ in range(n_short)
+    ]
+
+    async def drive(episode: Episode, calls: list[str]) -> None:
+        for name in calls:
+            await episode.step(hermes(name, {}))
         await episode.step("finished")
 
-    started = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for episode, (turns, latency) in zip(episodes, plans, strict=True):
-            tg.start_soon(drive, episode, turns, latency)
-    elapsed = time.perf_counter() - started
-    total = sum(e.metrics.tool_time for e in episodes)  # what running them in turn would take
-    assert all(e.reason == "answered" for e in episodes)
-    assert elapsed < 0.75 * total, (elapsed, total)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drive, long, ["tick", "tick", "gather"])
+            for episode in shorts:
+                tg.start_soon(drive, episode, ["hold"])
+    assert all(e.reason == "answered" for e in [long, *shorts])
+    assert long.turns == 4 and all(e.turns == 2 for e in shorts)
+    assert long.metrics.failed_calls == 0 and all(e.metrics.failed_calls == 0 for e in shorts)
 
 
 async def test_state_reaches_tools_and_stays_in_its_episode() -> None:
