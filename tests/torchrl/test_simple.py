@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from typing import Any
 
 import pytest
@@ -80,14 +80,21 @@ def test_custom_pattern_and_parser(chat: Any) -> None:
 
 
 def test_timeout_is_enforced(chat: Any) -> None:
+    release = threading.Event()
+    finished: list[str] = []
+
     def slow() -> str:
-        time.sleep(2)
+        release.wait(60)
+        finished.append("late")
         return "late"
 
     driver = chat(SimpleToolTransform({"slow": slow}, timeout=0.2), 1)
-    started = time.perf_counter()
-    driver.step(["<tool>slow\n{}</tool>"])
-    assert time.perf_counter() - started < 1.5
+    try:
+        driver.step(["<tool>slow\n{}</tool>"])
+        # The step came back while the tool was still blocked: not waited for.
+        assert finished == []
+    finally:
+        release.set()
     assert "timed out" in driver.tool_texts(0)[0]
     assert driver.metric("timeouts") == [1]
 
