@@ -8,6 +8,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("tools")
 
+# Rendezvous groups of ``meet``: calls that arrived, and the event set when all did.
+_groups: dict[str, tuple[list[int], anyio.Event]] = {}
+
 
 @server.tool()
 def add(a: int, b: int) -> int:
@@ -16,10 +19,15 @@ def add(a: int, b: int) -> int:
 
 
 @server.tool()
-async def sleep(seconds: float) -> str:
-    """Sleep, then say so."""
-    await anyio.sleep(seconds)
-    return f"slept {seconds}"
+async def meet(group: str, n: int) -> str:
+    """Returns once ``n`` calls of ``group`` run at the same time (gives up after 8 s)."""
+    arrived, everyone = _groups.setdefault(group, ([0], anyio.Event()))
+    arrived[0] += 1
+    if arrived[0] == n:
+        everyone.set()
+    with anyio.move_on_after(8):
+        await everyone.wait()
+    return f"met {n}" if everyone.is_set() else f"only {arrived[0]} of {n} arrived"
 
 
 @server.tool()
