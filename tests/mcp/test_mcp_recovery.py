@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,12 +33,10 @@ async def test_killed_stdio_server_fails_in_flight_calls_and_is_restarted(
     async with MCPToolset({"demo": demo_stdio()}, timeout=15.0, backoff=0.1) as ts:
         pid = int((await ts.acall("demo.pid")).text)
         in_flight = await _start_sleep(ts)
-        start = time.perf_counter()
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(MCPConnectionError, match="closed the connection") as info:
-            await asyncio.wait_for(in_flight, SURFACE)
+            await asyncio.wait_for(in_flight, SURFACE)  # the hang bound: ms expected
         assert info.value.retryable
-        assert time.perf_counter() - start < SURFACE
         # Later calls wait for the restarted server and succeed.
         assert (await ts.acall("demo.add", {"a": 1, "b": 2})).text == "3"
         new_pid = int((await ts.acall("demo.pid")).text)
@@ -61,12 +58,11 @@ async def test_http_calls_discovery_and_errors(http_demo_factory: Callable[..., 
             await ts.acall("demo.nope", {})
         with pytest.raises(ToolTimeoutError):
             await ts.acall("demo.sleep", {"seconds": 30}, timeout=0.3)
-        start = time.perf_counter()
+        # All fifty are inside the server at once, or none answers "met 50".
         results = await asyncio.gather(
-            *(ts.acall("demo.sleep", {"seconds": 0.5}) for _ in range(50))
+            *(ts.acall("demo.meet", {"group": "http", "n": 50}) for _ in range(50))
         )
-        assert all(not r.is_error for r in results)
-        assert time.perf_counter() - start < 50 * 0.5 / 5
+        assert [r.text for r in results] == ["met 50"] * 50
 
 
 async def test_http_server_restarted_on_its_port_is_reconnected(

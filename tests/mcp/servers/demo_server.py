@@ -64,6 +64,22 @@ async def sleep(seconds: float) -> str:
     return f"slept {seconds}"
 
 
+# Rendezvous groups of ``meet``: calls that arrived, and the event set when all did.
+_groups: dict[str, tuple[list[int], anyio.Event]] = {}
+
+
+@server.tool()
+async def meet(group: str, n: int) -> str:
+    """Returns once ``n`` calls of ``group`` run at the same time (gives up after 8 s)."""
+    arrived, everyone = _groups.setdefault(group, ([0], anyio.Event()))
+    arrived[0] += 1
+    if arrived[0] == n:
+        everyone.set()
+    with anyio.move_on_after(8):
+        await everyone.wait()
+    return f"met {n}" if everyone.is_set() else f"only {arrived[0]} of {n} arrived"
+
+
 @server.tool()
 def fail(message: str) -> str:
     """Always fail with the given message."""
