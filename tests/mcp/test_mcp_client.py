@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.mcp._inflight import start_parked
 
 from toolservices.dispatch import Dispatcher
 from toolservices.errors import (
@@ -138,9 +139,7 @@ async def test_fifty_concurrent_calls_share_one_session(toolset: MCPToolset) -> 
 
 
 async def test_cancelling_the_caller_cancels_the_call(toolset: MCPToolset) -> None:
-    task = asyncio.ensure_future(toolset.acall("demo.sleep", {"seconds": 30}))
-    done, _ = await asyncio.wait([task], timeout=0.3)
-    assert not done
+    task = await start_parked(toolset)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, PROCESS_WAIT)
@@ -306,9 +305,7 @@ def test_interpreter_exit_without_close_stops_the_server() -> None:
 
 async def test_close_fails_calls_in_flight_as_not_retryable(demo_stdio: DemoFactory) -> None:
     ts = await MCPToolset({"demo": demo_stdio()}).aconnect()
-    task = asyncio.ensure_future(ts.acall("demo.sleep", {"seconds": 30}))
-    done, _ = await asyncio.wait([task], timeout=0.3)
-    assert not done
+    task = await start_parked(ts)
     await ts.aclose()
     with pytest.raises(MCPConnectionError, match="shut down during the call") as info:
         await asyncio.wait_for(task, PROCESS_WAIT)

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from tests.mcp._inflight import start_parked
 
 from toolservices.errors import ToolNotFoundError, ToolTimeoutError
 from toolservices.mcp import HttpServer, MCPConnectionError, MCPToolset
@@ -19,20 +20,13 @@ from toolservices.mcp import HttpServer, MCPConnectionError, MCPToolset
 SURFACE = 10.0
 
 
-async def _start_sleep(ts: MCPToolset, seconds: float = 30) -> asyncio.Future[object]:
-    task = asyncio.ensure_future(ts.acall("demo.sleep", {"seconds": seconds}))
-    done, _ = await asyncio.wait([task], timeout=0.3)  # let the request reach the server
-    assert not done
-    return task
-
-
 @pytest.mark.usefixtures("no_leftover_processes")
 async def test_killed_stdio_server_fails_in_flight_calls_and_is_restarted(
     demo_stdio: Callable[..., dict[str, object]],
 ) -> None:
     async with MCPToolset({"demo": demo_stdio()}, timeout=15.0, backoff=0.1) as ts:
         pid = int((await ts.acall("demo.pid")).text)
-        in_flight = await _start_sleep(ts)
+        in_flight = await start_parked(ts)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(MCPConnectionError, match="closed the connection") as info:
             await asyncio.wait_for(in_flight, SURFACE)  # the hang bound: ms expected
@@ -73,7 +67,7 @@ async def test_http_server_restarted_on_its_port_is_reconnected(
     config = HttpServer(url=server.url)
     async with MCPToolset({"demo": config}, timeout=20.0, backoff=0.1, max_restarts=8) as ts:
         first_pid = int((await ts.acall("demo.pid")).text)
-        in_flight = await _start_sleep(ts)
+        in_flight = await start_parked(ts)
         server.kill()
         with pytest.raises(MCPConnectionError) as info:
             await asyncio.wait_for(in_flight, SURFACE)
@@ -89,7 +83,7 @@ async def test_http_server_gone_for_good_gives_up_after_bounded_retries(
     server = http_demo_factory()
     config = HttpServer(url=server.url)
     async with MCPToolset({"demo": config}, timeout=10.0, backoff=0.05, max_restarts=2) as ts:
-        in_flight = await _start_sleep(ts)
+        in_flight = await start_parked(ts)
         server.kill()
         with pytest.raises(MCPConnectionError):
             await asyncio.wait_for(in_flight, SURFACE)

@@ -80,6 +80,27 @@ async def meet(group: str, n: int) -> str:
     return f"met {n}" if everyone.is_set() else f"only {arrived[0]} of {n} arrived"
 
 
+# Groups of ``park`` calls: the event is set once one of them is running here.
+_parked: dict[str, anyio.Event] = {}
+
+
+@server.tool()
+async def park(group: str) -> str:
+    """Marks ``group`` as running, then sleeps 30 s: a call to kill or cancel midway."""
+    _parked.setdefault(group, anyio.Event()).set()
+    await anyio.sleep(30)
+    return "parked"
+
+
+@server.tool()
+async def parked(group: str) -> str:
+    """'yes' once a ``park`` call of ``group`` runs in this process ('no' after 8 s)."""
+    event = _parked.setdefault(group, anyio.Event())
+    with anyio.move_on_after(8):
+        await event.wait()
+    return "yes" if event.is_set() else "no"
+
+
 @server.tool()
 def fail(message: str) -> str:
     """Always fail with the given message."""
