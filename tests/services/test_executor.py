@@ -139,11 +139,14 @@ def test_raw_handle_calls_overlap(ray_started: dict[str, Any], namespace: str) -
         handle = registry.register("python", PythonExecutorService, pool_size=2, num_cpus=0)
         warm = [handle.execute.remote("print(0)", session_id=s) for s in ("a", "b")]
         assert all(r["success"] for r in ray.get(warm, timeout=60))
-        code = "import time\nstarted = time.time()\ntime.sleep(0.6)\nprint(started, time.time())"
+        # Each call reports when it started and ended (host clock). Queued one
+        # behind the other the spans are disjoint whatever the load; the 1.5 s
+        # sleep is only slack for the two calls starting at slightly different times.
+        code = "import time\nstarted = time.time()\ntime.sleep(1.5)\nprint(started, time.time())"
         refs = [handle.execute.remote(code, session_id=s) for s in ("a", "b")]
         results = ray.get(refs, timeout=60)
         (a_start, a_end), (b_start, b_end) = (map(float, r["stdout"].split()) for r in results)
-        # The two 0.6 s calls overlapped in time: neither waited for the other to finish.
+        # The two calls overlapped in time: neither waited for the other to finish.
         assert a_start < b_end and b_start < a_end
     finally:
         registry.reset()
