@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from toolservices.python import _sandbox_session as session_mod
-from toolservices.python._sandbox import SandboxConfig, plan_server_launch
+from toolservices.python.runtime import _confine as session_mod
+from toolservices.python.sandbox import SandboxConfig, plan_server_launch
 
 LEVELS = {
     "L3 (bwrap + seccomp + Landlock)": SandboxConfig(),
@@ -108,7 +108,7 @@ def _fork_samples(repeat: int, enter: bool, workdir: str) -> tuple[list[float], 
 
 
 def bench_enter(repeat: int) -> None:
-    from toolservices.python._sandbox_plan import _DEVICES
+    from toolservices.python.sandbox._plan import _DEVICES
 
     workdir = tempfile.mkdtemp(prefix="bench-sbx-")
     ro = ["/usr", "/etc/ld.so.cache", sys.base_prefix, sys.prefix, "/proc"]
@@ -145,9 +145,9 @@ def bench_enter(repeat: int) -> None:
 
 def bench_enter_in_server(repeat: int) -> None:
     """enter_session as timed inside sessions forked by a lean server under each plan."""
-    from toolservices.python._sandbox_selftest import run_snippets
+    from toolservices.python.sandbox._snippets import run_snippets
 
-    code = "import _sandbox_session as s; print(s.last_enter_seconds)"
+    code = "import _toolservices_runtime._confine as s; print(s.last_enter_seconds)"
     for config in LEVELS.values():
         # with and without per-session namespaces (own user/mount/IPC ns, two tmpfs mounts)
         for own_ns in (True, False):

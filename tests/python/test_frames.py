@@ -11,8 +11,8 @@ import anyio.lowlevel
 import pytest
 
 from toolservices.python import ExecResult
-from toolservices.python._channel import Channel
-from toolservices.python._frames import (
+from toolservices.python.host._channel import Channel
+from toolservices.python.runtime._protocol import (
     HEADER,
     Kind,
     PeerClosed,
@@ -20,7 +20,7 @@ from toolservices.python._frames import (
     recv_frame,
     send_frame,
 )
-from toolservices.python._result import ExceptionInfo
+from toolservices.python.host._result import ExceptionInfo
 
 
 def test_round_trip_with_descriptors() -> None:

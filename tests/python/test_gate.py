@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from toolservices.python._gate import Gate
+from toolservices.python.host._gate import Gate
 
 
 async def test_tasks_get_the_token_in_arrival_order() -> None:

@@ -25,10 +25,10 @@ import psutil
 import pytest
 from tests.python.conftest import wait_until_gone
 
-from toolservices.python._sandbox import SandboxConfig
-from toolservices.python._sandbox_launch import __file__ as LAUNCHER
-from toolservices.python._sandbox_probe import pids_of_uid
-from toolservices.python._sandbox_selftest import SELFTEST_PY, run_snippets
+from toolservices.python.sandbox import SandboxConfig
+from toolservices.python.runtime._launch import __file__ as LAUNCHER
+from toolservices.python.sandbox._probe import pids_of_uid
+from toolservices.python.sandbox._snippets import SELFTEST_PY, run_snippets
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -261,8 +261,8 @@ def _run_unprivileged(
     snippets: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the driver as a plain uid, through the sandbox launcher (reaches the venv)."""
-    from toolservices.python import _sandbox_probe as probe_mod
-    from toolservices.python._sandbox_plan import _launcher_argv
+    from toolservices.python.sandbox import _probe as probe_mod
+    from toolservices.python.sandbox._plan import _launcher_argv
 
     paths = probe_mod.python_paths(sys.executable)
     reach = probe_mod.reach_groups([(p, True) for p in paths.read_paths], UNPRIVILEGED_UID)

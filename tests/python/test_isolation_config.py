@@ -8,7 +8,7 @@ import time
 import pytest
 
 from toolservices.errors import UserError
-from toolservices.python._sandbox import (
+from toolservices.python.sandbox import (
     LEVELS,
     SandboxConfig,
     SandboxUnavailableError,
@@ -86,7 +86,7 @@ def test_report_lists_every_layer_with_a_reason() -> None:
 def test_report_claims_landlock_scoping_only_from_abi_6(abi: int, scoped: bool) -> None:
     """Scoping is always requested but the kernel applies it from ABI 6 on; the report,
     built from a probe's findings, must not promise it on older kernels."""
-    from toolservices.python._sandbox_report import build_report
+    from toolservices.python.sandbox._report import build_report
 
     report = build_report(
         SandboxConfig(),
@@ -154,7 +154,7 @@ def test_remove_tree_is_iterative_and_never_follows_symlinks(tmp_path: os.PathLi
 @pytest.mark.parametrize("overrides", [{}, {"bwrap": False}], ids=["auto", "no-bwrap"])
 def test_self_test_every_active_layer_holds(overrides: dict[str, object]) -> None:
     """The live self-test behind `toolservices sandbox-check --self-test`."""
-    from toolservices.python._sandbox_check import format_self_test, self_test
+    from toolservices.python.sandbox._selftest import format_self_test, self_test
 
     result = self_test(SandboxConfig(**overrides))  # type: ignore[arg-type]
     text = format_self_test(result)
@@ -174,8 +174,8 @@ def test_broken_bwrap_falls_back_with_its_error() -> None:
 
 def test_missing_libseccomp_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: libseccomp cannot be removed from this machine for real."""
-    from toolservices.python import _sandbox_plan
-    from toolservices.python._seccomp import SeccompUnavailable
+    from toolservices.python.sandbox import _plan as _sandbox_plan
+    from toolservices.python.sandbox._seccomp import SeccompUnavailable
 
     def unavailable(*, network: bool) -> bytes:
         raise SeccompUnavailable("pyseccomp/libseccomp not importable: injected")
@@ -195,7 +195,7 @@ def test_network_true_reaches_loopback(overrides: dict[str, object]) -> None:
     """network=True is a deliberate opt-out: the layer is off and loopback works."""
     import socket
 
-    from toolservices.python._sandbox_selftest import run_snippets
+    from toolservices.python.sandbox._snippets import run_snippets
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -214,7 +214,7 @@ def test_network_true_reaches_loopback(overrides: dict[str, object]) -> None:
 
 def test_cpu_seconds_stops_a_busy_loop() -> None:
     """Layer rlimits (RLIMIT_CPU = 1 s): a busy loop is killed by the kernel (SIGXCPU)."""
-    from toolservices.python._sandbox_selftest import run_snippets
+    from toolservices.python.sandbox._snippets import run_snippets
 
     _, results = run_snippets(
         SandboxConfig(cpu_seconds=1), {"burn": {"code": "while True:\n    pass", "timeout": 20.0}}
@@ -228,7 +228,7 @@ def test_self_test_server_reports_timeouts_exits_and_lingering_writers() -> None
     """The self-test's session runner: a hung snippet is cut at its deadline and marked,
     a finished one is not, and a descendant still holding the output pipe after the
     session exits delays the result by a grace period only (not the 30 s it sleeps)."""
-    from toolservices.python._sandbox_selftest import run_snippets
+    from toolservices.python.sandbox._snippets import run_snippets
 
     linger = (
         "import os, time\nprint('parent', flush=True)\n"
@@ -258,7 +258,7 @@ def test_self_test_server_reports_timeouts_exits_and_lingering_writers() -> None
 def test_l0_only_with_allow_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: make every launch under the dedicated uid fail (as if the interpreter
     could not be made reachable); only allow_unsafe=True may then run user code as root."""
-    from toolservices.python import _sandbox_plan
+    from toolservices.python.sandbox import _plan as _sandbox_plan
 
     def unreachable(paths: object, uid: int) -> list[dict[str, object]]:
         return [{"ancestor": "/nonexistent-toolservices-test", "paths": []}]

@@ -22,7 +22,7 @@ if not hasattr(python_pkg, "PythonExecutorService"):
 from tests.python.conftest import wait_until_gone  # noqa: E402
 
 from toolservices.python import PythonExecutorService  # noqa: E402
-from toolservices.python._sandbox import SandboxConfig  # noqa: E402
+from toolservices.python.sandbox import SandboxConfig  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from tests.python.conftest import wait_until_gone
 
-from toolservices.python import _sandbox_probe
+from toolservices.python.sandbox import _probe as _sandbox_probe
 
 
 def test_a_hanging_probe_leaves_no_process_behind(

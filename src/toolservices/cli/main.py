@@ -126,13 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "sandbox-check":
         from toolservices.python import isolation_report
-        from toolservices.python._sandbox import format_isolation_report
+        from toolservices.python.sandbox import format_isolation_report
 
         report = isolation_report()
         print(json.dumps(report, indent=2) if args.json else format_isolation_report(report))
         if not args.self_test:
             return 0
-        from toolservices.python._sandbox_check import format_self_test, self_test
+        from toolservices.python.sandbox._selftest import format_self_test, self_test
 
         result = self_test()
         print(json.dumps(result, indent=2) if args.json else "\n" + format_self_test(result))

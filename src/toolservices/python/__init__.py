@@ -30,18 +30,23 @@ What it does not do:
   in ``/tmp`` and shares its process budget.
 * Output printed by background threads or processes after a call returns is
   reported with the next call, or dropped if it lands before that call starts.
+
+Layout (which process each part runs in: ``docs/python.md``): ``host/`` runs
+in the caller's process (event loop, channel, gates, client, service);
+``runtime/`` in the fork server, the sessions and the launcher (standard
+library only); ``sandbox/`` decides and reports the isolation (host side).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from toolservices.python import _sandbox
-from toolservices.python._layers import check_config
-from toolservices.python._persistent import PersistentPythonProcess
-from toolservices.python._result import ExceptionInfo, ExecResult
-from toolservices.python._sandbox import SandboxConfig, format_isolation_report
-from toolservices.python._service import PythonExecutorService
+from toolservices.python import sandbox as _sandbox
+from toolservices.python.host._persistent import PersistentPythonProcess
+from toolservices.python.host._result import ExceptionInfo, ExecResult
+from toolservices.python.host._service import PythonExecutorService
+from toolservices.python.sandbox import SandboxConfig, format_isolation_report
+from toolservices.python.sandbox._config import check_config
 
 __all__ = [
     "ExceptionInfo",

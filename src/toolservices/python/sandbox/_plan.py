@@ -1,4 +1,16 @@
-"""Build a :class:`LaunchPlan`: try L3, then L2, then L1, each checked by a real probe launch."""
+"""Plan a fork server's launch: try L3, then L2, then L1, each checked by a real probe launch.
+
+Host side. The server starts through a stdlib-only launcher
+(``runtime/_launch.py``) that, as root, makes the interpreter reachable and
+drops to a dedicated uid, then sets rlimits, no_new_privs and seccomp and
+finally execs bubblewrap (level L3) or the server itself (L2/L1). Each level
+is checked by a real, cached launch of the same plan with the probe
+(``runtime/_probe.py``) instead of the server, and the plan falls back
+L3 -> L2 -> L1 with the reason of every failure in the report; ``min_level``
+turns a shortfall into an error. Each forked session then confines itself
+(``runtime/_confine.py``) before user code. The layers and what each does and
+does not protect against are described in ``docs/sandbox.md``.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +25,22 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from toolservices.python import _sandbox_probe as probe_mod
-from toolservices.python._sandbox import (
+from toolservices.errors import SandboxUnavailableError
+from toolservices.python import runtime
+from toolservices.python.runtime._confine import STATE_ENV, landlock_abi, remove_tree
+from toolservices.python.runtime._confine import uid_tasks as _uid_tasks_here
+from toolservices.python.sandbox import _probe as probe_mod
+from toolservices.python.sandbox._config import LEVELS, SandboxConfig
+from toolservices.python.sandbox._launch_plan import (
     _INSIDE_BASE,
-    LEVELS,
     WORKDIR_BASE_PLACEHOLDER,
     LaunchPlan,
-    SandboxConfig,
-    SandboxUnavailableError,
     session_state,
 )
-from toolservices.python._sandbox_report import build_report
-from toolservices.python._sandbox_session import STATE_ENV, landlock_abi, remove_tree
-from toolservices.python._sandbox_session import uid_tasks as _uid_tasks_here
-from toolservices.python._seccomp import SeccompUnavailable, build_filter
+from toolservices.python.sandbox._report import build_report
+from toolservices.python.sandbox._seccomp import SeccompUnavailable, build_filter
 
-__all__ = ["build_plan"]
+__all__ = ["build_plan", "plan_server_launch"]
 
 _SYSTEM_RO = (
     "/usr",
@@ -49,8 +61,8 @@ _NETWORK_RO = (
     "/etc/services",
     "/etc/protocols",
 )
-_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_launch.py")
-_SESSION_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_session.py")
+_LAUNCHER = runtime.script("_launch")
+_PROBE_PY = runtime.script("_probe")
 _FIXED_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -367,7 +379,7 @@ def _choose(
             ro_paths,
             host_base,
             env,
-            [python, "-I", "-S", _SESSION_PY, "--probe"],
+            [python, "-I", "-S", _PROBE_PY, "--probe"],
             run_uid,
         )
         key = (
@@ -508,3 +520,16 @@ def _launcher_argv(spec: dict[str, Any]) -> list[str]:
 
 def _launcher_env() -> dict[str, str]:
     return {"PATH": _FIXED_ENV["PATH"], "LANG": "C.UTF-8"}
+
+
+def plan_server_launch(
+    config: SandboxConfig | None = None, *, python: str = sys.executable, argv: list[str]
+) -> LaunchPlan:
+    """Plan the fork server's launch at the best level that really works here.
+
+    ``python`` is the server's interpreter and ``argv`` its arguments (for
+    example ````[runtime.script("_forkserver"), "--fd", "3"]````).
+    Raises :class:`SandboxUnavailableError` when ``min_level`` is not met or
+    when only L0 is possible without ``allow_unsafe``.
+    """
+    return build_plan(config or SandboxConfig(), python=python, argv=list(argv))

@@ -4,7 +4,7 @@ The core is async and runs on the library's shared event loop
 (:mod:`toolservices._portal`); ``execute`` and friends are thin sync faces
 over it, and ``aexecute`` from any other loop hops onto it. Scheduling:
 
-* ``pool_size`` execution slots (a :class:`~toolservices.python._gate.Gate`) bound the calls
+* ``pool_size`` execution slots (a :class:`~toolservices.python.host._gate.Gate`) bound the calls
   running at once; sessions are separate interpreters bounded by
   ``max_sessions`` (the least recently used idle one is evicted beyond it);
 * a call first takes its session's gate, then a slot, so a slow call never
@@ -14,10 +14,11 @@ over it, and ``aexecute`` from any other loop hops onto it. Scheduling:
   the call is refused with :class:`~toolservices.errors.ExecutorBusyError`;
 * a sync ``execute`` on an idle live session skips the loop altogether: it
   takes the session's gate and a slot without waiting (both are thread-safe
-  :class:`~toolservices.python._gate.Gate` objects) and talks to the
+  :class:`~toolservices.python.host._gate.Gate` objects) and talks to the
   interpreter from the calling thread. On a small VM each thread hand-off
   costs 50-150 us, more than the round trip itself. Anything else (a new
   session, a queue, a failure to clean up after) goes through the loop.
+  Both routes are admitted by one :class:`~toolservices.python.host._admission.Admission`.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ import anyio
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
-from toolservices.python import _sandbox
-from toolservices.python._client import ForkServerClient, SessionHandle, SessionLost
-from toolservices.python._forking import fork_handles
-from toolservices.python._gate import Gate
-from toolservices.python._layers import check_config, default_config
-from toolservices.python._result import ExecResult
+from toolservices.python import sandbox as _sandbox
+from toolservices.python.host._admission import Admission, Ticket
+from toolservices.python.host._client import ForkServerClient, SessionHandle, SessionLost
+from toolservices.python.host._forking import fork_handles
+from toolservices.python.host._gate import Gate
+from toolservices.python.host._result import ExecResult
+from toolservices.python.sandbox._config import check_config, default_config
 
 __all__ = ["PythonExecutorService"]
 
@@ -140,9 +142,8 @@ class PythonExecutorService:
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._spares: list[SessionHandle] = []
         self._refilling = False
-        self._limiter = Gate(pool_size)  # execution slots
+        self._admission = Admission(pool_size=pool_size, max_queue=max_queue)
         self._background: set[asyncio.Task[Any]] = set()
-        self._queued = 0
         self._stats_lock = threading.Lock()  # counters are bumped from the loop and callers
         self._counters = dict.fromkeys(
             (
@@ -220,9 +221,9 @@ class PythonExecutorService:
         """Counters and gauges (cheap; safe to call from any thread)."""
         return {
             "sessions": len(self._slots),
-            "busy_sessions": self._limiter.in_use,
+            "busy_sessions": self._admission.busy,
             "spares": len(self._spares),
-            "queued": self._queued,
+            "queued": self._admission.queued,
             "pool_size": self.pool_size,
             "max_sessions": self.max_sessions,
             **self._counters,
@@ -408,15 +409,6 @@ class PythonExecutorService:
         except InfrastructureError as exc:  # the server is gone: its sweep took the session
             log.debug("discarding a Python session failed: %s", exc)
 
-    def _enter_queue(self) -> _Ticket:
-        if self._queued >= self.max_queue:
-            raise ExecutorBusyError(
-                f"the Python executor queue is full ({self.max_queue} calls waiting); retry later",
-                retryable=True,
-            )
-        self._queued += 1
-        return _Ticket(self)
-
     async def _execute(
         self,
         code: str,
@@ -429,12 +421,14 @@ class PythonExecutorService:
         if session_id is not None:
             session_id = _check_session_id(session_id)
         server = await self._ensure_started()
-        ticket = self._enter_queue()
+        ticket = self._admission.enter_queue()
         try:
             if session_id is None:
-                async with self._limiter:
-                    ticket.leave()
+                await self._admission.acquire(None, ticket)
+                try:
                     result = await self._run_fresh(server, code, limit)
+                finally:
+                    self._admission.release(None)
             else:
                 result = await self._run_session(session_id, code, limit, ticket)
         finally:
@@ -466,41 +460,37 @@ class PythonExecutorService:
         call from the loop's own thread.
         """
         slot = self._slots.get(session_id)
-        if (
-            slot is None
-            or not isinstance(code, str)
-            or self._closed
-            or _portal.on_loop_thread()
-            or not slot.gate.try_acquire()
-        ):
+        if slot is None or not isinstance(code, str) or self._closed or _portal.on_loop_thread():
             return None
-        try:
-            handle = slot.handle
-            server = self._server
-            if (
+
+        def usable() -> bool:
+            handle, server = slot.handle, self._server
+            return not (
                 slot.closed
                 or slot.lost
                 or handle is None
                 or handle.dead
                 or server is None
                 or not server.alive
-                or not self._limiter.try_acquire()
-            ):
-                return None
+            )
+
+        if not self._admission.try_acquire(slot.gate, usable):
+            return None
+        try:
+            handle = slot.handle
+            assert handle is not None  # usable() said so, and the gate is ours
+            slot.last_used = next(_clock)
+            spin = self.busy_poll if self._admission.busy == 1 else 0.0
             try:
-                slot.last_used = next(_clock)
-                spin = self.busy_poll if self._limiter.in_use == 1 else 0.0
                 result = handle.run_blocking(code, limit=limit, session_id=session_id, spin=spin)
             except SessionLost:  # found broken before running: the loop path restarts it
                 return None
-            finally:
-                self._limiter.release()
             if result.restarted:
                 slot.handle = None
-            self._count(result, direct=True)
-            return result
         finally:
-            slot.gate.release()
+            self._admission.release(slot.gate)
+        self._count(result, direct=True)
+        return result
 
     async def _run_fresh(self, server: ForkServerClient, code: str, limit: float) -> ExecResult:
         self._bump("fresh_calls")
@@ -554,26 +544,21 @@ class PythonExecutorService:
             victim.handle = None
 
     async def _run_session(
-        self, session_id: str, code: str, limit: float, ticket: _Ticket
+        self, session_id: str, code: str, limit: float, ticket: Ticket
     ) -> ExecResult:
-        limiter = self._limiter
+        admission = self._admission
         while True:
             slot = self._slot_for(session_id)
             slot.pending += 1
             try:
-                await slot.gate.acquire()
+                # closed or evicted while we waited for its gate: look it up again
+                if not await admission.acquire(slot.gate, ticket, lambda s=slot: not s.closed):
+                    continue
                 try:
-                    if slot.closed:  # closed or evicted while we waited: look it up again
-                        continue
-                    await limiter.acquire()
-                    ticket.leave()
                     slot.last_used = next(_clock)
-                    try:
-                        return await self._run_in_slot(slot, code, limit)
-                    finally:
-                        limiter.release()
+                    return await self._run_in_slot(slot, code, limit)
                 finally:
-                    slot.gate.release()
+                    admission.release(slot.gate)
             finally:
                 slot.pending -= 1
 
@@ -583,7 +568,7 @@ class PythonExecutorService:
         restarted = slot.lost or (slot.handle is not None and slot.handle.dead)
         if slot.handle is None or slot.handle.dead:
             slot.handle = await self._take_spare()
-        spin = self.busy_poll if self._limiter.in_use == 1 else 0.0
+        spin = self.busy_poll if self._admission.busy == 1 else 0.0
         try:
             result = await slot.handle.run(
                 code, limit=limit, fresh=False, session_id=slot.id, spin=spin
@@ -674,21 +659,6 @@ async def _watch(ref: weakref.ref[PythonExecutorService], server: ForkServerClie
         await service._on_server_exit(server)
     else:  # dropped without close(): its finalizer stopped the server, the pidfd is ours
         server.release_files()
-
-
-class _Ticket:
-    """One call's place in the queue count: leaves it at most once, however the call ends."""
-
-    __slots__ = ("service", "waiting")
-
-    def __init__(self, service: PythonExecutorService) -> None:
-        self.service = service
-        self.waiting = True
-
-    def leave(self) -> None:
-        if self.waiting:
-            self.waiting = False
-            self.service._queued -= 1
 
 
 def _check_timeout(value: object) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import io
-import json
 import linecache
 import os
 import resource
@@ -31,26 +30,27 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-try:  # a package module in the parent, a top-level one in the fork server (see _frames)
-    from ._frames import EXIT_BROKEN, Frame, Kind, recv_frame, send_frame
-except ImportError:
-    from _frames import (  # type: ignore[no-redef]
-        EXIT_BROKEN,
-        Frame,
-        Kind,
-        recv_frame,
-        send_frame,
-    )
+from ._confine import enter_copy
+from ._linux import die_with_parent, libc, set_subreaper
+from ._protocol import (
+    EXIT_BROKEN,
+    Error,
+    Exec,
+    Fork,
+    Forked,
+    Frame,
+    Hello,
+    Kind,
+    Result,
+    recv_frame,
+    send_message,
+)
 
-__all__ = ["die_with_parent", "serve_session", "set_default_thread_stack", "set_subreaper"]
+__all__ = ["serve_session", "set_default_thread_stack"]
 
-PR_SET_CHILD_SUBREAPER = 36
-PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 28  # 256 MiB of source code is already absurd
 MAX_EXC_MESSAGE = 2000
 COMPILE_CACHE = 128
-#: the name the fork server loads the isolation layers' session half under
-SESSION_LAYERS = "_toolservices_session_layers"
 #: a traceback deeper than this shows its innermost TRACEBACK_TAIL frames and a count of
 #: the rest: formatting a million-frame traceback takes longer than any timeout
 TRACEBACK_FULL = 200
@@ -62,17 +62,11 @@ STACK_PER_LEVEL = 2048
 MIN_RECURSION_CAP = 10_000
 #: glibc sizes thread stacks like the main thread's limit; threads get this instead
 THREAD_STACK = 8 << 20
-_libc = ctypes.CDLL(None, use_errno=True)
-# bound once: user code that patches os or json (os.write = None) must not break the worker
+_libc = libc()
+# bound once: user code that patches os (os.write = None) must not break the worker
 _write, _fstat, _dup2, _ftruncate, _lseek = os.write, os.fstat, os.dup2, os.ftruncate, os.lseek
-_dumps = json.dumps
 _perf_counter, _yield = time.perf_counter, os.sched_yield
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
-
-
-def set_subreaper(on: bool) -> None:
-    """Orphans of our descendants are re-parented to us (so a tree kill finds them)."""
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
 
 
 def set_default_thread_stack(size: int = THREAD_STACK) -> None:
@@ -124,11 +118,6 @@ def cap_recursion_limit(cap: int) -> None:
 
     setrecursionlimit.__doc__ = original.__doc__
     sys.setrecursionlimit = setrecursionlimit
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent (the fork server) dies."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class _CappedFd(io.RawIOBase):
@@ -206,8 +195,7 @@ class _Worker:
         self.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives with the worker
 
     def hello(self) -> None:
-        body = json.dumps({"pid": self.pid}).encode()
-        send_frame(self.chan, Kind.HELLO, 0, body, (self.out_fd, self.err_fd))
+        send_message(self.chan, Hello(self.pid), 0, (self.out_fd, self.err_fd))
 
     def _own_fds_intact(self) -> bool:
         try:
@@ -239,9 +227,9 @@ class _Worker:
 
     # --- one call -----------------------------------------------------------------
 
-    def run(self, code: str) -> dict[str, Any]:
+    def run(self, code: str) -> Result:
         if not self._own_fds_intact():
-            return {"fatal": "the output capture files were closed or replaced"}
+            return Result(fatal="the output capture files were closed or replaced")
         self._reset_stdio()
         exc_info: dict[str, str] | None = None
         rc = 0
@@ -258,16 +246,13 @@ class _Worker:
         duration = time.perf_counter() - start
         if os.getpid() != self.pid:  # a child the code forked came back here: not ours to answer
             os._exit(0)
-        fatal = self._flush()
-        meta: dict[str, Any] = {
-            "rc": rc,
-            "exc": exc_info,
-            "dur": duration,
-            "dropped": [self.out_raw.dropped, self.err_raw.dropped],
-        }
-        if fatal:
-            meta["fatal"] = fatal
-        return meta
+        return Result(
+            rc=rc,
+            exc=exc_info,
+            dur=duration,
+            dropped=[self.out_raw.dropped, self.err_raw.dropped],
+            fatal=self._flush(),
+        )
 
     def _compile(self, code: str) -> types.CodeType:
         """Compile as a module (cached: RL rollouts resend the same snippets)."""
@@ -322,8 +307,8 @@ class _Worker:
         subreaper flag meanwhile), so the copies outlive this session and are
         killed and reaped by the server like any session.
         """
-        request = frame.json()
-        workdirs, source_dir = request["workdirs"], request.get("source")
+        request = Fork.decode(frame)
+        workdirs, source_dir = request.workdirs, request.source
         chans = list(frame.fds)
         source = self.pid
         server = os.getppid()  # the fork server: the copies' parent once the middle is gone
@@ -345,8 +330,8 @@ class _Worker:
                         try:
                             copy = os.fork()
                         except OSError as exc:  # tell the parent on the copy's channel
-                            body = json.dumps({"error": f"the session could not fork: {exc}"})
-                            send_frame(socket.socket(fileno=fd), Kind.ERROR, 0, body.encode())
+                            error = Error(f"the session could not fork: {exc}")
+                            send_message(socket.socket(fileno=fd), error, 0)
                             os._exit(0)
                         if copy == 0:
                             os.close(gone_w)
@@ -367,11 +352,9 @@ class _Worker:
                     for fd in chans:
                         os.close(fd)
             if failed:  # the source itself is fine: say so, the parent drops the copies
-                send_frame(self.chan, Kind.ERROR, frame.seq, json.dumps({"error": failed}).encode())
+                send_message(self.chan, Error(failed), frame.seq)
             else:
-                send_frame(
-                    self.chan, Kind.FORKED, frame.seq, json.dumps({"n": len(chans)}).encode()
-                )
+                send_message(self.chan, Forked(len(chans)), frame.seq)
         finally:
             if os.getpid() == source:
                 for middle in middles:  # all copies are the server's once these are gone
@@ -389,17 +372,14 @@ class _Worker:
             try:
                 copy_tree(source_dir, workdir)
             except OSError as exc:
-                body = json.dumps({"error": f"copying the working directory failed: {exc}"})
-                send_frame(self.chan, Kind.ERROR, 0, body.encode())
+                error = Error(f"copying the working directory failed: {exc}")
+                send_message(self.chan, error, 0)
                 os._exit(EXIT_BROKEN)
-        layers = sys.modules.get(SESSION_LAYERS)
-        if layers is not None:  # writes only in its own directory from here on
-            try:
-                layers.enter_copy(workdir)
-            except (OSError, RuntimeError) as exc:
-                body = json.dumps({"error": f"confining the copy failed: {exc}"})
-                send_frame(self.chan, Kind.ERROR, 0, body.encode())
-                os._exit(EXIT_BROKEN)
+        try:  # writes only in its own directory from here on
+            enter_copy(workdir)
+        except (OSError, RuntimeError) as exc:
+            send_message(self.chan, Error(f"confining the copy failed: {exc}"), 0)
+            os._exit(EXIT_BROKEN)
         os.chdir(workdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
         os.close(self.out_fd)
@@ -440,13 +420,13 @@ class _Worker:
             if self.busy_poll:
                 self._hot = _perf_counter() - replied <= self.busy_poll
             if frame.kind == Kind.EXEC:
-                meta = self.run(frame.body.decode("utf-8", "surrogatepass"))
+                result = self.run(Exec.decode(frame).code)
                 try:
-                    send_frame(self.chan, Kind.RESULT, frame.seq, _dumps(meta).encode())
+                    send_message(self.chan, result, frame.seq)
                 except (OSError, TypeError, ValueError):  # channel or json broken by the code
                     os._exit(EXIT_BROKEN)
                 replied = _perf_counter()
-                if "fatal" in meta:
+                if result.fatal is not None:
                     os._exit(EXIT_BROKEN)
             elif frame.kind == Kind.FORK:
                 self.fork(frame)

@@ -7,8 +7,8 @@ import threading
 import uuid
 from typing import Any
 
-from toolservices.python._result import ExecResult
-from toolservices.python._service import PythonExecutorService
+from toolservices.python.host._result import ExecResult
+from toolservices.python.host._service import PythonExecutorService
 
 __all__ = ["PersistentPythonProcess"]
 

@@ -1,6 +1,6 @@
 """Launcher: set up the process, drop privileges, then exec bwrap or the fork server.
 
-Run as ``python -I -S _sandbox_launch.py SPEC`` (SPEC: the hex of a
+Run as ``python -I -S runtime/_launch.py SPEC`` (SPEC: the hex of a
 ``marshal``-ed dict) by the command line that ``plan_server_launch``
 returns; stdlib only, single-threaded, gone after one ``execve``. Doing
 this work here rather than in a ``preexec_fn`` keeps the supervisor's fork
@@ -27,11 +27,26 @@ and exits with status 126.
 
 from __future__ import annotations
 
-import ctypes
+if __name__ == "__main__" and not __package__:  # started by path (the only way it runs)
+    import sys  # (-I leaves the script's directory off sys.path)
+
+    sys.path.insert(0, __file__.rpartition("/")[0])
+    import _bootstrap  # type: ignore[import-not-found]  # noqa: F401
+
 import marshal
 import os
 import resource
 import sys
+
+from ._linux import (
+    PR_SET_CHILD_SUBREAPER,
+    SetupError,
+    apply_rlimits,
+    check,
+    libc,
+    load_seccomp,
+    set_no_new_privs,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of start-up; annotations are strings here
@@ -45,57 +60,24 @@ _MS_REMOUNT = 32
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
-_PR_SET_CHILD_SUBREAPER = 36
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
 SECCOMP_FD_PLACEHOLDER = "@SECCOMP_FD@"
-_RLIMITS = {
-    "AS": resource.RLIMIT_AS,
-    "CPU": resource.RLIMIT_CPU,
-    "FSIZE": resource.RLIMIT_FSIZE,
-    "NOFILE": resource.RLIMIT_NOFILE,
-    "CORE": resource.RLIMIT_CORE,
-    "NPROC": resource.RLIMIT_NPROC,
-}
 
 
-class LaunchError(Exception):
+class LaunchError(SetupError):
     pass
 
 
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def _libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)  # the running process already maps libc
-    libc.mount.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.c_ulong,
-        ctypes.c_char_p,
-    ]
-    return libc
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise LaunchError(f"{what}: {os.strerror(err)}")
-
-
-def _make_reachable(libc: Any, groups: list[dict[str, Any]]) -> None:
+def _make_reachable(groups: list[dict[str, Any]]) -> None:
     """Mount a tmpfs over each blocking ancestor and bind the needed paths back."""
-    _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) to reach the interpreter")
-    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
+    lib = libc()
+    check(lib.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) to reach the interpreter")
+    check(lib.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
     for group in groups:
         ancestor = group["ancestor"]
         # Open the needed paths in this namespace before they are covered.
         fds = [(os.open(item["path"], os.O_PATH | os.O_CLOEXEC), item) for item in group["paths"]]
-        _check(
-            libc.mount(
+        check(
+            lib.mount(
                 b"tmpfs", ancestor.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755,size=1m"
             ),
             f"tmpfs over {ancestor}",
@@ -108,13 +90,11 @@ def _make_reachable(libc: Any, groups: list[dict[str, Any]]) -> None:
                 os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
             source = f"/proc/self/fd/{fd}".encode()
-            _check(
-                libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}"
-            )
+            check(lib.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
             if item["ro"]:
                 flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
-                _check(
-                    libc.mount(None, path.encode(), None, flags, None), f"remount {path} read-only"
+                check(
+                    lib.mount(None, path.encode(), None, flags, None), f"remount {path} read-only"
                 )
             os.close(fd)
 
@@ -125,15 +105,6 @@ def _drop(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
         raise LaunchError(f"uid drop to {uid}:{gid} did not hold")
-
-
-def _load_seccomp(libc: Any, program: bytes) -> None:
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    _check(
-        libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
-        "prctl(PR_SET_SECCOMP)",
-    )
 
 
 def _seccomp_memfd(program: bytes) -> int:
@@ -159,18 +130,16 @@ def _raise_stack_limit() -> None:
 
 
 def launch(spec: dict[str, Any]) -> None:
-    libc = _libc()
     if spec.get("reach"):
-        _make_reachable(libc, spec["reach"])
+        _make_reachable(spec["reach"])
     if spec.get("uid") is not None:
         _drop(spec["uid"], spec["gid"])
     if spec.get("subreaper"):
-        _check(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
-    for name, value in spec.get("rlimits", {}).items():
-        resource.setrlimit(_RLIMITS[name], (value, value))
+        check(libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    apply_rlimits(spec.get("rlimits", {}))
     _raise_stack_limit()
     if spec.get("no_new_privs"):
-        _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+        set_no_new_privs()
     argv = list(spec["argv"])
     seccomp = spec.get("seccomp")
     if seccomp is not None:
@@ -179,7 +148,7 @@ def launch(spec: dict[str, Any]) -> None:
             fd = _seccomp_memfd(program)
             argv = [str(fd) if arg == SECCOMP_FD_PLACEHOLDER else arg for arg in argv]
         else:
-            _load_seccomp(libc, program)
+            load_seccomp(program)
     os.execve(argv[0], argv, spec["env"])
 
 
@@ -187,7 +156,7 @@ def main() -> None:
     try:
         # marshal is built in (json would cost ~15 ms of imports); same interpreter both sides
         launch(marshal.loads(bytes.fromhex(sys.argv[1])))
-    except (LaunchError, OSError, ValueError, EOFError, TypeError, KeyError, IndexError) as exc:
+    except (SetupError, OSError, ValueError, EOFError, TypeError, KeyError, IndexError) as exc:
         sys.stderr.write(f"toolservices-sandbox: launch failed: {exc}\n")
         sys.stderr.flush()
         os._exit(126)

@@ -1,7 +1,9 @@
 """A live self-test of the sandbox on this machine (``toolservices sandbox-check --self-test``).
 
 The report says which layers *should* be on; this runs a handful of bounded
-hostile snippets in real sessions and says whether each layer *held*. Limits
+hostile snippets through the real executor (a :class:`PythonExecutorService`
+with the given settings, each snippet in a fresh interpreter forked by its
+fork server) and says whether each layer *held*. Limits
 are lowered for the run (512 MiB address space, 8 MiB files, 32 extra tasks)
 so that a failing layer cannot hurt the machine: the memory bomb asks for
 1 GiB, the fork loop stops at 100, the disk fill at 32 MiB.
@@ -18,11 +20,13 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from toolservices.python._sandbox import SandboxConfig
-from toolservices.python._sandbox_plan import _FIXED_ENV
-from toolservices.python._sandbox_selftest import run_snippets
+from toolservices.python.sandbox._config import SandboxConfig
+from toolservices.python.sandbox._plan import _FIXED_ENV
 
 __all__ = ["format_self_test", "self_test"]
+
+#: per snippet: the fork loop's children sleep 2 s, a cold start under load takes a few
+CHECK_TIMEOUT = 60.0
 
 #: Variables every session may see whatever the allowlist: the plan's fixed ones, the
 #: per-server ones, and what the interpreter sets itself.
@@ -139,11 +143,11 @@ def self_test(config: SandboxConfig | None = None) -> dict[str, Any]:
         listener.listen(4)
         allowed = _FIXED | set(config.env_allowlist) | set(config.extra_env)
         checks = _checks(secret_file, open_dir, listener.getsockname()[1], allowed)
-        report, results = run_snippets(config, {c.name: {"code": c.code} for c in checks})
+        report, outputs = _run_checks(config, checks)
         outcome = []
         for check in checks:
             layer: Mapping[str, Any] = report["layers"][check.layer]
-            out = str(results[check.name]["output"])
+            out = outputs[check.name]
             if not layer["active"]:
                 status, detail = "skipped", f"layer {check.layer} off: {layer.get('why')}"
             elif check.verdict(out):
@@ -159,6 +163,21 @@ def self_test(config: SandboxConfig | None = None) -> dict[str, Any]:
     finally:
         listener.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_checks(
+    config: SandboxConfig, checks: list[_Check]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each check's code in a fresh interpreter of a real executor: (its report, outputs)."""
+    from toolservices.python.host._service import PythonExecutorService
+
+    outputs: dict[str, str] = {}
+    with PythonExecutorService(pool_size=1, sandbox=config, spares=0) as service:
+        for check in checks:
+            result = service.execute(check.code, timeout=CHECK_TIMEOUT)
+            outputs[check.name] = result.stdout + result.stderr
+        report = service.isolation_report()
+    return report, outputs
 
 
 def format_self_test(result: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Facts about this machine that the sandbox plan needs (parent side).
+"""Facts about this machine that the sandbox plan needs (host side).
 
 Where the server's interpreter and its modules live, which of those paths a
 dedicated uid cannot traverse, how many tasks a uid already runs, and the
@@ -53,7 +53,8 @@ def _dedupe(paths: list[str]) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=8)
 def python_paths(python: str) -> PythonPaths:
     """Ask ``python`` (once) for its prefixes and sys.path, and locate toolservices."""
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # the directory holding the toolservices package (src/ or site-packages)
+    pkg_parent = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     # Always ask the interpreter itself, isolated (-I): the caller's own sys.path holds its
     # script and test directories, which the sandbox must not see.
     code = (
@@ -140,7 +141,7 @@ def pids_of_uid(uid: int) -> list[int]:
 
 
 def run_probe(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run a planned command whose server is replaced by ``_sandbox_session.py --probe``.
+    """Run a planned command whose server is replaced by ``runtime/_probe.py``.
 
     Returns the probe's JSON, or ``{"error": ...}`` with the launcher's or
     bwrap's own message.

@@ -9,11 +9,9 @@ two memfds holding its output, and the next sequence number.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import inspect
-import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -29,10 +27,29 @@ import anyio
 
 from toolservices import _portal
 from toolservices.errors import InfrastructureError
-from toolservices.python._channel import Channel
-from toolservices.python._frames import EXIT_BROKEN, Frame, Kind, PeerClosed, ProtocolViolation
-from toolservices.python._layers import fast_tmp_dir
-from toolservices.python._result import ExceptionInfo, ExecResult
+from toolservices.python import runtime
+from toolservices.python.host._channel import Channel, check_reply
+from toolservices.python.host._result import ExceptionInfo, ExecResult
+from toolservices.python.runtime._confine import remove_tree
+from toolservices.python.runtime._protocol import (
+    EXIT_BROKEN,
+    Config,
+    Discard,
+    Error,
+    Exec,
+    Frame,
+    Hello,
+    Kill,
+    Kind,
+    Message,
+    Ok,
+    PeerClosed,
+    ProtocolViolation,
+    Ready,
+    Result,
+    Spawn,
+)
+from toolservices.python.sandbox._config import fast_tmp_dir
 
 __all__ = ["ForkServerClient", "SessionHandle", "SessionLost"]
 
@@ -45,22 +62,8 @@ KILL_TIMEOUT = 10.0
 #: after closing the control socket the server sweeps and exits; then SIGTERM, then SIGKILL
 SERVER_EXIT_GRACE = 2.0
 MAX_META = 1 << 20
-_SRC_ROOT = str(Path(__file__).resolve().parents[2])
-_SERVER_SCRIPT = str(Path(__file__).resolve().with_name("_forkserver.py"))
-
-
-def new_seq(previous: int) -> int:
-    """A random, non-zero 32-bit sequence number unlike ``previous``.
-
-    User code can write on its session's channel. A counter would let it
-    forge, during one call, the reply to a later one (a background thread
-    sending it once the next call has started); a number drawn when the
-    request is sent cannot be known by anything written before it.
-    """
-    while True:
-        seq = secrets.randbits(32)
-        if seq not in (0, previous):
-            return seq
+_SRC_ROOT = str(Path(__file__).resolve().parents[3])
+_SERVER_SCRIPT = runtime.script("_forkserver")
 
 
 class SessionLost(Exception):
@@ -125,7 +128,6 @@ class ForkServerClient:
         self.busy_poll = busy_poll
         self.python = python or sys.executable
         self.lock = anyio.Lock()
-        self.seq = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.chan: Channel | None = None
         self._own_base = ""
@@ -147,7 +149,7 @@ class ForkServerClient:
         placeholder = getattr(self.layers, "WORKDIR_BASE_PLACEHOLDER", None)
         if placeholder is None:
             self._own_base = tempfile.mkdtemp(prefix="toolservices-py-", dir=fast_tmp_dir())
-        # by path with -s: the server loads only the stdlib and _frames/_worker (see _frames)
+        # by path with -s: the server loads only the stdlib and the runtime package
         argv = ["-s", _SERVER_SCRIPT, "--fd", str(theirs.fileno())]
         argv += ["--base", placeholder or self._own_base]
         try:
@@ -180,21 +182,14 @@ class ForkServerClient:
         finally:
             theirs.close()
         self.chan = Channel(ours, max_body=MAX_META)
-        config = {
-            "base": "",  # the server takes it from its argv
-            "max_output": self.max_output,
-            "busy_poll": self.busy_poll,
-            "preload": list(self.preload),
-            # the half of the isolation layers that runs in each session (stdlib only)
-            "session_module": inspect.getsourcefile(self.layers.enter_session),
-        }
+        # the server takes the workdir base from its argv
+        config = Config(
+            max_output=self.max_output, busy_poll=self.busy_poll, preload=list(self.preload)
+        )
         try:
             with anyio.fail_after(SERVER_START_TIMEOUT):
-                await self.chan.send(Kind.CONFIG, 0, json.dumps(config).encode())
-                frame = await self.chan.recv()
-            if frame.kind != Kind.READY:
-                raise ProtocolViolation(f"expected READY, got kind {frame.kind}")
-            self.info = frame.json()
+                frame = await self.chan.request(config, expect=(Kind.READY,), timeout=None)
+            self.info = dataclasses.asdict(Ready.decode(frame))
             assert self.proc is not None
             self.pidfd = os.pidfd_open(self.proc.pid)
         except (ProtocolViolation, TimeoutError) as exc:
@@ -239,59 +234,60 @@ class ForkServerClient:
         async with self.lock:
             yield
 
-    async def request_locked(
-        self, kind: int, body: dict[str, Any] | None = None, fds: tuple[int, ...] = ()
-    ) -> dict[str, Any]:
-        if self.chan is None or self.chan.closed:
+    async def request_locked(self, message: Message, fds: tuple[int, ...] = ()) -> Ok:
+        """One request to the server (the caller holds :attr:`lock`); its OK reply.
+
+        An ERROR reply raises a retryable :class:`InfrastructureError`; anything
+        else (a wrong frame, no reply within ``KILL_TIMEOUT``) also closes the
+        channel: the server is lost.
+        """
+        chan = self.chan
+        if chan is None or chan.closed:
             raise InfrastructureError("the Python fork server is not running", retryable=True)
-        self.seq += 1
-        seq = self.seq
-        payload = json.dumps(body).encode() if body is not None else b""
         try:
-            await self.chan.send(kind, seq, payload, fds)
-            with anyio.fail_after(KILL_TIMEOUT):
-                frame = await self.chan.recv()
-            if frame.seq != seq or frame.kind not in (Kind.OK, Kind.ERROR):
-                raise ProtocolViolation(f"unexpected reply kind {frame.kind} seq {frame.seq}")
-            reply = frame.json()
+            frame = await chan.request(
+                message, expect=(Kind.OK, Kind.ERROR), timeout=KILL_TIMEOUT, fds=fds
+            )
+            if frame.kind == Kind.ERROR:
+                error = Error.decode(frame).error
+                raise InfrastructureError(f"fork server: {error}", retryable=True)
+            reply = Ok.decode(frame)
         except (ProtocolViolation, TimeoutError) as exc:
-            self.chan.close()
+            chan.close()
             raise InfrastructureError(
                 f"lost the Python fork server: {exc}; its stderr: {self.stderr_tail()!r}",
                 retryable=True,
             ) from None
-        if frame.kind == Kind.ERROR:
-            raise InfrastructureError(f"fork server: {reply.get('error')}", retryable=True)
-        return dict(reply)
+        return reply
 
-    async def request(
-        self, kind: int, body: dict[str, Any] | None = None, fds: tuple[int, ...] = ()
-    ) -> dict[str, Any]:
+    async def request(self, message: Message, fds: tuple[int, ...] = ()) -> Ok:
         async with self.lock:
-            return await self.request_locked(kind, body, fds)
+            return await self.request_locked(message, fds)
 
     async def spawn(self) -> SessionHandle:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reply = await self.request(Kind.SPAWN, None, (theirs.fileno(),))
+            reply = await self.request(Spawn(), (theirs.fileno(),))
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        return await SessionHandle.connect(self, ours, reply["workdir"])
+        if reply.workdir is None:
+            ours.close()
+            raise InfrastructureError("fork server: SPAWN reply without a workdir", retryable=True)
+        return await SessionHandle.connect(self, ours, reply.workdir)
 
     async def kill(self, workdir: str) -> int | None:
         """Kill a session's tree, reap it, delete its directory; its exit status."""
         with anyio.CancelScope(shield=True):
-            reply = await self.request(Kind.KILL, {"workdir": workdir})
-        status = reply.get("status")
-        return status if isinstance(status, int) else None
+            reply = await self.request(Kill(workdir))
+        return reply.status if isinstance(reply.status, int) else None
 
     async def discard(self, workdir: str) -> None:
         """Kill a session's tree without waiting for it to be reaped."""
         with anyio.CancelScope(shield=True):
-            await self.request(Kind.DISCARD, {"workdir": workdir})
+            await self.request(Discard(workdir))
 
     async def stop(self) -> None:
         """Close the control channel (the server sweeps and exits), then escalate."""
@@ -315,8 +311,6 @@ class ForkServerClient:
             if plan is not None and hasattr(plan, "close"):
                 await anyio.to_thread.run_sync(plan.close)
             if self._own_base:
-                from toolservices.python._forkserver import remove_tree
-
                 remove_tree(self._own_base)  # on tmpfs: microseconds
                 self._own_base = ""
 
@@ -331,7 +325,6 @@ class SessionHandle:
         self.pid = 0
         self.out_fd = -1
         self.err_fd = -1
-        self.seq = 0
         self.dead = False
         self.calls = 0
         server.handles.add(self)
@@ -358,13 +351,13 @@ class SessionHandle:
     def _accept_hello(self, frame: Frame) -> None:
         fds = frame.fds
         if frame.kind == Kind.ERROR:
-            raise ProtocolViolation(f"session set-up failed: {frame.json().get('error')}")
+            raise ProtocolViolation(f"session set-up failed: {Error.decode(frame).error}")
         if frame.kind != Kind.HELLO or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
             raise ProtocolViolation(f"expected HELLO with 2 descriptors, got kind {frame.kind}")
         self.out_fd, self.err_fd = fds
-        self.pid = int(frame.json()["pid"])
+        self.pid = int(Hello.decode(frame).pid)
 
     async def kill(self, *, wait: bool = True) -> int | None:
         """Kill this interpreter's whole process tree and release everything.
@@ -402,30 +395,24 @@ class SessionHandle:
                 os.close(fd)
         self.out_fd = self.err_fd = -1
 
-    def next_seq(self) -> int:
-        """A fresh random sequence number for the next request (see :func:`new_seq`)."""
-        self.seq = new_seq(self.seq)
-        return self.seq
-
     def _begin(self, code: str) -> tuple[int, bytes]:
         """The next sequence number and the request body; refuses a broken session."""
         if self.dead or self.chan.has_stray_data():
             raise SessionLost("the interpreter sent unsolicited data or is gone")
         self.calls += 1
-        return self.next_seq(), code.encode("utf-8", "surrogatepass")
+        return self.chan.next_seq(), Exec(code).body()
 
     def _reply(self, frame: Frame, seq: int, start: float, session_id: str | None) -> ExecResult:
         """The result carried by ``frame``; :class:`ProtocolViolation` if it is not one."""
-        if frame.kind != Kind.RESULT or frame.seq != seq or frame.fds:
+        check_reply(frame, seq, (Kind.RESULT,))
+        if frame.fds:
             for fd in frame.fds:
                 os.close(fd)
-            raise ProtocolViolation(f"unexpected frame kind {frame.kind} seq {frame.seq}")
-        meta = frame.json()
-        if not isinstance(meta, dict):
-            raise ProtocolViolation("the result is not an object")
-        if "fatal" in meta:
-            raise _Broken(str(meta["fatal"]))
-        return self._completed(meta, time.perf_counter() - start, session_id)
+            raise ProtocolViolation("a result frame came with descriptors")
+        result = Result.decode(frame)
+        if result.fatal is not None:
+            raise _Broken(str(result.fatal))
+        return self._completed(result, time.perf_counter() - start, session_id)
 
     async def run(
         self,
@@ -444,7 +431,7 @@ class SessionHandle:
         start = time.perf_counter()
         try:
             # a quick reply needs no cancel scope: no await comes before it
-            outgoing = self.chan.start_send(Kind.EXEC, seq, payload)
+            outgoing = self.chan.start_send(Exec.KIND, seq, payload)
             frame = None if outgoing[0] else self.chan.poll(min(spin, limit))
             if frame is None:
                 with anyio.move_on_after(limit - (time.perf_counter() - start)):
@@ -475,7 +462,7 @@ class SessionHandle:
         deadline = time.monotonic() + limit
         try:
             frame = None
-            if self.chan.send_blocking(Kind.EXEC, seq, payload, deadline=deadline):
+            if self.chan.send_blocking(Exec.KIND, seq, payload, deadline=deadline):
                 frame = self.chan.recv_blocking(deadline=deadline, spin=spin)
             if frame is not None:
                 return self._reply(frame, seq, start, session_id)
@@ -487,13 +474,11 @@ class SessionHandle:
             raise
         return _portal.run_sync(functools.partial(killed, session_id=session_id))
 
-    def _completed(
-        self, meta: dict[str, Any], duration: float, session_id: str | None
-    ) -> ExecResult:
+    def _completed(self, result: Result, duration: float, session_id: str | None) -> ExecResult:
         try:
-            rc = int(meta["rc"])
-            dropped_out, dropped_err = (int(x) for x in meta["dropped"])
-            exc = meta["exc"]
+            rc = int(result.rc)
+            dropped_out, dropped_err = (int(x) for x in result.dropped)
+            exc = result.exc
             exception = (
                 ExceptionInfo(type=str(exc["type"]), message=str(exc["message"])) if exc else None
             )

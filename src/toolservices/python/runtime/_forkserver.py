@@ -1,8 +1,8 @@
 """The fork server: a lean interpreter that forks sessions on request.
 
-Run as ``python -s <package dir>/python/_forkserver.py --fd N --base DIR``
+Run as ``python -s <package dir>/python/runtime/_forkserver.py --fd N --base DIR``
 by the parent (by path, so that only the standard library and the
-server-side modules are loaded, not the package), never forked from it (the
+runtime package are loaded, not ``toolservices``), never forked from it (the
 trainer may have imported torch; forking it is slower than a cold start). It
 imports the configured modules once, then
 answers framed requests on its control socket one at a time:
@@ -23,11 +23,15 @@ parent exited or died) it kills everything and removes the base directory.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # started by path (the only way it runs)
+    import sys  # (-I leaves the script's directory off sys.path)
+
+    sys.path.insert(0, __file__.rpartition("/")[0])
+    import _bootstrap  # type: ignore[import-not-found]  # noqa: F401
+
 import argparse
 import gc
 import importlib
-import importlib.util
-import json
 import os
 import selectors
 import signal
@@ -36,41 +40,31 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from typing import Any, NoReturn
 
-try:  # a package module in the parent, a top-level one in the server (run by path)
-    from ._frames import Frame, Kind, PeerClosed, recv_frame, send_frame
-    from ._worker import (
-        SESSION_LAYERS,
-        die_with_parent,
-        serve_session,
-        set_default_thread_stack,
-        set_subreaper,
-    )
-except ImportError:
-    from _frames import Frame, Kind, PeerClosed, recv_frame, send_frame  # type: ignore[no-redef]
-    from _worker import (  # type: ignore[no-redef]
-        SESSION_LAYERS,
-        die_with_parent,
-        serve_session,
-        set_default_thread_stack,
-        set_subreaper,
-    )
+from ._confine import fork_confined, remove_tree
+from ._linux import set_subreaper
+from ._protocol import (
+    Adopt,
+    Config,
+    Discard,
+    Error,
+    Frame,
+    Kill,
+    Kind,
+    Message,
+    Mkdirs,
+    Ok,
+    PeerClosed,
+    Ready,
+    Release,
+    recv_frame,
+    send_message,
+)
+from ._worker import serve_session, set_default_thread_stack
 
-__all__ = ["children_of", "main", "remove_tree"]
+__all__ = ["children_of", "main"]
 
 MAX_CONTROL = 1 << 24
-
-
-def _load_by_path(name: str, path: str) -> Any:
-    """Import one stdlib-only module from its file (the isolation layers' session half)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def children_of(pid: int) -> list[int]:
@@ -89,12 +83,11 @@ def children_of(pid: int) -> list[int]:
     return kids
 
 
-def remove_tree(path: str) -> None:
-    """Delete a directory tree iteratively, never following symlinks."""
+def _remove(path: str) -> None:
+    """:func:`remove_tree`, or coreutils when it cannot (odd modes, more levels than fds)."""
     try:
-        _remove_tree_iteratively(path)
+        remove_tree(path)
     except OSError:
-        # very deep trees (ENAMETOOLONG) or odd modes: coreutils copes with both
         subprocess.run(
             ["rm", "-rf", "--one-file-system", "--", path],
             stdin=subprocess.DEVNULL,
@@ -104,38 +97,12 @@ def remove_tree(path: str) -> None:
         )
 
 
-def _remove_tree_iteratively(path: str) -> None:
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    pending, visited = [path], []
-    while pending:
-        current = pending.pop()
-        visited.append(current)
-        os.chmod(current, 0o700)  # lstat'd as a real directory; nothing runs in it any more
-        with os.scandir(current) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
-                else:
-                    os.unlink(entry.path)
-    for current in reversed(visited):
-        os.rmdir(current)
-
-
 class ForkServer:
-    def __init__(self, ctrl: socket.socket, config: dict[str, Any]) -> None:
+    def __init__(self, ctrl: socket.socket, config: Config, *, base: str) -> None:
         self.ctrl = ctrl
-        self.base: str = config["base"]
-        self.max_output: int = config["max_output"]
-        self.busy_poll: float = config.get("busy_poll", 0.0)
-        self.layers = _load_by_path(SESSION_LAYERS, config["session_module"])
+        self.base = base
+        self.max_output = config.max_output
+        self.busy_poll = config.busy_poll
         self.sessions: dict[str, int] = {}  # live session: workdir -> pid
         # A fresh session gets a "lineage" directory and works in <lineage>/w0; the
         # isolation layers grant writes beneath the lineage, so the copies made by
@@ -209,7 +176,7 @@ class ForkServer:
 
     # --- requests ---------------------------------------------------------------------
 
-    def spawn(self, frame: Frame) -> dict[str, Any]:
+    def spawn(self, frame: Frame) -> Ok:
         if len(frame.fds) != 1:
             raise ValueError("SPAWN needs exactly one channel descriptor")
         (chan_fd,) = frame.fds
@@ -217,12 +184,10 @@ class ForkServer:
         workdir = os.path.join(lineage, "w0")
         os.mkdir(workdir, 0o700)
         self.lineages[lineage] = {workdir}
-        pid = os.fork()
-        if pid == 0:
-            self._become_session(chan_fd, lineage, workdir)
+        pid = self._fork_session(chan_fd, lineage, workdir)
         os.close(chan_fd)
         self.sessions[workdir] = pid
-        return {"pid": pid, "workdir": workdir}
+        return Ok(pid=pid, workdir=workdir)
 
     def _new_fork_dirs(self, src_workdir: str, n: int) -> list[str]:
         lineage = os.path.dirname(src_workdir)
@@ -240,55 +205,54 @@ class ForkServer:
         if members is None or workdir not in members:
             return
         members.discard(workdir)
-        remove_tree(workdir)
+        _remove(workdir)
         if not members:
             del self.lineages[lineage]
-            remove_tree(lineage)
+            _remove(lineage)
 
-    def _become_session(self, chan_fd: int, lineage: str, workdir: str) -> NoReturn:
+    def _fork_session(self, chan_fd: int, lineage: str, workdir: str) -> int:
+        """Fork and confine a session (the launch plan put what the layers need in our
+        environment); in the child, serve it and never return."""
         chan = socket.socket(fileno=chan_fd)
-        try:
+
+        def prepare() -> None:
             os.setsid()
-            die_with_parent()
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_DFL)
             self.selector.close()
             for sock in (self.ctrl, self.wake_r, self.wake_w):
                 sock.close()
-            # the launch plan put everything the layers need in our environment
-            self.layers.enter_session(None, workdir=lineage)
-            os.chdir(workdir)
-            os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
-        except BaseException as exc:  # tell the parent why this session cannot start
-            message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            try:
-                send_frame(chan, Kind.ERROR, 0, json.dumps({"error": message}).encode())
-            finally:
-                os._exit(71)
-        serve_session(chan, max_output=self.max_output, busy_poll=self.busy_poll)
 
-    def kill(self, body: dict[str, Any]) -> dict[str, Any]:
-        workdir = body["workdir"]
+        def failed(exc: BaseException) -> None:  # tell the parent why the session cannot start
+            message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            send_message(chan, Error(message), 0)
+
+        pid = fork_confined(workdir, lineage=lineage, prepare=prepare, failed=failed)
+        if pid == 0:
+            serve_session(chan, max_output=self.max_output, busy_poll=self.busy_poll)
+        chan.detach()  # the descriptor is closed by the caller
+        return pid
+
+    def kill(self, workdir: str) -> Ok:
         pid = self.sessions.pop(workdir, None)
         statuses = self.sweep()
         code = self.status.pop(workdir, None)
         if code is None and pid is not None:
             code = statuses.get(pid)
         self._release_dir(workdir)
-        return {"status": code}
+        return Ok(status=code)
 
-    def discard(self, body: dict[str, Any]) -> dict[str, Any]:
+    def discard(self, workdir: str) -> Ok:
         """Like KILL without waiting: SIGKILL the tree now, reap and clean up on SIGCHLD.
 
         For interpreters nobody needs an exit status from (finished fresh-process
         runs, unused spares): the server is free for the next request while the
         kernel tears the processes down.
         """
-        workdir = body["workdir"]
         pid = self.sessions.pop(workdir, None)
         if pid is None:  # already dead and reaped: the synchronous path
-            return self.kill(body)
+            return self.kill(workdir)
         self.discarding[pid] = workdir
         pending, targets = [pid], []
         while pending:
@@ -300,31 +264,31 @@ class ForkServer:
                 os.kill(target, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-        return {"status": None}
+        return Ok(status=None)
 
-    def handle(self, frame: Frame) -> tuple[int, dict[str, Any]]:
-        body = frame.json() if frame.kind != Kind.SPAWN else {}
+    def handle(self, frame: Frame) -> Message:
         if frame.kind == Kind.SPAWN:
-            return Kind.OK, self.spawn(frame)
+            return self.spawn(frame)
         if frame.kind == Kind.KILL:
-            return Kind.OK, self.kill(body)
+            return self.kill(Kill.decode(frame).workdir)
         if frame.kind == Kind.DISCARD:
-            return Kind.OK, self.discard(body)
+            return self.discard(Discard.decode(frame).workdir)
         if frame.kind == Kind.MKDIRS:
-            dirs = self._new_fork_dirs(body["src"], int(body["n"]))
+            mkdirs = Mkdirs.decode(frame)
+            dirs = self._new_fork_dirs(mkdirs.src, int(mkdirs.n))
             self.forking += 1
-            return Kind.OK, {"workdirs": dirs}
+            return Ok(workdirs=dirs)
         if frame.kind == Kind.ADOPT:
-            for pid, workdir in body["sessions"]:
+            for pid, workdir in Adopt.decode(frame).sessions:
                 self.sessions[workdir] = int(pid)
             self.forking = max(0, self.forking - 1)
-            return Kind.OK, {}
+            return Ok()
         if frame.kind == Kind.RELEASE:
-            for workdir in body["workdirs"]:
+            for workdir in Release.decode(frame).workdirs:
                 if workdir not in self.sessions:
                     self._release_dir(workdir)
             self.forking = max(0, self.forking - 1)
-            return Kind.OK, {}
+            return Ok()
         raise ValueError(f"unknown request kind {frame.kind}")
 
     # --- loop ---------------------------------------------------------------------
@@ -352,10 +316,10 @@ class ForkServer:
                 for fd in frame.fds if frame.kind != Kind.SPAWN else ():
                     os.close(fd)
                 try:
-                    kind, reply = self.handle(frame)
+                    reply = self.handle(frame)
                 except Exception as exc:  # report to the parent, keep serving the others
-                    kind, reply = Kind.ERROR, {"error": f"{type(exc).__name__}: {exc}"}
-                send_frame(self.ctrl, kind, frame.seq, json.dumps(reply).encode())
+                    reply = Error(f"{type(exc).__name__}: {exc}")
+                send_message(self.ctrl, reply, frame.seq)
 
     def shutdown(self) -> None:
         """Kill every session and empty the base (which belongs to the parent)."""
@@ -365,13 +329,13 @@ class ForkServer:
         try:
             with os.scandir(self.base) as entries:
                 for entry in entries:
-                    remove_tree(entry.path)
+                    _remove(entry.path)
         except FileNotFoundError:  # the parent removed it already
             return
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="toolservices.python._forkserver")
+    parser = argparse.ArgumentParser(prog="toolservices.python.runtime._forkserver")
     parser.add_argument("--fd", type=int, required=True, help="control socket descriptor")
     parser.add_argument("--base", required=True, help="directory for the sessions' workdirs")
     args = parser.parse_args(argv)
@@ -380,10 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     first = recv_frame(ctrl, max_body=MAX_CONTROL)
     if first.kind != Kind.CONFIG:
         sys.exit(f"expected CONFIG, got frame kind {first.kind}")
-    config = first.json()
-    config["base"] = args.base  # the launch plan may have mapped it (e.g. inside bwrap)
+    config = Config.decode(first)
     failed: dict[str, str] = {}
-    for name in config["preload"]:
+    for name in config.preload:
         try:
             importlib.import_module(name)
         except Exception as exc:  # reported to the parent, which raises a UserError
@@ -391,10 +354,11 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()
     gc.freeze()  # forked sessions then share these pages instead of copying them on first GC
     set_subreaper(True)
-    server = ForkServer(ctrl, config)
+    # the launch plan may have mapped the base (e.g. inside bwrap): it comes from our argv
+    server = ForkServer(ctrl, config, base=args.base)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    ready = {"pid": os.getpid(), "preload_failed": failed, "python": sys.version.split()[0]}
-    send_frame(ctrl, Kind.READY, first.seq, json.dumps(ready).encode())
+    ready = Ready(pid=os.getpid(), preload_failed=failed, python=sys.version.split()[0])
+    send_message(ctrl, ready, first.seq)
     try:
         server.serve()
     finally:

@@ -1,5 +1,11 @@
 """The parent's end of a framed channel: awaited on the event loop or used blocking.
 
+:meth:`Channel.request` is the one request/reply exchange of the parent: it
+draws the request's random sequence number (:meth:`Channel.next_seq`), bounds
+the wait, and checks the reply's kind and number (:func:`check_reply`). The
+session's hot path (``SessionHandle.run``) uses the same three pieces split
+up, to poll for a quick reply before it awaits.
+
 Waking a sleeping thread or process costs 50-150 us on a small VM, more than
 the rest of a round trip. So a receive may first *poll* the socket for a
 short, bounded time (``spin``) before it sleeps: a reply that comes back
@@ -24,18 +30,20 @@ import time
 
 import anyio
 
-from toolservices.python._frames import (
+from toolservices.python.host._gate import on_loop
+from toolservices.python.runtime._protocol import (
     ANC_SPACE,
     HEADER,
     Frame,
+    Message,
     PeerClosed,
     ProtocolViolation,
     ancillary,
     fds_from_ancdata,
+    new_seq,
 )
-from toolservices.python._gate import on_loop
 
-__all__ = ["Channel", "Outgoing"]
+__all__ = ["Channel", "Outgoing", "check_reply"]
 
 #: the unsent rest of a frame and the descriptors still to go with its first byte
 Outgoing = tuple[memoryview, list[tuple[int, int, bytes]]]
@@ -61,6 +69,33 @@ class Channel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False
+        self.seq = 0  # the last request's sequence number
+
+    def next_seq(self) -> int:
+        """A fresh random sequence number for the next request (see ``new_seq``)."""
+        self.seq = new_seq(self.seq)
+        return self.seq
+
+    async def request(
+        self,
+        message: Message,
+        *,
+        expect: tuple[int, ...],
+        timeout: float | None,  # noqa: ASYNC109 - the reply's bound, owned here
+        fds: tuple[int, ...] = (),
+    ) -> Frame:
+        """Send ``message`` under a new sequence number; its reply, of one of the ``expect`` kinds.
+
+        Raises :class:`ProtocolViolation` for any other frame (or a dead peer)
+        and :class:`TimeoutError` when no reply came within ``timeout`` seconds
+        (None: the caller's own scope bounds it).
+        """
+        seq = self.next_seq()
+        await self.send(message.KIND, seq, message.body(), fds)
+        with anyio.fail_after(timeout):
+            frame = await self.recv()
+        check_reply(frame, seq, expect)
+        return frame
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -250,3 +285,14 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:  # already closed: nothing left to release
         return
+
+
+def check_reply(frame: Frame, seq: int, expect: tuple[int, ...]) -> None:
+    """:class:`ProtocolViolation` unless ``frame`` answers request ``seq``, of a kind in ``expect``.
+
+    Descriptors that came with a rejected frame are closed.
+    """
+    if frame.kind not in expect or frame.seq != seq:
+        for fd in frame.fds:
+            _close_quietly(fd)
+        raise ProtocolViolation(f"unexpected reply kind {frame.kind} seq {frame.seq}")

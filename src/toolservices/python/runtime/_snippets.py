@@ -1,49 +1,59 @@
-"""A minimal fork server for checking the sandbox layers directly.
+"""A minimal session runner for checking the sandbox layers directly (runtime side).
 
-Parent side, :func:`run_snippets` starts this file under a
-:func:`plan_server_launch` plan and sends it a list of snippets. Server side
-(``python -I -S _sandbox_selftest.py``, stdlib only), it forks one session per
-snippet exactly the way the executor's fork server does: the child calls
-``enter_session`` in a fresh workdir, runs the snippet with stdout and stderr
-on a pipe, and the server collects the output under a wall-clock deadline,
-kills the session's process group and deletes the workdir.
+Started by :func:`toolservices.python.sandbox._snippets.run_snippets` under a
+:func:`plan_server_launch` plan (``python -I -S runtime/_snippets.py``), it
+forks one session per snippet with :func:`fork_confined`, exactly the way the
+fork server does, runs the snippet with stdout and stderr on a pipe, collects
+the output under a wall-clock deadline, kills the session's process group and
+deletes the workdir.
 
-Used by the isolation tests and by ``toolservices sandbox-check``; it is not
-the execution service.
+Used by the isolation tests, which check each layer without the executor's
+machinery in the way; ``toolservices sandbox-check --self-test`` runs through
+the executor itself (``sandbox/_selftest.py``).
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # started by path (the only way it runs)
+    import sys  # (-I leaves the script's directory off sys.path)
+
+    sys.path.insert(0, __file__.rpartition("/")[0])
+    import _bootstrap  # type: ignore[import-not-found]  # noqa: F401
 
 import json
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from typing import Any
 
-SELFTEST_PY = os.path.abspath(__file__)
+from ._confine import fork_confined, remove_tree
+
 _MAX_OUTPUT = 1 << 16
 
 
 def _run_one(code: str, timeout: float, base: str, index: int) -> dict[str, Any]:
-    from _sandbox_session import enter_session, remove_tree
-
     workdir = os.path.join(base, f"s{index}-{os.getpid()}")
     os.mkdir(workdir, 0o700)
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+
+    def prepare() -> None:
+        os.close(read_fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
+
+    def failed(exc: BaseException) -> None:  # the set-up's failure is the snippet's output
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        sys.stderr.flush()
+
+    pid = fork_confined(workdir, prepare=prepare, failed=failed)
     if pid == 0:  # the session
         code_status = 0
         try:
-            os.close(read_fd)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(write_fd, 1)
-            os.dup2(write_fd, 2)
-            enter_session(workdir=workdir)
             exec(compile(code, "<snippet>", "exec"), {"__name__": "__main__"})
         except SystemExit as exc:
             code_status = exc.code if isinstance(exc.code, int) else 1
@@ -91,7 +101,6 @@ def _run_one(code: str, timeout: float, base: str, index: int) -> dict[str, Any]
 
 
 def serve() -> None:
-    sys.path.insert(0, os.path.dirname(SELFTEST_PY))
     request = json.loads(sys.stdin.read())
     base = os.environ.get("TOOLSERVICES_WORKDIR_BASE") or "/tmp"
     results = {}
@@ -100,52 +109,10 @@ def serve() -> None:
     sys.stdout.write(json.dumps(results))
 
 
-def run_snippets(
-    config: Any,
-    snippets: dict[str, dict[str, Any]],
-    *,
-    python: str = sys.executable,
-    timeout: float = 120.0,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run each snippet in its own sandboxed session; return (report, results by name).
-
-    Each result has ``output`` (stdout and stderr together), ``status`` and
-    ``timed_out``. The server is started and shut down here, and the plan
-    closed, so no process of the run survives this call.
-    """
-    from toolservices.python._sandbox import plan_server_launch
-
-    plan = plan_server_launch(config, python=python, argv=["-I", "-S", SELFTEST_PY])
-    try:
-        proc = subprocess.Popen(
-            plan.argv,
-            env=plan.env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(
-                json.dumps({"snippets": snippets}).encode(), timeout=timeout
-            )
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"selftest server failed ({proc.returncode}): "
-                f"{err.decode(errors='replace')[-2000:]}"
-            )
-        return plan.report, json.loads(out)
-    finally:
-        plan.close()
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["--driver"]:  # parent side in a separate (e.g. unprivileged) process
-        from toolservices.python._sandbox import SandboxConfig
+        from toolservices.python.sandbox._config import SandboxConfig
+        from toolservices.python.sandbox._snippets import run_snippets
 
         job = json.loads(sys.stdin.read())
         report, results = run_snippets(SandboxConfig(**job["config"]), job["snippets"])

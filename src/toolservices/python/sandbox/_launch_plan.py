@@ -1,0 +1,153 @@
+"""A fork server's launch plan (:class:`LaunchPlan`) and what each session applies.
+
+Host side. :func:`~toolservices.python.sandbox._plan.build_plan` makes the
+plans; a plan owns the dedicated uid's slot and the host directory the
+sessions' working directories go in, until :meth:`LaunchPlan.close`.
+:func:`session_state` is what each session applies to itself
+(``runtime/_confine.py``), serialised into the server's environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolservices.python.runtime._confine import remove_tree
+from toolservices.python.sandbox import _probe as probe_mod
+from toolservices.python.sandbox._config import SandboxConfig
+from toolservices.python.sandbox._report import config_rlimits
+
+__all__ = [
+    "WORKDIR_BASE_PLACEHOLDER",
+    "LaunchPlan",
+    "kill_uid",
+    "session_state",
+]
+
+_INSIDE_BASE = "/sandbox"  # where the workdir base appears inside bubblewrap
+WORKDIR_BASE_PLACEHOLDER = "@WORKDIR_BASE@"
+"""An argv element equal to this is replaced by the plan's ``workdir_base``."""
+
+
+@dataclass(eq=False)
+class LaunchPlan:
+    """How to start one fork server; owns the uid slot and the host workdir base.
+
+    Start the server with ``subprocess.Popen(plan.argv, env=plan.env,
+    pass_fds=your_fds, start_new_session=True)`` from a long-lived thread (bubblewrap's
+    ``--die-with-parent`` fires when the *thread* that started it exits). The
+    server creates one directory per session under ``workdir_base`` (the path
+    as the server sees it: the argv element ``"@WORKDIR_BASE@"`` is replaced
+    by it, and the server finds it in ``TOOLSERVICES_WORKDIR_BASE``). The base
+    belongs to the plan: the server must not delete it (at L3 it is a mount).
+    Call :meth:`close` after the server has been reaped: as root it kills any
+    process left under the dedicated uid, then removes the base directory and
+    releases the uid slot.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    report: dict[str, Any]
+    workdir_base: str
+    host_workdir_base: str
+    uid: int | None
+    _slot_fd: int | None = field(default=None, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Strong reference until close(): dropping a plan must not release the uid slot or
+        # delete the base under a running server; whatever is left is closed at exit.
+        with _open_lock:
+            _open_plans.add(self)
+
+    @property
+    def level(self) -> str:
+        return str(self.report["level"])
+
+    def close(self) -> None:
+        """Sweep the dedicated uid, delete the workdir base, free the uid slot (idempotent)."""
+        with _open_lock:
+            if self._closed:
+                return
+            self._closed = True
+            _open_plans.discard(self)
+        _release(self.uid, self.host_workdir_base, self._slot_fd)
+
+    def __enter__(self) -> LaunchPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_open_lock = threading.Lock()
+_open_plans: set[LaunchPlan] = set()
+
+
+@atexit.register
+def _close_open_plans() -> None:
+    for plan in list(_open_plans):
+        plan.close()
+
+
+def _release(uid: int | None, host_base: str, slot_fd: int | None) -> None:
+    try:
+        if uid is not None:
+            kill_uid(uid)
+        remove_tree(host_base)
+    finally:
+        if slot_fd is not None:
+            os.close(slot_fd)  # releases the flock
+
+
+def kill_uid(uid: int, *, rounds: int = 20) -> int:
+    """SIGKILL every process of ``uid`` (root only); return how many were left at the start."""
+    found = probe_mod.pids_of_uid(uid)
+    for _ in range(rounds):
+        if not probe_mod.pids_of_uid(uid):
+            break
+        # kill(-1) as the target uid reaches exactly that uid's processes.
+        subprocess.run(
+            ["kill", "-KILL", "--", "-1"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=10,
+        )
+    return len(found)
+
+
+def session_state(
+    config: SandboxConfig,
+    *,
+    level: str = "L1",
+    landlock_paths: dict[str, Any] | None = None,
+    nproc: int | None = None,
+    nproc_hidden: int = 0,
+    seccomp_hex: str | None = None,
+    session_ns: bool = False,
+    keep: list[str] | None = None,
+) -> dict[str, Any]:
+    """What each session applies to itself (serialised into the server's environment).
+
+    ``keep``: paths the session's own /tmp and /dev/shm must not hide.
+    """
+    rlimits = {**config_rlimits(config), "NPROC": None}
+    return {
+        "session_ns": {"tmp_size": config.tmp_size, "keep": list(keep or ())}
+        if session_ns
+        else None,
+        "nproc_headroom": nproc,
+        "nproc_hidden": nproc_hidden,
+        "level": level,
+        "rlimits": rlimits,
+        "landlock": landlock_paths,
+        "seccomp_program": seccomp_hex,
+    }
