@@ -143,6 +143,7 @@ class PythonExecutorService:
         self._spares: list[SessionHandle] = []
         self._refilling = False
         self._admission = Admission(pool_size=pool_size, max_queue=max_queue)
+        self._limiter = self._admission.slots  # execution slots
         self._background: set[asyncio.Task[Any]] = set()
         self._stats_lock = threading.Lock()  # counters are bumped from the loop and callers
         self._counters = dict.fromkeys(
