@@ -12,6 +12,7 @@ import pytest
 
 from toolservices.python import ExecResult
 from toolservices.python.host._channel import Channel
+from toolservices.python.host._result import ExceptionInfo
 from toolservices.python.runtime._protocol import (
     HEADER,
     Kind,
@@ -20,7 +21,6 @@ from toolservices.python.runtime._protocol import (
     recv_frame,
     send_frame,
 )
-from toolservices.python.host._result import ExceptionInfo
 
 
 def test_round_trip_with_descriptors() -> None:

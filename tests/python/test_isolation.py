@@ -25,8 +25,8 @@ import psutil
 import pytest
 from tests.python.conftest import wait_until_gone
 
-from toolservices.python.sandbox import SandboxConfig
 from toolservices.python.runtime._launch import __file__ as LAUNCHER
+from toolservices.python.sandbox import SandboxConfig
 from toolservices.python.sandbox._probe import pids_of_uid
 from toolservices.python.sandbox._snippets import SELFTEST_PY, run_snippets
 

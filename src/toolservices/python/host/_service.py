@@ -72,6 +72,10 @@ class _Slot:
     closed: bool = False
     last_used: int = 0  # a _clock stamp: the least recently used idle slot is evicted
 
+    def is_open(self) -> bool:
+        """Not closed or evicted (checked again once a waiting call holds the gate)."""
+        return not self.closed
+
 
 class PythonExecutorService:
     """Run Python snippets in persistent, isolated sessions or fresh interpreters.
@@ -553,7 +557,7 @@ class PythonExecutorService:
             slot.pending += 1
             try:
                 # closed or evicted while we waited for its gate: look it up again
-                if not await admission.acquire(slot.gate, ticket, lambda s=slot: not s.closed):
+                if not await admission.acquire(slot.gate, ticket, slot.is_open):
                     continue
                 try:
                     slot.last_used = next(_clock)

@@ -21,7 +21,7 @@ def _install() -> None:
     if PACKAGE not in sys.modules:
         init = os.path.join(here, "__init__.py")
         package = type(sys)(PACKAGE)
-        package.__path__ = [here]  # type: ignore[attr-defined]
+        package.__path__ = [here]
         package.__package__ = PACKAGE
         package.__file__ = init
         sys.modules[PACKAGE] = package

@@ -27,7 +27,7 @@ if __name__ == "__main__" and not __package__:  # started by path (the only way 
     import sys  # (-I leaves the script's directory off sys.path)
 
     sys.path.insert(0, __file__.rpartition("/")[0])
-    import _bootstrap  # type: ignore[import-not-found]  # noqa: F401
+    import _bootstrap  # noqa: F401
 
 import argparse
 import gc
