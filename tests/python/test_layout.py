@@ -1,0 +1,97 @@
+"""Where each part runs: the runtime is loaded one way, from this checkout, stdlib only;
+both execution routes pass one admission."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import subprocess
+import sys
+
+import anyio
+import pytest
+
+from toolservices import _portal
+from toolservices.errors import ExecutorBusyError
+from toolservices.python import PythonExecutorService
+from toolservices.python.runtime import RUNTIME_DIR
+
+INSPECT = (
+    "import json, sys\n"
+    "runtime = sys.modules['_toolservices_runtime']\n"
+    "print(json.dumps({'path': runtime.__path__[0], 'modules': sorted(sys.modules),"
+    " 'sys_path': sys.path}))"
+)
+
+
+def test_sessions_load_the_runtime_from_this_checkout_and_nothing_else(
+    service: PythonExecutorService,
+) -> None:
+    """A stale runtime (another checkout's, or the package imported through sys.path)
+    would show here: the fork server starts the runtime by the path of this checkout's
+    files, and neither toolservices nor a third-party module is loaded in a session."""
+    # what the interpreter itself loads at start-up (site's .pth hooks, e.g. _distutils_hack)
+    startup = subprocess.run(
+        [sys.executable, "-s", "-c", "import sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for session_id in (None, "layout"):
+        result = service.execute(INSPECT, session_id=session_id)
+        assert result.success, result.stderr
+        seen = json.loads(result.stdout)
+        assert seen["path"] == RUNTIME_DIR
+        assert RUNTIME_DIR not in seen["sys_path"]  # private modules are not top-level names
+        foreign = [
+            name
+            for name in seen["modules"]
+            if name.split(".")[0] not in sys.stdlib_module_names
+            and name not in startup
+            and name.split(".")[0] not in ("_toolservices_runtime", "_bootstrap", "__main__")
+        ]
+        assert foreign == [], foreign
+    service.close_session("layout")
+
+
+def test_a_direct_call_is_refused_like_any_other_when_the_queue_is_full() -> None:
+    """One admission for both routes: while ``max_queue`` calls wait, a sync call on an
+    idle session (which the direct route could run at once) is refused too."""
+
+    async def scenario(svc: PythonExecutorService) -> list[object]:
+        first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(2)", "busy", None))
+        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds a slot
+            await asyncio.sleep(0)
+        second = asyncio.ensure_future(svc._execute("print('second')", "busy", None))
+        while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
+            await asyncio.sleep(0)
+        direct = functools.partial(svc.execute, "print('idle')", session_id="idle")
+        try:
+            third: object = await anyio.to_thread.run_sync(direct)
+        except ExecutorBusyError as exc:
+            third = exc
+        return [await first, await second, third]
+
+    with PythonExecutorService(pool_size=2, max_queue=1, timeout=10) as svc:
+        assert svc.execute("print('warm')", session_id="idle").stdout == "warm\n"
+        first, second, third = _portal.run_sync(scenario, svc)
+        assert getattr(first, "success", False) and getattr(second, "stdout", "") == "second\n"
+        assert isinstance(third, ExecutorBusyError) and "queue is full" in str(third)
+        assert svc.stats()["queued"] == 0
+        # with the queue empty again the direct route takes it
+        direct_before = svc.stats()["direct_calls"]
+        assert svc.execute("print('idle')", session_id="idle").stdout == "idle\n"
+        assert svc.stats()["direct_calls"] == direct_before + 1
+
+
+@pytest.mark.parametrize("name", ["_forkserver", "_launch", "_probe", "_snippets"])
+def test_runtime_entry_modules_are_started_by_path(name: str) -> None:
+    from toolservices.python import runtime
+
+    path = runtime.script(name)
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    assert (
+        "import _bootstrap" in source and "from toolservices" not in source.split("if __name__")[1]
+    )
