@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import array
 import json
-import secrets
+import os
 import socket
 import struct
 from dataclasses import dataclass, field, fields
@@ -178,8 +178,8 @@ def new_seq(previous: int) -> int:
     sending it once the next call has started); a number drawn when the
     request is sent cannot be known by anything written before it.
     """
-    while True:
-        seq = secrets.randbits(32)
+    while True:  # os.urandom, as secrets.randbits does (without its imports: hashlib...)
+        seq = int.from_bytes(os.urandom(4), "little")
         if seq not in (0, previous):
             return seq
 
