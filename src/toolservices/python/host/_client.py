@@ -1,9 +1,11 @@
 """The parent's side: starting the fork server and talking to sessions.
 
-Everything here runs on one event loop (the service's). A
-:class:`ForkServerClient` owns the fork-server process and its control
-channel; a :class:`SessionHandle` is one live interpreter: its channel, the
-two memfds holding its output, and the next sequence number.
+Host side; everything here runs on one event loop (the service's), except
+``SessionHandle.run_blocking`` (the direct route). A :class:`ForkServerClient`
+owns the fork-server process and its control channel; a
+:class:`SessionHandle` is one live interpreter: its channel (which draws each
+request's random sequence number) and the two memfds holding its output.
+Messages are the typed ones of ``runtime/_protocol.py``.
 """
 
 from __future__ import annotations
