@@ -17,10 +17,11 @@ import warnings
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 pytest.importorskip("verifiers")
+
+import httpx  # noqa: E402  (verifiers brings it; the main venv has httpx2 only)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
