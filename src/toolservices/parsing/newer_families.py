@@ -17,7 +17,6 @@ of ``qwen3_coder`` in the registry, not families of their own.
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +32,7 @@ from toolservices.parsing._common import (
 from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
 from toolservices.parsing.base import ToolCall
 from toolservices.parsing.json_families import read_calls
-from toolservices.parsing.pythonic import _call, _parse_python, python_literal
+from toolservices.parsing.pythonic import list_calls, python_literal
 from toolservices.parsing.xml_families import DeepSeekV32Parser
 
 __all__ = ["DeepSeekV4Parser", "Gemma4Parser", "Lfm2Parser"]
@@ -298,12 +297,10 @@ def _lfm2_calls(body: str) -> list[tuple[str, dict[str, Any]]]:
         stripped.startswith("[") and stripped[1:].lstrip().startswith("{")
     ):
         return [(name, args) for name, args, _ in read_calls(stripped)]
-    tree = _parse_python(stripped, "eval")
-    assert isinstance(tree, ast.Expression)
-    elements = tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]
-    if not elements:
+    calls = list_calls(stripped)
+    if not calls:
         raise ArgumentsError("the list of calls is empty", kind="invalid_syntax")
-    return [_call(node) for node in elements]
+    return calls
 
 
 class Lfm2Parser(SyntaxParser):

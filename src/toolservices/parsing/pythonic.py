@@ -120,6 +120,14 @@ def _parse_python(source: str, mode: str) -> ast.AST:
         raise _problem("invalid Python syntax (nested too deeply)") from None
 
 
+def list_calls(source: str) -> list[tuple[str, dict[str, Any]]]:
+    """The keyword calls of ``source``, a Python list of calls or one bare call (empty list: [])."""
+    tree = _parse_python(source, "eval")
+    assert isinstance(tree, ast.Expression)
+    elements = tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]
+    return [_call(node) for node in elements]
+
+
 def _list_end(text: str, start: int) -> int | None:
     """Index after the ``]`` closing the list at ``start`` (strings skipped), or None."""
     depth = 0
@@ -192,10 +200,7 @@ class PythonicParser(SyntaxParser):
                     )
                 return
             try:
-                tree = _parse_python(text[start:end], "eval")
-                assert isinstance(tree, ast.Expression)
-                elements = tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]
-                calls = [_call(node) for node in elements]
+                calls = list_calls(text[start:end])
             except ArgumentsError as error:
                 if _own_line(text, start, end):
                     found.arguments_error(error, text[start:end])
