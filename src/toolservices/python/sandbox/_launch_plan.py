@@ -75,7 +75,7 @@ class LaunchPlan:
                 return
             self._closed = True
             _open_plans.discard(self)
-        _release(self.uid, self.host_workdir_base, self._slot_fd)
+        release(self.uid, self.host_workdir_base, self._slot_fd)
 
     def __enter__(self) -> LaunchPlan:
         return self
@@ -94,7 +94,8 @@ def _close_open_plans() -> None:
         plan.close()
 
 
-def _release(uid: int | None, host_base: str, slot_fd: int | None) -> None:
+def release(uid: int | None, host_base: str, slot_fd: int | None) -> None:
+    """Free what a plan holds: sweep ``uid`` (if any), delete the base, free the uid slot."""
     try:
         if uid is not None:
             kill_uid(uid)
@@ -106,9 +107,9 @@ def _release(uid: int | None, host_base: str, slot_fd: int | None) -> None:
 
 def kill_uid(uid: int, *, rounds: int = 20) -> int:
     """SIGKILL every process of ``uid`` (root only); return how many were left at the start."""
-    found = probe_mod.pids_of_uid(uid)
+    found = left = probe_mod.pids_of_uid(uid)
     for _ in range(rounds):
-        if not probe_mod.pids_of_uid(uid):
+        if not left:
             break
         # kill(-1) as the target uid reaches exactly that uid's processes.
         subprocess.run(
@@ -121,6 +122,7 @@ def kill_uid(uid: int, *, rounds: int = 20) -> int:
             check=False,
             timeout=10,
         )
+        left = probe_mod.pids_of_uid(uid)
     return len(found)
 
 

@@ -35,6 +35,7 @@ from toolservices.python.sandbox._launch_plan import (
     _INSIDE_BASE,
     WORKDIR_BASE_PLACEHOLDER,
     LaunchPlan,
+    release,
     session_state,
 )
 from toolservices.python.sandbox._report import build_report
@@ -289,7 +290,7 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
             slot_fd=slot_fd,
         )
     except BaseException:
-        _discard(host_base, slot_fd)
+        release(None, host_base, slot_fd)  # no process ran under the slot's uid yet
         raise
     return plan
 
@@ -324,15 +325,6 @@ def _sweep_stale_bases(parent: str) -> None:
             remove_tree(os.path.join(parent, name))
         except OSError:
             continue  # not ours to delete; the owner of the tree can
-
-
-def _discard(host_base: str, slot_fd: int | None) -> None:
-    """Undo a plan that could not be built: its base directory and uid slot."""
-    try:
-        remove_tree(host_base)
-    finally:
-        if slot_fd is not None:
-            os.close(slot_fd)
 
 
 def _choose(
