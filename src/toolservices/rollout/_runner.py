@@ -12,6 +12,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import Dispatcher, StepMetrics
+from toolservices.env.episode import check_limits
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.parsing import get_parser
 from toolservices.parsing.base import ToolParser
@@ -93,8 +94,7 @@ class Rollout:
             raise UserError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if max_turns < 1:
             raise UserError(f"max_turns must be at least 1, got {max_turns}")
-        if max_failed_turns is not None and max_failed_turns < 1:
-            raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
+        check_limits(max_turns, max_failed_turns, "openai")  # now, not at the first episode
         if request_timeout <= 0:
             raise UserError(f"request_timeout must be positive, got {request_timeout}")
         if logprobs is not None and logprobs < 0:
