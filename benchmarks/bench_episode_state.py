@@ -34,7 +34,7 @@ async def main(blocks: int = 15, steps: int = 200) -> None:
     for _ in range(blocks):
         started = time.process_time()
         for _ in range(steps):
-            await episode.step(CALL)
+            await episode.astep(CALL)
             episode.messages.clear()
         per_step.append((time.process_time() - started) / steps * 1e6)
     print(

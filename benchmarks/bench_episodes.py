@@ -67,7 +67,7 @@ async def cpu_block(fn: Callable[[], Awaitable[object]], steps: int) -> float:
 
 
 async def step_overhead(blocks: int, steps: int) -> dict[str, float]:
-    """Median CPU per step: Episode.step and its anchors, interleaved block by block."""
+    """Median CPU per step: Episode.astep and its anchors, interleaved block by block."""
     from toolservices import Episode
 
     episode = Episode([noop], max_turns=None)
@@ -79,7 +79,7 @@ async def step_overhead(blocks: int, steps: int) -> dict[str, float]:
         await dispatcher.arun([parser(CALL)])
 
     cases: dict[str, Callable[[], Awaitable[object]]] = {
-        "episode": lambda: episode.step(CALL),
+        "episode": lambda: episode.astep(CALL),
         "parse+arun": by_hand,
         "arun": lambda: dispatcher.arun([parsed]),
     }
@@ -136,7 +136,7 @@ async def independent(plan: list[list[float]]) -> float:
     async def drive(episode: Episode, row: list[float]) -> None:
         for latency in row:
             await anyio.sleep(latency)  # this trajectory's own model answer
-            await episode.step(WORK)
+            await episode.astep(WORK)
 
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:

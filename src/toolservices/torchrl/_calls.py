@@ -15,7 +15,7 @@ from typing import Any
 
 from toolservices.dispatch import call_id_of
 from toolservices.errors import ToolDefinitionError, UserError
-from toolservices.parsing.base import ParseError, ParseResult, ToolCall
+from toolservices.parsing.base import ParseFailure, ParseResult, ToolCall
 from toolservices.tools import FunctionTool, Tool, ToolRegistry
 from toolservices.tools._function_schema import STATE_PARAMETER
 
@@ -75,7 +75,7 @@ class _ForeignParser:
             raw = self.parser(text)
         except Exception as exc:  # a user parser failing on model output is model-visible
             message = f"The tool calls could not be parsed: {exc}"
-            return ParseResult(text=text, errors=[ParseError(message, text[:200])])
+            return ParseResult(text=text, errors=[ParseFailure(message, text[:200])])
         if isinstance(raw, ParseResult):
             return raw
         calls = []

@@ -84,7 +84,7 @@ class DispatchingTransform(ToolTransformBase):
         outputs = [ItemOutput() for _ in texts]
 
         async def one(i: int, text: str) -> None:
-            outcome = await self._episodes[i].run_turn(text)
+            outcome = await self._episodes[i].arun_turn(text)
             if outcome.results:
                 outputs[i] = ItemOutput(messages=self._messages(outcome), metrics=outcome.metrics)
 

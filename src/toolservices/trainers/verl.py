@@ -49,7 +49,7 @@ from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
 from toolservices.tools import Tool, as_tool
-from toolservices.trainers._calls import EpisodeSpec, run_call
+from toolservices.trainers._calls import adapter_spec, run_call
 
 __all__ = ["ToolservicesAgentLoop", "ToolservicesTool", "shared_executor"]
 
@@ -168,7 +168,7 @@ class ToolservicesTool(BaseTool):
         self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
     ) -> None:
         self.tool, executor = _load_tool(config)
-        self.spec = EpisodeSpec(
+        self.spec = adapter_spec(
             [self.tool], python=executor, timeout=config.get("timeout", 10.0), max_turns=None
         )
         self._instances: dict[str, Episode] = {}
