@@ -537,7 +537,11 @@ def resolve_python(
     registry: ToolRegistry, python: PythonExecutorService | None
 ) -> PythonExecutorService | None:
     """``python``, else the executor of the tools' ``python_tool``; never two executors."""
-    executors = {id(t.executor): t.executor for t in registry if isinstance(t, PythonTool)}
+    executors = {
+        id(t.executor): t.executor
+        for t in registry
+        if isinstance(t, PythonTool) and t.episode_sessions
+    }
     if python is not None:
         others = [e for key, e in executors.items() if key != id(python)]
         if others:
