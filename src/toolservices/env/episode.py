@@ -28,6 +28,7 @@ import anyio
 from toolservices import _portal
 from toolservices.dispatch import (
     CallResult,
+    ConcurrencyBound,
     Dispatcher,
     EpisodeMetrics,
     EpisodeState,
@@ -35,7 +36,6 @@ from toolservices.dispatch import (
     render_tool_results,
     to_openai_messages,
 )
-from toolservices.dispatch._bound import ConcurrencyBound
 from toolservices.env._python_tool import PYTHON_SESSION_KEY, PythonTool
 from toolservices.errors import UserError
 from toolservices.parsing import ParserLike, as_parser

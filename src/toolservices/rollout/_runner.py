@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from toolservices._portal import run_sync
-from toolservices.dispatch import StepMetrics
+from toolservices.dispatch import ConcurrencyBound, StepMetrics
 from toolservices.env._spec import EpisodeSpec
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.parsing import ParserLike
@@ -122,6 +122,8 @@ class Rollout:
         self.max_failed_turns = max_failed_turns
         self.system_prompt = system_prompt
         self.max_concurrency = max_concurrency
+        # the rollout's own: concurrent arun calls share the max_concurrency episodes
+        self._in_flight = ConcurrencyBound(max_concurrency)
         self.request_timeout = request_timeout
         self.retry = retry if retry is not None else RetryPolicy()
         self.tool_timeout = tool_timeout
@@ -188,12 +190,16 @@ class Rollout:
                     f"dicts, got {type(prompt).__name__}"
                 )
         results: list[Trajectory | None] = [None] * len(prompts)
-        limiter = anyio.CapacityLimiter(self.max_concurrency)
+        in_flight = self._in_flight
 
         async def one(index: int) -> None:
-            async with limiter:
+            if not in_flight.try_acquire():
+                await in_flight.acquire()
+            try:
                 state = states[index] if states is not None else None
                 results[index] = await self._episode(index, prompts[index], state)
+            finally:
+                in_flight.release()
 
         async with anyio.create_task_group() as tg:
             for index in range(len(prompts)):
