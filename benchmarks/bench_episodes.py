@@ -6,7 +6,7 @@ Per-step costs are CPU time (``time.process_time``, all threads of this
 process: the machine is shared, so wall time would mostly measure the other
 jobs), the median of blocks of steps, each block's steps back to back:
 
-* ``Episode.step``, one episode, one async no-op call per step (parse,
+* ``Episode.astep``, one episode, one async no-op call per step (parse,
   dispatch, assistant and tool messages, bookkeeping). Next to it, in the
   same process and interleaved block by block, the anchors: the same parse
   plus ``Dispatcher.arun`` done by hand (the work an episode cannot skip),
@@ -150,7 +150,7 @@ async def main_async(quick: bool, toolenv_only: bool) -> None:
     if not toolenv_only:
         cpu = await step_overhead(blocks, 200)
         print(
-            f"Episode.step, one no-op call: {fmt_time(cpu['episode'])} CPU; "
+            f"Episode.astep, one no-op call: {fmt_time(cpu['episode'])} CPU; "
             f"parse + Dispatcher.arun by hand {fmt_time(cpu['parse+arun'])} "
             f"(x{cpu['episode'] / cpu['parse+arun']:.2f}); "
             f"Dispatcher.arun of a parsed call {fmt_time(cpu['arun'])}"
