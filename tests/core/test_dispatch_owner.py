@@ -242,3 +242,26 @@ def test_toolenv_step_and_astep_mix_on_one_env() -> None:
     for step in (first, second, third):
         assert [r.results[0].ok for r in step.results] == [True] * 3
     assert env.dispatcher._limits.bound.held == 0
+
+
+def test_a_copied_dispatcher_owns_a_fresh_bound_of_the_same_size() -> None:
+    """Locks cannot be copied; a deep copy or a pickled dispatcher gets its own bound."""
+    import copy
+    import pickle
+
+    dispatcher = Dispatcher(ToolRegistry([echo_tool]), max_concurrency=3, max_abandoned_threads=2)
+    twin = copy.deepcopy(dispatcher)
+    assert twin.max_concurrency == 3 and twin.max_abandoned_threads == 2
+    assert not twin.shares_bound_with(dispatcher)
+    (outcome,) = twin.run([[ToolCall("echo_tool", {"x": 1})]])
+    assert outcome.results[0].value == 1
+    shipped = pickle.loads(pickle.dumps(Dispatcher(ToolRegistry(), max_concurrency=5)))
+    assert shipped.max_concurrency == 5 and shipped.run([[]])[0].results == []
+    episode = Episode([echo_tool], dispatcher=dispatcher)
+    assert copy.deepcopy(episode)._turns is not episode._turns
+
+
+@tool
+def echo_tool(x: int) -> int:
+    """Returns its argument."""
+    return x

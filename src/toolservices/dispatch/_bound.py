@@ -17,6 +17,7 @@ import asyncio
 import collections
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 import anyio
 
@@ -48,6 +49,11 @@ class ConcurrencyBound:
         self._lock = threading.Lock()
         self._held = 0
         self._waiters: collections.deque[_Waiter] = collections.deque()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a copy (deepcopy, pickle to another process) is a fresh bound of the same size:
+        # tokens and waiters belong to the callers of this one
+        return (ConcurrencyBound, (self.total,))
 
     @property
     def held(self) -> int:
@@ -126,6 +132,10 @@ class Limits:
         self.abandoned_changed = threading.Condition()
         self._abandoned: dict[int, tuple[Tool, int]] = {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a copy owns its own bound and counts (the threads counted here are this owner's)
+        return (_fresh_limits, (self.bound.total, self.max_abandoned_threads))
+
     def abandoned(self, tool: Tool) -> int:
         """Calls of ``tool`` abandoned by this owner's dispatchers and still running."""
         with self.abandoned_changed:
@@ -155,3 +165,7 @@ class Limits:
             return self.abandoned_changed.wait_for(
                 lambda: not any(id(t) in self._abandoned for t in tools), timeout
             )
+
+
+def _fresh_limits(max_concurrency: int, max_abandoned_threads: int) -> Limits:
+    return Limits(max_concurrency=max_concurrency, max_abandoned_threads=max_abandoned_threads)
