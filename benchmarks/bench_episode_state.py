@@ -1,4 +1,4 @@
-"""The cost of ``_state`` write-back: ``Episode.step`` with one tool that takes ``_state``.
+"""The cost of ``_state`` write-back: ``Episode.astep`` with one tool that takes ``_state``.
 
 Run: .venv/bin/python benchmarks/bench_episode_state.py
 (against an older tree: ``PYTHONPATH=<that tree>/src``, same command)
@@ -34,11 +34,11 @@ async def main(blocks: int = 15, steps: int = 200) -> None:
     for _ in range(blocks):
         started = time.process_time()
         for _ in range(steps):
-            await episode.step(CALL)
+            await episode.astep(CALL)
             episode.messages.clear()
         per_step.append((time.process_time() - started) / steps * 1e6)
     print(
-        f"Episode.step, one async call taking _state: {statistics.median(per_step):.1f} us CPU "
+        f"Episode.astep, one async call taking _state: {statistics.median(per_step):.1f} us CPU "
         f"(median of {blocks} blocks of {steps} steps); state at the end: {episode.state}"
     )
 

@@ -6,7 +6,7 @@ Per-step costs are CPU time (``time.process_time``, all threads of this
 process: the machine is shared, so wall time would mostly measure the other
 jobs), the median of blocks of steps, each block's steps back to back:
 
-* ``Episode.step``, one episode, one async no-op call per step (parse,
+* ``Episode.astep``, one episode, one async no-op call per step (parse,
   dispatch, assistant and tool messages, bookkeeping). Next to it, in the
   same process and interleaved block by block, the anchors: the same parse
   plus ``Dispatcher.arun`` done by hand (the work an episode cannot skip),
@@ -67,7 +67,7 @@ async def cpu_block(fn: Callable[[], Awaitable[object]], steps: int) -> float:
 
 
 async def step_overhead(blocks: int, steps: int) -> dict[str, float]:
-    """Median CPU per step: Episode.step and its anchors, interleaved block by block."""
+    """Median CPU per step: Episode.astep and its anchors, interleaved block by block."""
     from toolservices import Episode
 
     episode = Episode([noop], max_turns=None)
@@ -79,7 +79,7 @@ async def step_overhead(blocks: int, steps: int) -> dict[str, float]:
         await dispatcher.arun([parser(CALL)])
 
     cases: dict[str, Callable[[], Awaitable[object]]] = {
-        "episode": lambda: episode.step(CALL),
+        "episode": lambda: episode.astep(CALL),
         "parse+arun": by_hand,
         "arun": lambda: dispatcher.arun([parsed]),
     }
@@ -136,7 +136,7 @@ async def independent(plan: list[list[float]]) -> float:
     async def drive(episode: Episode, row: list[float]) -> None:
         for latency in row:
             await anyio.sleep(latency)  # this trajectory's own model answer
-            await episode.step(WORK)
+            await episode.astep(WORK)
 
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
@@ -150,7 +150,7 @@ async def main_async(quick: bool, toolenv_only: bool) -> None:
     if not toolenv_only:
         cpu = await step_overhead(blocks, 200)
         print(
-            f"Episode.step, one no-op call: {fmt_time(cpu['episode'])} CPU; "
+            f"Episode.astep, one no-op call: {fmt_time(cpu['episode'])} CPU; "
             f"parse + Dispatcher.arun by hand {fmt_time(cpu['parse+arun'])} "
             f"(x{cpu['episode'] / cpu['parse+arun']:.2f}); "
             f"Dispatcher.arun of a parsed call {fmt_time(cpu['arun'])}"

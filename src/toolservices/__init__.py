@@ -28,6 +28,7 @@ from toolservices.errors import (
     ServiceTimeoutError,
     ServiceUnavailableError,
     ToolArgumentError,
+    ToolBusyError,
     ToolDefinitionError,
     ToolError,
     ToolExecutionError,
@@ -36,7 +37,7 @@ from toolservices.errors import (
     ToolTimeoutError,
     UserError,
 )
-from toolservices.parsing import ParseError, ParseResult, ToolCall, ToolParser
+from toolservices.parsing import ParseError, ParseFailure, ParseResult, ToolCall, ToolParser
 from toolservices.tools import FunctionTool, Tool, ToolRegistry, ToolService, tool
 
 __version__ = "0.1.0.dev0"
@@ -44,6 +45,7 @@ __version__ = "0.1.0.dev0"
 # Names served from subpackages that are imported only when first used.
 _LAZY = {
     "get_parser": "toolservices.parsing",
+    "as_parser": "toolservices.parsing",
     "available_parsers": "toolservices.parsing",
     "XMLBlockParser": "toolservices.parsing",
     "JSONCallParser": "toolservices.parsing",
@@ -74,6 +76,7 @@ __all__ = [
     "ItemResult",
     "JSONCallParser",
     "ParseError",
+    "ParseFailure",
     "ParseResult",
     "PersistentPythonProcess",
     "PythonExecutorService",
@@ -88,6 +91,7 @@ __all__ = [
     "StepMetrics",
     "Tool",
     "ToolArgumentError",
+    "ToolBusyError",
     "ToolCall",
     "ToolDefinitionError",
     "ToolEnv",
@@ -102,6 +106,7 @@ __all__ = [
     "UserError",
     "XMLBlockParser",
     "__version__",
+    "as_parser",
     "available_parsers",
     "get_parser",
     "get_services",

@@ -10,7 +10,7 @@ import pytest
 
 from toolservices import (
     Dispatcher,
-    ParseError,
+    ParseFailure,
     ParseResult,
     ToolCall,
     ToolRegistry,
@@ -216,7 +216,7 @@ def test_every_call_and_parse_error_gets_one_result() -> None:
             ToolCall("stateless", {"x": "nope"}),
             ToolCall("stateless", {"x": 3}, tag="T"),
         ],
-        errors=[ParseError("Invalid JSON in <tool_call> block", kind="invalid_json")],
+        errors=[ParseFailure("Invalid JSON in <tool_call> block", kind="invalid_json")],
     )
     (outcome,) = Dispatcher(REGISTRY).run([parse])
     kinds = [r.error_kind for r in outcome.results]

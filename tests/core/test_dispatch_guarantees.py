@@ -10,7 +10,7 @@ import threading
 import anyio
 import pytest
 
-from toolservices import Dispatcher, ParseError, ParseResult, Tool, ToolCall, ToolRegistry, tool
+from toolservices import Dispatcher, ParseFailure, ParseResult, Tool, ToolCall, ToolRegistry, tool
 from toolservices.dispatch import CallResult, StepMetrics
 from toolservices.errors import ToolBusyError, ToolTimeoutError
 
@@ -210,7 +210,7 @@ def test_a_bug_while_dispatching_an_item_still_answers_every_call(
     monkeypatch.setattr(StepMetrics, "from_results", classmethod(broken))
     parse = ParseResult(
         calls=[ToolCall("plain", {"x": 1}), ToolCall("plain", {"x": 2})],
-        errors=[ParseError("bad call")],
+        errors=[ParseFailure("bad call")],
     )
     with caplog.at_level(logging.ERROR, logger="toolservices.dispatch"):
         good, bad = Dispatcher(REGISTRY).run([[], parse])

@@ -40,18 +40,18 @@ async def test_step_appends_the_turn_and_returns_tool_messages() -> None:
         {"role": "user", "content": "2+3?"},
     ]
     assert episode.tool_specs[0]["function"]["name"] == "add"
-    messages = await episode.step(hermes("add", {"a": 2, "b": "3"}))
+    messages = await episode.astep(hermes("add", {"a": 2, "b": "3"}))
     (message,) = messages
     assert message["role"] == "tool" and message["content"] == "5" and message["name"] == "add"
     assistant = episode.messages[2]
     assert assistant["tool_calls"][0]["id"] == message["tool_call_id"]
     assert episode.messages[3] == message
     assert not episode.done and episode.turns == 1 and episode.last is not None
-    assert await episode.step("It is 5.") == []
+    assert await episode.astep("It is 5.") == []
     assert episode.done and episode.reason == "answered"
     assert episode.metrics.turns == 2 and episode.metrics.calls == 1
     with pytest.raises(UserError, match="done"):
-        await episode.step("again")
+        await episode.astep("again")
 
 
 async def test_server_parsed_tool_calls_and_tool_results_format() -> None:
@@ -68,7 +68,7 @@ async def test_server_parsed_tool_calls_and_tool_results_format() -> None:
             },
         ],
     }
-    (result,) = await episode.step(message)
+    (result,) = await episode.astep(message)
     assert result["content"].startswith("<tool_results>\nTool add (call 1) failed:")
     assert "Tool add (call 2) succeeded:\n  Result: 3" in result["content"]
     assert [c["id"] for c in episode.messages[0]["tool_calls"]] == ["srv-1", "srv-2"]
@@ -78,10 +78,10 @@ async def test_server_parsed_tool_calls_and_tool_results_format() -> None:
 async def test_malformed_output_gives_parse_error_messages() -> None:
     episode = Episode([add], max_failed_turns=2)
     broken = '<tool_call>\n{"name": "add", "arguments": {"a": 1,\n</tool_call>'
-    (message,) = await episode.step(broken)
+    (message,) = await episode.astep(broken)
     assert message["role"] == "tool" and message["content"].startswith("Error: ")
     assert episode.metrics.parse_errors == 1 and not episode.done
-    (message,) = await episode.step(hermes("nope", {}))
+    (message,) = await episode.astep(hermes("nope", {}))
     assert "Unknown tool: nope" in message["content"]
     assert episode.done and episode.reason == "too_many_failures"
 
@@ -103,7 +103,7 @@ async def test_a_hanging_tool_ends_with_a_timeout_result() -> None:
 
     episode = Episode([hang, block], timeout=0.2)
     try:
-        first, second = await episode.step(hermes("hang", {}) + hermes("block", {}))
+        first, second = await episode.astep(hermes("hang", {}) + hermes("block", {}))
     finally:
         release.set()
     for message, name in ((first, "hang"), (second, "block")):
@@ -123,12 +123,12 @@ async def test_step_while_stepping_raises() -> None:
 
     episode = Episode([wait])
     async with anyio.create_task_group() as tg:
-        tg.start_soon(episode.step, hermes("wait", {}))
+        tg.start_soon(episode.astep, hermes("wait", {}))
         await started.wait()
         with pytest.raises(UserError, match="still running"):
-            await episode.step("x")
+            await episode.astep("x")
         with pytest.raises(UserError, match="still running"):
-            await episode.fork(2)
+            await episode.afork(2)
         release.set()
     assert episode.turns == 1
 
@@ -153,7 +153,7 @@ async def test_episodes_step_independently_under_one_bound() -> None:
     outcomes: list[list[dict[str, Any]]] = [[] for _ in range(n)]
 
     async def drive(i: int) -> None:
-        outcomes[i] = await episodes[i].step(hermes("meet", {}))
+        outcomes[i] = await episodes[i].astep(hermes("meet", {}))
 
     with anyio.fail_after(120):
         async with anyio.create_task_group() as tg:
@@ -180,7 +180,7 @@ async def test_shared_dispatcher_bounds_all_episodes() -> None:
     episodes = [Episode([work], dispatcher=shared, timeout=30) for _ in range(6)]
     async with anyio.create_task_group() as tg:
         for episode in episodes:
-            tg.start_soon(episode.step, hermes("work", {}) + hermes("work", {}))
+            tg.start_soon(episode.astep, hermes("work", {}) + hermes("work", {}))
     assert peak == 2
     assert all(e.metrics.calls == 2 and e.metrics.failed_calls == 0 for e in episodes)
 
@@ -228,8 +228,8 @@ async def test_episodes_take_turns_independently_not_in_lockstep() -> None:
 
     async def drive(episode: Episode, calls: list[str]) -> None:
         for name in calls:
-            await episode.step(hermes(name, {}))
-        await episode.step("finished")
+            await episode.astep(hermes(name, {}))
+        await episode.astep("finished")
 
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
@@ -253,9 +253,9 @@ async def test_state_reaches_tools_and_stays_in_its_episode() -> None:
 
     a = Episode([record], state={"user": "a"}, episode_id="ep-a")
     b = Episode([record], state={"user": "b"})
-    await a.step(hermes("record", {}))
-    await b.step(hermes("record", {}))
-    await a.step(hermes("record", {}))
+    await a.astep(hermes("record", {}))
+    await b.astep(hermes("record", {}))
+    await a.astep(hermes("record", {}))
     assert [(s["episode_id"], s["user"], s["turn"]) for s in seen] == [
         ("ep-a", "a", 1),
         (b.id, "b", 1),
@@ -269,17 +269,17 @@ async def test_python_state_is_per_episode(executor: PythonExecutorService) -> N
     run = python_tool(executor)
     async with Episode([run]) as a, Episode([run]) as b:  # python= taken from the tool
         assert a.python is executor and a.python_session != b.python_session
-        await a.step(py("x = 41\nopen('note.txt', 'w').write('from a')"))
-        (other,) = await b.step(
+        await a.astep(py("x = 41\nopen('note.txt', 'w').write('from a')"))
+        (other,) = await b.astep(
             py("import os\nprint('x' in globals(), os.path.exists('note.txt'))")
         )
         assert other["content"] == "False False\n"
-        (mine,) = await a.step(py("print(x + 1, open('note.txt').read())"))
+        (mine,) = await a.astep(py("print(x + 1, open('note.txt').read())"))
         assert mine["content"] == "42 from a\n"
 
 
 async def test_python_errors_are_tool_messages(python_episode: Episode) -> None:
-    (message,) = await python_episode.step(py("raise ValueError('Test error')"))
+    (message,) = await python_episode.astep(py("raise ValueError('Test error')"))
     assert (
         message["content"].startswith("Error: ") and "ValueError: Test error" in message["content"]
     )
@@ -289,20 +289,20 @@ async def test_python_errors_are_tool_messages(python_episode: Episode) -> None:
 async def test_python_timeout_is_reported_and_the_session_restarts(
     python_episode: Episode,
 ) -> None:
-    await python_episode.step(py("y = 1"))
-    (message,) = await python_episode.step(py("while True:\n    pass"))
+    await python_episode.astep(py("y = 1"))
+    (message,) = await python_episode.astep(py("while True:\n    pass"))
     assert message["content"].startswith("Error: TimeoutError: ")
     assert "time limit" in message["content"] and "restarted" in message["content"]
     assert python_episode.metrics.timeouts == 1
-    (message,) = await python_episode.step(py("print('y' in globals())"))
+    (message,) = await python_episode.astep(py("print('y' in globals())"))
     assert message["content"].startswith("False")
 
 
 async def test_fork_copies_python_state_then_diverges(executor: PythonExecutorService) -> None:
     async with Episode([python_tool(executor)], python=executor, prompt="go") as parent:
         parent.state["picked"] = ["base"]
-        await parent.step(py("x = 1\nopen('f.txt', 'w').write('base')"))
-        left, right = await parent.fork(2)
+        await parent.astep(py("x = 1\nopen('f.txt', 'w').write('base')"))
+        left, right = await parent.afork(2)
         try:
             assert len({parent.id, left.id, right.id}) == 3
             assert len({parent.python_session, left.python_session, right.python_session}) == 3
@@ -311,11 +311,11 @@ async def test_fork_copies_python_state_then_diverges(executor: PythonExecutorSe
             left.state["picked"].append("left")
             assert parent.state["picked"] == ["base"] == right.state["picked"]
 
-            await left.step(py("x = 2\nopen('f.txt', 'w').write('left')"))
+            await left.astep(py("x = 2\nopen('f.txt', 'w').write('left')"))
             show = py("print(x, open('f.txt').read())")
-            assert (await right.step(show))[0]["content"] == "1 base\n"
-            assert (await parent.step(show))[0]["content"] == "1 base\n"
-            assert (await left.step(show))[0]["content"] == "2 left\n"
+            assert (await right.astep(show))[0]["content"] == "1 base\n"
+            assert (await parent.astep(show))[0]["content"] == "1 base\n"
+            assert (await left.astep(show))[0]["content"] == "2 left\n"
             assert len(left.messages) == 7 and len(parent.messages) == 5
             assert left.messages[:3] == parent.messages[:3] != right.messages[:4]
         finally:
@@ -325,31 +325,31 @@ async def test_fork_copies_python_state_then_diverges(executor: PythonExecutorSe
 
 async def test_fork_without_python_and_of_a_fresh_session(executor: PythonExecutorService) -> None:
     plain = Episode([add], prompt="hi")
-    (copy,) = await plain.fork(1)
+    (copy,) = await plain.afork(1)
     assert copy.python_session is None and copy.messages == plain.messages
     with pytest.raises(UserError, match="n >= 1"):
-        await plain.fork(0)
+        await plain.afork(0)
     async with Episode([python_tool(executor)]) as fresh:  # no call yet: forks an empty session
-        (twin,) = await fresh.fork(1)
+        (twin,) = await fresh.afork(1)
         async with twin:
-            assert (await twin.step(py("print(1)")))[0]["content"] == "1\n"
+            assert (await twin.astep(py("print(1)")))[0]["content"] == "1\n"
 
 
 async def test_close_releases_the_session(executor: PythonExecutorService) -> None:
     episode = Episode([python_tool(executor)], python=executor)
-    await episode.step(py("z = 3"))
-    (copy,) = await episode.fork(1)
+    await episode.astep(py("z = 3"))
+    (copy,) = await episode.afork(1)
     before = executor.stats()["sessions"]
     await episode.aclose()
     await episode.aclose()  # idempotent
     assert executor.stats()["sessions"] == before - 1
     assert episode.done and episode.reason == "closed"
     with pytest.raises(UserError, match="done"):
-        await episode.step(py("print(z)"))
+        await episode.astep(py("print(z)"))
     with pytest.raises(UserError, match="closed"):
-        await episode.fork(1)
+        await episode.afork(1)
     # the copy is independent of its closed parent
-    assert (await copy.step(py("print(z)")))[0]["content"] == "3\n"
+    assert (await copy.astep(py("print(z)")))[0]["content"] == "3\n"
     await copy.aclose()
     assert executor.stats()["sessions"] == before - 2
 
@@ -369,7 +369,7 @@ async def test_configuration_errors(executor: PythonExecutorService) -> None:
         other.close()
     episode = Episode([add])
     with pytest.raises(UserError, match="assistant message"):
-        await episode.step(None)  # type: ignore[arg-type]
+        await episode.astep(None)  # type: ignore[arg-type]
 
 
 async def test_python_tool_outside_an_episode_runs_fresh(executor: PythonExecutorService) -> None:
@@ -391,21 +391,21 @@ async def test_a_cancelled_step_leaves_the_episode_as_it_was() -> None:
 
     episode = Episode([slow, add], prompt="go", timeout=60)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(episode.step, hermes("slow", {}))
+        tg.start_soon(episode.astep, hermes("slow", {}))
         await started.wait()
         tg.cancel_scope.cancel()
     assert episode.turns == 0 and len(episode.messages) == 1 and not episode.done
-    (message,) = await episode.step(hermes("add", {"a": 1, "b": 1}))
+    (message,) = await episode.astep(hermes("add", {"a": 1, "b": 1}))
     assert message["content"] == "2" and episode.turns == 1
 
 
 async def test_a_done_episode_forks_into_done_copies() -> None:
     episode = Episode([add])
-    await episode.step("no calls")
-    (copy,) = await episode.fork(1)
+    await episode.astep("no calls")
+    (copy,) = await episode.afork(1)
     assert copy.done and copy.reason == "answered"
     with pytest.raises(UserError, match="done"):
-        await copy.step("again")
+        await copy.astep("again")
 
 
 async def test_episodes_given_the_same_id_still_get_their_own_sessions(
@@ -413,8 +413,8 @@ async def test_episodes_given_the_same_id_still_get_their_own_sessions(
 ) -> None:
     run = python_tool(executor)
     async with Episode([run], episode_id="task-1") as a, Episode([run], episode_id="task-1") as b:
-        await a.step(py("secret = 1"))
-        (message,) = await b.step(py("print('secret' in globals())"))
+        await a.astep(py("secret = 1"))
+        (message,) = await b.astep(py("print('secret' in globals())"))
         assert message["content"] == "False\n"
 
 
@@ -422,7 +422,7 @@ async def test_a_dropped_episode_still_ends_its_session(executor: PythonExecutor
     import gc
 
     episode = Episode([python_tool(executor)])
-    await episode.step(py("kept = 1"))
+    await episode.astep(py("kept = 1"))
     before = executor.stats()["sessions"]
     del episode
     gc.collect()

@@ -30,7 +30,7 @@ async def test_parser_none_runs_the_server_calls_only() -> None:
         "content": "adding",
         "tool_calls": [server_call({"a": 2, "b": 3})],
     }
-    (result,) = await episode.step(message)
+    (result,) = await episode.astep(message)
     assert result == {"role": "tool", "tool_call_id": "call_srv_1", "name": "add", "content": "5"}
     assert episode.messages[-2]["tool_calls"][0]["id"] == "call_srv_1"
     assert not episode.done and episode.metrics.calls == 1
@@ -39,13 +39,13 @@ async def test_parser_none_runs_the_server_calls_only() -> None:
 async def test_parser_none_never_parses_the_text() -> None:
     episode = Episode([add], parser=None)
     # a text that any text parser would run as a call: here it is the answer
-    assert await episode.step(HERMES) == []
+    assert await episode.astep(HERMES) == []
     assert episode.done and episode.reason == "answered"
     assert episode.metrics.calls == 0 and episode.metrics.parse_errors == 0
     assert episode.messages[-1] == {"role": "assistant", "content": HERMES}
     # a message dict without tool_calls: its content is not parsed either
     other = Episode([add], parser=None)
-    assert await other.step({"role": "assistant", "content": HERMES, "tool_calls": []}) == []
+    assert await other.astep({"role": "assistant", "content": HERMES, "tool_calls": []}) == []
     assert other.reason == "answered" and other.metrics.calls == 0
 
 
@@ -57,7 +57,7 @@ async def test_parser_none_text_is_never_a_parse_error() -> None:
     """
     for text in ("x" * 17_000_000, "half a pair: \ud800 ok"):
         episode = Episode([add], parser=None, max_failed_turns=1)
-        assert await episode.step({"role": "assistant", "content": text}) == []
+        assert await episode.astep({"role": "assistant", "content": text}) == []
         assert episode.reason == "answered"
         assert episode.metrics.parse_errors == 0
 
@@ -65,7 +65,7 @@ async def test_parser_none_text_is_never_a_parse_error() -> None:
 async def test_parser_none_still_checks_server_calls() -> None:
     episode = Episode([add], parser=None, max_turns=None)
     bad = {"role": "assistant", "content": "", "tool_calls": [server_call("{not json")]}
-    messages = await episode.step(bad)
+    messages = await episode.astep(bad)
     assert len(messages) == 1 and "Could not read the tool call" in messages[0]["content"]
     assert episode.metrics.parse_errors == 1 and not episode.done
     assert episode.parser.name == "server"
@@ -87,7 +87,7 @@ async def test_aclose_reason_is_the_running_episodes_reason() -> None:
     assert set(CLOSE_REASONS) <= set(EndReason.__args__)
     for reason in CLOSE_REASONS:
         episode = Episode([add])
-        await episode.step(HERMES)
+        await episode.astep(HERMES)
         await episode.aclose(reason=reason)
         assert episode.done and episode.closed and episode.reason == reason
         await episode.aclose(reason="closed")  # the first close wins
@@ -96,7 +96,7 @@ async def test_aclose_reason_is_the_running_episodes_reason() -> None:
 
 async def test_aclose_reason_keeps_a_finished_episodes_reason() -> None:
     episode = Episode([add])
-    await episode.step("the answer is 3")
+    await episode.astep("the answer is 3")
     await episode.aclose(reason="request_error")
     assert episode.reason == "answered" and episode.closed
 
@@ -176,7 +176,7 @@ async def test_shared_limiter_fast_path_keeps_the_bound() -> None:
     call = '<tool_call>\n{"name": "slow", "arguments": {}}\n</tool_call>'
     async with anyio.create_task_group() as tg:
         for episode in episodes:
-            tg.start_soon(episode.step, call)
+            tg.start_soon(episode.astep, call)
         await anyio.wait_all_tasks_blocked()  # every step is in the tool or at the limiter
         assert inside == 2
         gate.set()

@@ -58,17 +58,17 @@ def texts(messages: list[dict[str, Any]]) -> list[str]:
 
 async def test_writes_persist_for_later_turns_of_the_episode() -> None:
     episode = Episode(TOOLS, end_on_answer=False, state={"user": "alice"})
-    await episode.step(calls(("remember", {"key": "plan", "value": "A"})))
+    await episode.astep(calls(("remember", {"key": "plan", "value": "A"})))
     assert episode.state == {"user": "alice", "plan": "A"}
-    assert texts(await episode.step(calls(("recall", {"key": "plan"})))) == ["A"]
-    await episode.step(calls(("remember", {"key": "plan", "value": "B"})))
-    await episode.step(calls(("forget", {"key": "user"})))
+    assert texts(await episode.astep(calls(("recall", {"key": "plan"})))) == ["A"]
+    await episode.astep(calls(("remember", {"key": "plan", "value": "B"})))
+    await episode.astep(calls(("forget", {"key": "user"})))
     assert episode.state == {"plan": "B"}
 
 
 async def test_a_later_call_of_the_same_response_sees_the_write() -> None:
     episode = Episode(TOOLS)
-    out = await episode.step(
+    out = await episode.astep(
         calls(("remember", {"key": "k", "value": "v"}), ("recall", {"key": "k"}))
     )
     assert texts(out) == ["stored", "v"]
@@ -77,8 +77,8 @@ async def test_a_later_call_of_the_same_response_sees_the_write() -> None:
 async def test_never_across_episodes() -> None:
     a = Episode(TOOLS, episode_id="same")
     b = Episode(TOOLS, episode_id="same")
-    await a.step(calls(("remember", {"key": "k", "value": "a"})))
-    assert texts(await b.step(calls(("recall", {"key": "k"})))) == ["<nothing>"]
+    await a.astep(calls(("remember", {"key": "k", "value": "a"})))
+    assert texts(await b.astep(calls(("recall", {"key": "k"})))) == ["<nothing>"]
     assert b.state == {} and a.state == {"k": "a"}
 
 
@@ -94,8 +94,8 @@ async def test_standard_entries_are_not_the_tools_to_change() -> None:
         return "ok"
 
     episode = Episode([meddle], episode_id="ep", end_on_answer=False)
-    await episode.step(calls(("meddle", {}), ("meddle", {})))
-    await episode.step(calls(("meddle", {})))
+    await episode.astep(calls(("meddle", {}), ("meddle", {})))
+    await episode.astep(calls(("meddle", {})))
     assert episode.state == {}
     standard = [(s["episode_id"], s["turn"], s["call_index"]) for s in seen]
     assert standard == [("ep", 1, 0), ("ep", 1, 1), ("ep", 2, 0)]
@@ -108,7 +108,7 @@ async def test_a_user_key_named_like_a_standard_one_is_kept() -> None:
         return str(_state["turn"])
 
     episode = Episode([peek], state={"turn": "mine"})
-    assert texts(await episode.step(calls(("peek", {})))) == ["1"]  # the standard entry wins
+    assert texts(await episode.astep(calls(("peek", {})))) == ["1"]  # the standard entry wins
     assert episode.state == {"turn": "mine"}  # and the user's value is not lost
 
 
@@ -127,19 +127,19 @@ async def test_a_failing_call_keeps_its_writes_a_timed_out_one_does_not() -> Non
         return "unreachable"
 
     episode = Episode([write_then_fail, write_then_hang], timeout=0.2, end_on_answer=False)
-    await episode.step(calls(("write_then_fail", {})))
+    await episode.astep(calls(("write_then_fail", {})))
     assert episode.last is not None and episode.last.results[0].error_kind == "tool_failed"
-    await episode.step(calls(("write_then_hang", {})))
+    await episode.astep(calls(("write_then_hang", {})))
     assert episode.last is not None and episode.last.results[0].error_kind == "timeout"
     assert episode.state == {"failed_write": True}
 
 
 async def test_forks_write_to_their_own_copies() -> None:
     parent = Episode(TOOLS, end_on_answer=False, state={"log": ["base"]})
-    await parent.step(calls(("remember", {"key": "k", "value": "parent"})))
-    left, right = await parent.fork(2)
-    await left.step(calls(("remember", {"key": "k", "value": "left"})))
-    assert texts(await right.step(calls(("recall", {"key": "k"})))) == ["parent"]
+    await parent.astep(calls(("remember", {"key": "k", "value": "parent"})))
+    left, right = await parent.afork(2)
+    await left.astep(calls(("remember", {"key": "k", "value": "left"})))
+    assert texts(await right.astep(calls(("recall", {"key": "k"})))) == ["parent"]
     assert (parent.state["k"], left.state["k"], right.state["k"]) == ("parent", "left", "parent")
     assert left.state["log"] is not parent.state["log"]
 
@@ -149,7 +149,7 @@ async def test_shared_dispatcher_keeps_each_episodes_writes_apart() -> None:
     episodes = [Episode(TOOLS, dispatcher=shared) for _ in range(4)]
     async with anyio.create_task_group() as tg:
         for n, episode in enumerate(episodes):
-            tg.start_soon(episode.step, calls(("remember", {"key": "n", "value": str(n)})))
+            tg.start_soon(episode.astep, calls(("remember", {"key": "n", "value": str(n)})))
     assert [e.state for e in episodes] == [{"n": str(n)} for n in range(4)]
 
 
@@ -205,5 +205,5 @@ async def test_falsy_values_are_written_back(value: Any) -> None:
         return "ok"
 
     episode = Episode([put], state={"v": "old"})
-    await episode.step(calls(("put", {})))
+    await episode.astep(calls(("put", {})))
     assert episode.state == {"v": value}

@@ -464,3 +464,42 @@ async def test_the_test_server_streams_for_streaming_clients() -> None:
     assert json.loads(call.function.arguments or "") == {"expression": "1+2"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+async def test_concurrent_arun_calls_share_the_rollouts_max_concurrency() -> None:
+    """Each arun used to make its own bound: two calls ran two episodes at once."""
+    inside = 0
+    peak = 0
+    release = anyio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Waits until the test lets it go."""
+        nonlocal inside, peak
+        inside += 1
+        peak = max(peak, inside)
+        with anyio.fail_after(30):
+            await release.wait()
+        inside -= 1
+        return "held"
+
+    script = {p: [hermes("hold", {}), "done"] for p in ("a", "b")}
+    with ScriptedChatServer(script) as server:
+        async with (
+            Rollout(
+                [hold], model="m", base_url=server.url, parser="hermes", max_concurrency=1
+            ) as runner,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(runner.arun, ["a"])
+            tg.start_soon(runner.arun, ["b"])
+            with anyio.fail_after(30):
+                while inside == 0:  # noqa: ASYNC110 - yield until the first call is in
+                    await anyio.sleep(0.01)
+            assert runner._in_flight.held == 1
+            with anyio.fail_after(30):
+                while runner._in_flight.waiting == 0:  # noqa: ASYNC110 - until queued
+                    await anyio.sleep(0.01)
+            assert inside == 1
+            release.set()
+    assert peak == 1

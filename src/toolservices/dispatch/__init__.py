@@ -1,5 +1,6 @@
 """Concurrent execution of parsed tool calls, results and metrics."""
 
+from toolservices.dispatch._bound import ConcurrencyBound
 from toolservices.dispatch._state import EpisodeState
 from toolservices.dispatch.dispatcher import (
     DEFAULT_MAX_ABANDONED_THREADS,
@@ -25,6 +26,7 @@ from toolservices.dispatch.results import (
 __all__ = [
     "DEFAULT_MAX_ABANDONED_THREADS",
     "CallResult",
+    "ConcurrencyBound",
     "DispatchItem",
     "Dispatcher",
     "EpisodeMetrics",

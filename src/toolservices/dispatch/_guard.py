@@ -6,7 +6,8 @@ sync tools run in threads that catch everything (:class:`ThreadRun`), and
 async tools' exceptions are sorted by :func:`is_real_cancellation` into the
 tool's own failures and a real cancellation of the caller. And a sync tool
 that hangs keeps its thread after the dispatcher gave up on it; the count of
-such threads per tool is kept here (:func:`admit`, :meth:`ThreadRun.abandon`).
+such threads per tool is kept by the dispatcher's
+:class:`~toolservices.dispatch._bound.Limits` (:meth:`ThreadRun.abandon`).
 """
 
 from __future__ import annotations
@@ -14,35 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from toolservices.dispatch._bound import Limits
 from toolservices.tools.base import Tool
 
-__all__ = ["ThreadRun", "admit", "current_task", "is_real_cancellation", "wait_abandoned"]
+__all__ = ["ThreadRun", "current_task", "is_real_cancellation"]
 
 logger = logging.getLogger("toolservices.dispatch")
-
-#: Guards every tool's count of abandoned calls (taken briefly, from any thread);
-#: notified whenever a count drops.
-_abandoned_lock = threading.Condition()
-
-
-def admit(tool: Tool, cap: int) -> bool:
-    """Whether a new call of ``tool`` may start (it has fewer than ``cap`` abandoned)."""
-    with _abandoned_lock:
-        return tool._abandoned_threads < cap
-
-
-def wait_abandoned(tools: Iterable[Tool], timeout: float | None) -> bool:
-    """Block until no tool of ``tools`` has abandoned calls left; False on timeout."""
-    tools = list(tools)
-    with _abandoned_lock:
-        return _abandoned_lock.wait_for(
-            lambda: not any(t._abandoned_threads for t in tools), timeout
-        )
 
 
 class ThreadRun:
@@ -51,23 +34,24 @@ class ThreadRun:
     The thread catches everything the tool raises, ``SystemExit`` and
     ``KeyboardInterrupt`` included: raised into the event loop, those would
     stop the shared loop thread and wedge every later sync call. A call the
-    dispatcher abandons at its timeout is counted on the tool while its
-    thread runs. One abandoned before its thread started (it waited for a
-    free slot, or in the worker's queue) holds no thread: it is not counted,
-    and it never starts, since its caller is gone.
+    dispatcher abandons at its timeout is counted on the dispatcher's
+    :class:`Limits` while its thread runs. One abandoned before its thread
+    started (it waited for a free slot, or in the worker's queue) holds no
+    thread: it is not counted, and it never starts, since its caller is gone.
     """
 
-    __slots__ = ("abandoned", "error", "fn", "state", "tool", "value")
+    __slots__ = ("abandoned", "error", "fn", "limits", "state", "tool", "value")
 
-    def __init__(self, tool: Tool, fn: Callable[[], Any]) -> None:
-        self.tool, self.fn = tool, fn
+    def __init__(self, tool: Tool, fn: Callable[[], Any], limits: Limits) -> None:
+        self.tool, self.fn, self.limits = tool, fn, limits
         self.state = "pending"  # then "running", then "done"
         self.abandoned = False
         self.value: Any = None
         self.error: BaseException | None = None
 
     def __call__(self) -> ThreadRun:
-        with _abandoned_lock:
+        lock = self.limits.abandoned_changed
+        with lock:
             if self.abandoned:  # the caller gave up before the thread got to it
                 self.state = "done"
                 return self
@@ -77,25 +61,25 @@ class ThreadRun:
         except BaseException as exc:  # the tool's: the dispatcher reports it, never raised here
             self.error = exc
         finally:
-            with _abandoned_lock:
+            with lock:
                 self.state = "done"
                 if self.abandoned:
-                    self.tool._abandoned_threads -= 1
-                    _abandoned_lock.notify_all()
+                    self.limits.add_abandoned(self.tool, -1)
             if self.abandoned:
                 logger.debug("an abandoned call of tool %r has ended", self.tool.name)
         return self
 
-    def abandon(self, cap: int) -> None:
+    def abandon(self) -> None:
         """The dispatcher stopped waiting: count the thread on the tool while it runs."""
-        with _abandoned_lock:
+        limits = self.limits
+        with limits.abandoned_changed:
             if self.state == "done" or self.abandoned:
                 return
             self.abandoned = True
             if self.state == "pending":
                 return
-            self.tool._abandoned_threads += 1
-            count = self.tool._abandoned_threads
+            count = limits.add_abandoned(self.tool, 1)
+        cap = limits.max_abandoned_threads
         if count == cap:  # once per crossing (counts move by one, under the lock)
             logger.warning(
                 "toolservices: %d calls of tool %r timed out and are still running in their "

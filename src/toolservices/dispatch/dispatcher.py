@@ -12,24 +12,20 @@ caller) still propagates.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 
 from toolservices._portal import run_sync
-from toolservices.dispatch._guard import (
-    ThreadRun,
-    admit,
-    current_task,
-    is_real_cancellation,
-    wait_abandoned,
-)
+from toolservices.dispatch._bound import Limits
+from toolservices.dispatch._guard import ThreadRun, current_task, is_real_cancellation
 from toolservices.dispatch._state import EpisodeState
 from toolservices.dispatch.results import CallResult, ItemResult, StepMetrics, value_text
 from toolservices.errors import (
@@ -58,17 +54,30 @@ DispatchItem = ParseResult | Sequence[ToolCall]
 DEFAULT_MAX_ABANDONED_THREADS = 8
 
 
+class _Unset:
+    """A ``with_options`` argument left out (``timeout=None`` means "no limit")."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+_UNSET: Final = _Unset()
+
+
 class Dispatcher:
     """Executes tool calls against a :class:`ToolRegistry`.
 
     * calls of one item run strictly in order of appearance;
     * different items run concurrently, at most ``max_concurrency`` calls at
-      once (async tools natively, sync tools in worker threads);
+      once (async tools natively, sync tools in worker threads); the bound
+      belongs to the dispatcher, so it holds over every caller at once:
+      concurrent ``arun``/``run``/``acall`` calls, from any thread or event
+      loop, and the dispatchers derived from it (:meth:`with_options`);
     * each call has a time limit (the tool's own ``timeout`` or ``timeout``);
       a sync tool that overruns is abandoned in its thread, since Python
       cannot kill a thread, and reported as timed out. While a tool has
-      ``max_abandoned_threads`` such calls still running (counted over every
-      dispatcher of the process), its new calls are refused
+      ``max_abandoned_threads`` such calls still running (counted by this
+      dispatcher and those derived from it), its new calls are refused
       (``infrastructure``, a :class:`~toolservices.errors.ToolBusyError` the
       model reads as "try again later"), and reaching the cap logs a warning
       (see ``docs/dispatch.md`` for the exact bound);
@@ -98,18 +107,58 @@ class Dispatcher:
     ) -> None:
         if max_concurrency < 1:
             raise UserError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        if timeout is not None and not timeout > 0:
-            raise UserError(f"timeout must be a positive number of seconds or None, got {timeout}")
+        _checked_timeout(timeout)
         if max_abandoned_threads < 1:
             raise UserError(
                 f"max_abandoned_threads must be at least 1, got {max_abandoned_threads}"
             )
         self.registry = registry
-        self.max_concurrency = max_concurrency
         self.timeout = timeout
         self.stop_on_error = stop_on_error
         self.pass_state = pass_state
-        self.max_abandoned_threads = max_abandoned_threads
+        self._limits = Limits(
+            max_concurrency=max_concurrency, max_abandoned_threads=max_abandoned_threads
+        )
+
+    @property
+    def max_concurrency(self) -> int:
+        """Calls running at once over this dispatcher and those derived from it."""
+        return self._limits.bound.total
+
+    @property
+    def max_abandoned_threads(self) -> int:
+        """Timed-out calls per sync tool left running before the tool is refused."""
+        return self._limits.max_abandoned_threads
+
+    def with_options(
+        self,
+        *,
+        registry: ToolRegistry | None = None,
+        timeout: float | None | _Unset = _UNSET,
+        stop_on_error: bool | None = None,
+        pass_state: bool | None = None,
+    ) -> Dispatcher:
+        """A dispatcher with other tools or settings that shares this one's bound.
+
+        Calls of both count towards the same ``max_concurrency`` and the same
+        abandoned-thread counts (an episode with its own tools or timeout
+        runs on such a derived dispatcher). Arguments left out keep this
+        dispatcher's value.
+        """
+        derived = copy.copy(self)
+        if registry is not None:
+            derived.registry = registry
+        if not isinstance(timeout, _Unset):
+            derived.timeout = _checked_timeout(timeout)
+        if stop_on_error is not None:
+            derived.stop_on_error = stop_on_error
+        if pass_state is not None:
+            derived.pass_state = pass_state
+        return derived
+
+    def shares_bound_with(self, other: Dispatcher) -> bool:
+        """Whether ``other`` counts its calls against this dispatcher's bound."""
+        return self._limits is other._limits
 
     # -- public entry points -------------------------------------------------------
 
@@ -127,29 +176,22 @@ class Dispatcher:
         items: Sequence[DispatchItem],
         *,
         states: Sequence[Mapping[str, Any] | None] | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
     ) -> list[ItemResult]:
         """Run every item's calls; one :class:`ItemResult` per item, in order.
 
-        ``limiter`` is a bound shared with other concurrent ``arun`` calls
-        (what episodes stepping independently share: env/episode.py passes
-        it); every call takes it.
+        Every call takes the dispatcher's bound, shared with every other
+        concurrent caller of this dispatcher (and of those derived from it).
         """
         if states is not None and len(states) != len(items):
             raise UserError(f"got {len(states)} states for {len(items)} items")
-        # Calls of one item are sequential, so a batch no larger than the bound
-        # cannot exceed it; the limiter then only sizes the worker threads.
-        bounded = limiter is not None or len(items) > self.max_concurrency
-        if limiter is None:
-            limiter = anyio.CapacityLimiter(self.max_concurrency)
         if len(items) == 1:
             state = states[0] if states is not None else None
-            return [await self._guarded_item(items[0], state, limiter, bounded, 0)]
+            return [await self._guarded_item(items[0], state, 0)]
         outcomes: list[ItemResult | None] = [None] * len(items)
 
         async def one(i: int) -> None:
             state = states[i] if states is not None else None
-            outcomes[i] = await self._guarded_item(items[i], state, limiter, bounded, i)
+            outcomes[i] = await self._guarded_item(items[i], state, i)
 
         async with anyio.create_task_group() as tg:
             for i in range(len(items)):
@@ -157,41 +199,25 @@ class Dispatcher:
         return outcomes  # type: ignore[return-value]  # one() filled every entry
 
     async def arun_item(
-        self,
-        item: DispatchItem,
-        *,
-        state: Mapping[str, Any] | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
+        self, item: DispatchItem, *, state: Mapping[str, Any] | None = None
     ) -> ItemResult:
-        """``(await arun([item], states=[state], limiter=limiter))[0]``, without the batch.
+        """``(await arun([item], states=[state]))[0]``, without the batch.
 
         The per-turn path of an episode: one response's calls, in order.
         """
-        bounded = limiter is not None
-        if limiter is None:
-            limiter = anyio.CapacityLimiter(self.max_concurrency)
-        return await self._guarded_item(item, state, limiter, bounded, 0)
+        return await self._guarded_item(item, state, 0)
 
     async def acall(
-        self,
-        call: ToolCall,
-        *,
-        state: Mapping[str, Any] | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
-        bound_async: bool = True,
-        index: int = 0,
+        self, call: ToolCall, *, state: Mapping[str, Any] | None = None, index: int = 0
     ) -> CallResult:
-        """Run a single call; never raises for anything the tool or model did.
+        """Run a single call under the dispatcher's bound; never raises for anything
+        the tool or model did.
 
-        ``limiter`` caps concurrent calls (and sizes the threads of sync
-        tools); ``bound_async=False`` lets async tools skip it. ``index`` is
-        the call's position in its response: it numbers the result and, for a
-        call without an id, seeds the derived one (so two identical calls of
-        one response get different ids).
+        ``index`` is the call's position in its response: it numbers the
+        result and, for a call without an id, seeds the derived one (so two
+        identical calls of one response get different ids).
         """
-        return await self._call(
-            call, state, None, limiter=limiter, bound_async=bound_async, index=index
-        )
+        return await self._call(call, state, None, index=index)
 
     async def _call(
         self,
@@ -199,8 +225,6 @@ class Dispatcher:
         state: Mapping[str, Any] | None,
         extra: Mapping[str, Any] | None,
         *,
-        limiter: anyio.CapacityLimiter | None,
-        bound_async: bool,
         index: int,
     ) -> CallResult:
         """:meth:`acall`; ``extra`` goes over ``state`` (merged only for tools taking state)."""
@@ -236,45 +260,43 @@ class Dispatcher:
         except Exception as exc:  # lookup and validation are ours: a bug, not the model's
             return failed(exc, "internal", _internal(call.tool, exc))
 
-        run = None if tool.is_async else ThreadRun(tool, functools.partial(tool, **args))
-        if run is not None and not admit(tool, self.max_abandoned_threads):
+        limits = self._limits
+        run = None if tool.is_async else ThreadRun(tool, functools.partial(tool, **args), limits)
+        if run is not None and not limits.admit(tool):
             busy = ToolBusyError(
                 f"Tool '{call.tool}' was not run: {self.max_abandoned_threads} earlier calls of "
                 "it timed out and are still running. Try again later or use another tool."
             )
             return failed(busy, "infrastructure", busy.message)
         task = current_task()
+        bound = limits.bound
         value: Any = None
         error: BaseException | None = None
         try:
             with anyio.move_on_after(limit if limit is not None else math.inf) as scope:
-                if run is not None:
-                    await anyio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=limiter)
-                    value, error = run.value, run.error
-                elif limiter is None or not bound_async:
-                    value = await tool.acall(**args)
-                else:
-                    # A free token is taken without yielding to the loop (acquire()
-                    # always yields once, which doubled the cost of a no-op call);
-                    # acquire_nowait still queues behind waiting tasks, so the order
-                    # in which tasks get tokens is unchanged.
-                    try:
-                        limiter.acquire_nowait()
-                    except anyio.WouldBlock:
-                        await limiter.acquire()
-                    try:
+                # A free token is taken without yielding to the loop; a full bound
+                # queues the call behind the ones already waiting, on any loop.
+                if not bound.try_acquire():
+                    await bound.acquire()
+                try:
+                    if run is not None:
+                        await anyio.to_thread.run_sync(
+                            run, abandon_on_cancel=True, limiter=limits.threads
+                        )
+                        value, error = run.value, run.error
+                    else:
                         value = await tool.acall(**args)
-                    finally:
-                        limiter.release()
+                finally:
+                    bound.release()
         except BaseException as exc:
             if is_real_cancellation(exc, task):
                 if run is not None:  # the caller gave up: the thread runs on, counted
-                    run.abandon(self.max_abandoned_threads)
+                    run.abandon()
                 raise
             error = exc
         if scope.cancelled_caught:
             if run is not None:
-                run.abandon(self.max_abandoned_threads)
+                run.abandon()
             timeout = ToolTimeoutError(
                 f"Tool '{call.tool}' timed out after {limit:g} s and was abandoned"
             )
@@ -302,7 +324,7 @@ class Dispatcher:
 
     def abandoned_calls(self) -> dict[str, int]:
         """Calls per tool still running in threads after timing out (tools with any)."""
-        counts = {t.name: t._abandoned_threads for t in self.registry}
+        counts = {t.name: self._limits.abandoned(t) for t in self.registry}
         return {name: n for name, n in counts.items() if n}
 
     def wait_abandoned(self, timeout: float | None = None) -> bool:
@@ -311,7 +333,7 @@ class Dispatcher:
         For a clean shutdown: those threads cannot be killed, only waited for.
         Returns False if some are still running after ``timeout`` seconds.
         """
-        return wait_abandoned(self.registry, timeout)
+        return self._limits.wait_abandoned(self.registry, timeout)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -319,12 +341,10 @@ class Dispatcher:
         self,
         item: DispatchItem,
         state: Mapping[str, Any] | None,
-        limiter: anyio.CapacityLimiter,
-        bounded: bool,
         position: int,
     ) -> ItemResult:
         try:
-            return await self._run_item(item, state, limiter, bounded)
+            return await self._run_item(item, state)
         except Exception as exc:  # a bug of ours: logged, and every call still answered
             logger.error("toolservices: dispatching batch item %d failed", position, exc_info=exc)
             return _failed_item(item, exc)
@@ -333,8 +353,6 @@ class Dispatcher:
         self,
         item: DispatchItem,
         state: Mapping[str, Any] | None,
-        limiter: anyio.CapacityLimiter,
-        bounded: bool,
     ) -> ItemResult:
         parse, calls = _split(item)
         results: list[CallResult] = []
@@ -357,8 +375,6 @@ class Dispatcher:
                 call,
                 state,
                 {"call_index": index} if state is not None else None,
-                limiter=limiter,
-                bound_async=bounded,
                 index=index,
             )
             results.append(outcome)
@@ -370,6 +386,12 @@ class Dispatcher:
             parse=parse,
             stopped_early=stopped,
         )
+
+
+def _checked_timeout(timeout: float | None) -> float | None:
+    if timeout is not None and not timeout > 0:
+        raise UserError(f"timeout must be a positive number of seconds or None, got {timeout}")
+    return timeout
 
 
 def call_id_of(call: ToolCall, index: int) -> str:

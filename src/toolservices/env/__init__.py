@@ -1,8 +1,20 @@
 """Framework-free multi-turn tool environments: one :class:`Episode` per
-trajectory, and :class:`ToolEnv` for batches stepped in lockstep."""
+trajectory, :class:`ToolEnv` for batches stepped in lockstep, and the
+:class:`EpisodeSpec` every driver (ToolEnv, rollouts, trainer adapters)
+makes its episodes from."""
 
-from toolservices.env._python_tool import python_tool
+from toolservices.env._python_tool import PythonRender, PythonTool, python_tool
+from toolservices.env._spec import EpisodeSpec, check_episode_options
 from toolservices.env.chat import EnvStep, ToolEnv
 from toolservices.env.episode import Episode
 
-__all__ = ["EnvStep", "Episode", "ToolEnv", "python_tool"]
+__all__ = [
+    "EnvStep",
+    "Episode",
+    "EpisodeSpec",
+    "PythonRender",
+    "PythonTool",
+    "ToolEnv",
+    "check_episode_options",
+    "python_tool",
+]

@@ -1,5 +1,11 @@
 """``python_tool``: model-written Python, run in the calling episode's own session.
 
+:class:`PythonTool` is the library's one Python tool: episodes and
+``ToolEnv`` use it as ``python_tool(executor)``, TorchRL's
+``PythonInterpreter`` with ``render="stdout"`` and a per-item session, the
+MCP server as ``python_execute`` with ``render="result"`` and sessions the
+model names.
+
 The tool itself holds no session: an :class:`~toolservices.env.Episode` puts
 its session id into the call's ``_state`` (``"python_session"``), so one tool
 object serves every episode and each episode keeps its own variables and
@@ -9,15 +15,21 @@ runs in a fresh interpreter.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from toolservices.errors import ToolExecutionError, ToolTimeoutError
+from toolservices.errors import ToolExecutionError, ToolTimeoutError, UserError
 from toolservices.tools import Tool
 
 if TYPE_CHECKING:
     from toolservices.python import ExecResult, PythonExecutorService
 
-__all__ = ["PYTHON_SESSION_KEY", "PythonTool", "exec_result_text", "python_tool"]
+__all__ = [
+    "PYTHON_SESSION_KEY",
+    "PythonRender",
+    "PythonTool",
+    "exec_result_text",
+    "python_tool",
+]
 
 #: The ``_state`` key that carries the episode's session id.
 PYTHON_SESSION_KEY = "python_session"
@@ -45,47 +57,91 @@ def exec_result_text(result: ExecResult, *, with_stderr: bool = True) -> str:
     return text + note
 
 
+#: How a run reads to the model: ``text`` (stdout, then any stderr under a
+#: ``[stderr]`` line; failures and timeouts are failed calls), ``stdout``
+#: (stdout alone, TorchRL's text; failures as with ``text``) or ``result``
+#: (the whole result mapping: ``success``, ``stdout``, ``stderr``... as JSON
+#: and MCP structured content; a failed run is a successful call).
+PythonRender = Literal["text", "stdout", "result"]
+_RENDERS: tuple[PythonRender, ...] = ("text", "stdout", "result")
+
+
 class PythonTool(Tool):
-    """The ``python(code)`` tool; see :func:`python_tool`."""
+    """The one ``python(code)`` tool; see :func:`python_tool`.
+
+    ``executor`` is anything with ``async aexecute(code, *, session_id=None)``
+    returning an :class:`~toolservices.ExecResult` (or, for ``render="result"``,
+    any mapping): a :class:`~toolservices.PythonExecutorService`, the TorchRL
+    transform's per-item runner, the MCP server's connection-scoped sessions.
+    ``session`` says where the session comes from: the ``_state`` entry of
+    that name (``"python_session"``: the calling episode's own session), or
+    ``None``: the model names it in an optional ``session_id`` argument.
+    """
 
     schema_out: dict[str, Any] = {}
-    accepts_state = True
     is_async = True
 
     def __init__(
         self,
-        executor: PythonExecutorService,
+        executor: Any,
         *,
         name: str = "python",
         description: str | None = None,
+        render: PythonRender = "text",
+        session: str | None = PYTHON_SESSION_KEY,
     ) -> None:
+        if render not in _RENDERS:
+            valid = ", ".join(repr(r) for r in _RENDERS)
+            raise UserError(f"Unknown render {render!r} for the python tool; valid: {valid}")
         self.executor = executor
         self.name = name
+        self.render: PythonRender = render
+        self.session = session
+        self.accepts_state = session is not None
         self.description = description or (
             "Run Python code in a persistent interpreter: variables, imports and files "
             "in the working directory are kept between calls. Returns what the code "
             "prints (use print() to see values)."
         )
-        self.schema_in = {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "Python source to run."}},
-            "required": ["code"],
+        properties: dict[str, Any] = {
+            "code": {"type": "string", "description": "Python source to run."}
         }
+        if session is None:
+            properties["session_id"] = {
+                "anyOf": [{"type": "string"}, {"type": "null"}],
+                "default": None,
+                "description": "Keep variables between calls that give the same id; "
+                "none: a fresh interpreter.",
+            }
+        self.schema_in = {"type": "object", "properties": properties, "required": ["code"]}
         limit = getattr(executor, "timeout", None)
         self.timeout = float(limit) + TIMEOUT_GRACE if limit is not None else None
+
+    @property
+    def episode_sessions(self) -> bool:
+        """Whether episodes give this tool their own session (and so own its executor's)."""
+        return self.session == PYTHON_SESSION_KEY
 
     def __call__(self, **kwargs: Any) -> Any:
         raise TypeError(f"tool '{self.name}' is async: use 'await tool.acall(...)'")
 
     async def acall(self, **kwargs: Any) -> Any:
-        state = kwargs.get("_state") or {}
-        session = state.get(PYTHON_SESSION_KEY)
+        if self.session is None:
+            session = kwargs.get("session_id")
+        else:
+            session = (kwargs.get("_state") or {}).get(self.session)
         result = await self.executor.aexecute(kwargs["code"], session_id=session)
-        return exec_result_text(result)
+        if self.render == "result":
+            return dict(result)
+        return exec_result_text(result, with_stderr=self.render == "text")
 
 
 def python_tool(
-    executor: PythonExecutorService, *, name: str = "python", description: str | None = None
+    executor: PythonExecutorService,
+    *,
+    name: str = "python",
+    description: str | None = None,
+    render: PythonRender = "text",
 ) -> PythonTool:
     """A tool ``python(code: str)`` that runs ``code`` in the calling episode's session.
 
@@ -94,5 +150,6 @@ def python_tool(
     interpreter; outside an episode each call runs in a fresh interpreter.
     The call's time limit is the executor's ``timeout`` plus a grace period,
     so the executor kills a runaway snippet and the model reads why.
+    ``render`` chooses what the model reads (:data:`PythonRender`).
     """
-    return PythonTool(executor, name=name, description=description)
+    return PythonTool(executor, name=name, description=description, render=render)

@@ -13,24 +13,16 @@ view. Drivers that want items to progress independently use episodes directly.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import Dispatcher, EpisodeMetrics, ItemResult, StepMetrics
-from toolservices.env.episode import (
-    Episode,
-    Message,
-    ParserLike,
-    ResultFormat,
-    aclose_all,
-    check_limits,
-    on_dispatcher,
-    resolve_parser,
-    shared_limiter,
-)
+from toolservices.env._spec import EpisodeSpec
+from toolservices.env.episode import Episode, Message, ResultFormat, aclose_all
 from toolservices.errors import UserError
+from toolservices.parsing import ParseResult, ParserLike
 from toolservices.tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -68,7 +60,7 @@ class ToolEnv:
         self,
         tools: ToolRegistry | Iterable[Any],
         *,
-        parser: ParserLike | None = "hermes",
+        parser: ParserLike = "hermes",
         max_turns: int = 8,
         max_failed_turns: int | None = None,
         system_prompt: str | None = None,
@@ -78,21 +70,32 @@ class ToolEnv:
         stop_on_error: bool = False,
         python: PythonExecutorService | None = None,
     ) -> None:
-        check_limits(max_turns, max_failed_turns, result_format)
-        self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self.parser = resolve_parser(parser, self.registry)
-        self.dispatcher = Dispatcher(
-            self.registry,
+        self.spec = EpisodeSpec(
+            tools,
+            parser=parser,
+            system_prompt=system_prompt,
+            max_turns=max_turns,
+            max_failed_turns=max_failed_turns,
+            result_format=result_format,
+            python=python,
             max_concurrency=max_concurrency,
             timeout=timeout,
             stop_on_error=stop_on_error,
         )
-        self.max_turns = max_turns
-        self.max_failed_turns = max_failed_turns
-        self.system_prompt = system_prompt
-        self.result_format: ResultFormat = result_format
-        self.python = python
         self.episodes: list[Episode] = []
+
+    @property
+    def registry(self) -> ToolRegistry:
+        return self.spec.registry
+
+    @property
+    def parser(self) -> Callable[[Any], ParseResult]:
+        return self.spec.parser
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher every item's calls run on (one ``max_concurrency`` bound)."""
+        return self.spec.dispatcher
 
     # -- the batch view of the episodes -----------------------------------------------
 
@@ -128,18 +131,7 @@ class ToolEnv:
         """Start one episode per prompt (a user string or a message list)."""
         self.close()
         self.episodes = [
-            Episode(
-                self.registry,
-                parser=self.parser,
-                prompt=prompt,
-                system_prompt=self.system_prompt,
-                max_turns=self.max_turns,
-                max_failed_turns=self.max_failed_turns,
-                result_format=self.result_format,
-                python=self.python,
-                context={"batch_index": i},
-                **on_dispatcher(self.dispatcher),
-            )
+            self.spec.new_episode(prompt=prompt, context={"batch_index": i})
             for i, prompt in enumerate(prompts)
         ]
         return self.messages
@@ -170,7 +162,7 @@ class ToolEnv:
         if not active:
             return step
         # Three phases over the batch (parse all, one dispatch, record all) rather
-        # than one task per episode.step: the same work, and the same Episode code
+        # than one task per episode.astep: the same work, and the same Episode code
         # for ids, _state, metrics and rendering, at about 15 us less per item
         # (docs/benchmarks.md). Parsing first also means a bad response raises
         # before any call of the batch ran.
@@ -182,7 +174,6 @@ class ToolEnv:
             outcomes = await self.dispatcher.arun(
                 [parsed for parsed, _ in begun],
                 states=[state for _, state in begun],
-                limiter=shared_limiter(self.dispatcher),
             )
         finally:
             for episode in episodes:

@@ -3,9 +3,10 @@
 An :class:`Episode` owns what belongs to one rollout: its conversation, its
 per-episode ``state``, its metrics, its failure streak and, with an executor,
 its own Python session. Episodes step independently (no batch barrier): a
-trainer or rollout driver calls :meth:`Episode.step` whenever the model has
-answered, and many episodes sharing one :class:`~toolservices.Dispatcher`
-stay within its ``max_concurrency``. :class:`~toolservices.ToolEnv` (batched,
+trainer or rollout driver calls :meth:`Episode.astep` (or the sync
+:meth:`Episode.step`) whenever the model has answered, and many episodes
+sharing one :class:`~toolservices.Dispatcher` stay within its
+``max_concurrency`` (the dispatcher owns that bound). :class:`~toolservices.ToolEnv` (batched,
 lockstep) and the TorchRL transforms are thin layers over this class.
 """
 
@@ -14,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import json
 import typing
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -26,6 +28,7 @@ import anyio
 from toolservices import _portal
 from toolservices.dispatch import (
     CallResult,
+    ConcurrencyBound,
     Dispatcher,
     EpisodeMetrics,
     EpisodeState,
@@ -35,7 +38,8 @@ from toolservices.dispatch import (
 )
 from toolservices.env._python_tool import PYTHON_SESSION_KEY, PythonTool
 from toolservices.errors import UserError
-from toolservices.parsing.base import ParseResult, ToolParser, response_text
+from toolservices.parsing import ParserLike, as_parser
+from toolservices.parsing.base import ParseResult, ToolCall, response_text
 from toolservices.tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -48,13 +52,11 @@ __all__ = [
     "Episode",
     "Message",
     "ResultFormat",
-    "ServerCallsParser",
     "aclose_all",
     "check_limits",
     "on_dispatcher",
     "render_messages",
-    "resolve_parser",
-    "shared_limiter",
+    "resolve_python",
 ]
 
 Message = dict[str, Any]
@@ -76,29 +78,14 @@ EndReason = Literal[
 CloseReason = Literal["closed", "request_error", "infrastructure_error"]
 CLOSE_REASONS: tuple[CloseReason, ...] = typing.get_args(CloseReason)
 Prompt = str | Sequence[Mapping[str, Any]] | None
-ParserLike = str | ToolParser | Callable[[Any], ParseResult]
-
-#: One concurrency bound per shared dispatcher (episodes built on it take it).
-_LIMITERS: weakref.WeakKeyDictionary[Dispatcher, anyio.CapacityLimiter] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def shared_limiter(dispatcher: Dispatcher) -> anyio.CapacityLimiter:
-    """The bound every episode sharing ``dispatcher`` takes for each call."""
-    limiter = _LIMITERS.get(dispatcher)
-    if limiter is None:
-        limiter = _LIMITERS.setdefault(
-            dispatcher, anyio.CapacityLimiter(dispatcher.max_concurrency)
-        )
-    return limiter
 
 
 class Episode:
     """One trajectory: its tools, parser, Python session, state and metrics.
 
-    ``step(response)`` appends the assistant turn, runs its tool calls and
-    appends and returns the tool messages (OpenAI format). The episode ends
+    ``await astep(response)`` (or the sync ``step(response)``) appends the
+    assistant turn, runs its tool calls and appends and returns the tool
+    messages (OpenAI format). The episode ends
     (``done``, with ``reason``) when a response makes no call
     (``"answered"``, unless ``end_on_answer=False``), after ``max_turns``
     turns (``None``: no limit), after ``max_failed_turns`` consecutive turns
@@ -106,12 +93,15 @@ class Episode:
     can give a failure from outside as the reason: see :data:`EndReason`).
 
     ``parser=None``: only the calls a server parsed into the message's
-    ``tool_calls`` run; the text is never parsed (:class:`ServerCallsParser`).
+    ``tool_calls`` run; the text is never parsed
+    (:class:`~toolservices.parsing.ServerCallsParser`). Any ``parser=`` goes
+    through :func:`~toolservices.parsing.as_parser`.
 
     Sharing: pass one ``dispatcher`` to many episodes to put all their calls
     under its ``max_concurrency`` (the calls run against *this* episode's
     tools, with this episode's ``timeout``, ``stop_on_error`` and
-    ``pass_state``). Parsers and registries given as objects are shared too.
+    ``pass_state``, on ``dispatcher.with_options(...)``, which shares the
+    bound). Parsers and registries given as objects are shared too.
 
     State: tools that take ``_state`` get :attr:`state` with the standard
     entries (``episode_id``, ``turn``, ``call_index``, ``python_session``) and
@@ -148,11 +138,10 @@ class Episode:
         check_limits(max_turns, max_failed_turns, result_format)
         registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.registry = registry
-        self.parser = resolve_parser(parser, registry)
-        self.python = _resolve_python(registry, python)
+        self.parser = as_parser(parser, tools=registry)
+        self.python = resolve_python(registry, python)
         if dispatcher is None:
             dispatcher = Dispatcher(registry, timeout=timeout)
-        self._limiter = shared_limiter(dispatcher)
         if (
             dispatcher.registry is registry
             and dispatcher.timeout == timeout
@@ -160,14 +149,12 @@ class Episode:
             and dispatcher.pass_state == pass_state
         ):
             self._dispatcher = dispatcher
-        else:  # same bound, this episode's tools and settings
-            self._dispatcher = Dispatcher(
-                registry,
-                max_concurrency=dispatcher.max_concurrency,
+        else:  # the shared bound, this episode's tools and settings
+            self._dispatcher = dispatcher.with_options(
+                registry=registry,
                 timeout=timeout,
                 stop_on_error=stop_on_error,
                 pass_state=pass_state,
-                max_abandoned_threads=dispatcher.max_abandoned_threads,
             )
         self.dispatcher = dispatcher
         self.max_turns = max_turns
@@ -191,6 +178,8 @@ class Episode:
         self.last: ItemResult | None = None
         self.closed = False
         self._busy = False
+        #: Orders the turns handed over by :meth:`astep_calls` (any loop may wait on it).
+        self._turns = ConcurrencyBound(1)
         self._finalizer = self._watch_session()
 
     # -- views -----------------------------------------------------------------------------
@@ -206,7 +195,11 @@ class Episode:
 
     # -- stepping --------------------------------------------------------------------------
 
-    async def step(self, response: str | Mapping[str, Any]) -> list[Message]:
+    def step(self, response: str | Mapping[str, Any]) -> list[Message]:
+        """Synchronous :meth:`astep`, through the library's background loop."""
+        return _portal.run_sync(functools.partial(self.astep, response))
+
+    async def astep(self, response: str | Mapping[str, Any]) -> list[Message]:
         """Append the assistant turn, run its calls, append and return the tool messages.
 
         ``response`` is the model's text, or an assistant message dict whose
@@ -214,22 +207,49 @@ class Episode:
         ``reason``. Never raises for anything the model or a tool did; raises
         :class:`UserError` when the episode is done or already stepping.
         """
-        outcome = await self.run_turn(response)
+        outcome = await self.arun_turn(response)
         return self._append_turn(response, outcome)
 
-    async def run_turn(self, response: str | Mapping[str, Any]) -> ItemResult:
+    async def astep_calls(self, calls: Sequence[ToolCall], *, text: str = "") -> list[Message]:
+        """:meth:`astep` for calls the caller has already parsed (a trainer's).
+
+        The calls run as a turn whose response is ``text`` with these calls:
+        no parser and no JSON text in between; the assistant message appended
+        carries them as ``tool_calls``. Calls handed over while such a turn
+        runs wait for it, then run in the order they came: trainers run one
+        response's calls concurrently (verl gathers them), and an episode
+        steps one turn at a time. Raises :class:`UserError` when the episode
+        is done (also when it ended while this call waited).
+        """
+        turns = self._turns
+        if not turns.try_acquire():
+            await turns.acquire()
+        try:
+            self._check_usable("step")
+            outcome = await self._arun_parsed(ParseResult(text, list(calls)))
+            return self._append_turn(text, outcome)
+        finally:
+            turns.release()
+
+    def run_turn(self, response: str | Mapping[str, Any]) -> ItemResult:
+        """Synchronous :meth:`arun_turn`."""
+        return _portal.run_sync(functools.partial(self.arun_turn, response))
+
+    async def arun_turn(self, response: str | Mapping[str, Any]) -> ItemResult:
         """Parse and run one turn, update turns, metrics and ``done``; return the results.
 
-        Unlike :meth:`step` this leaves :attr:`messages` alone and renders
+        Unlike :meth:`astep` this leaves :attr:`messages` alone and renders
         nothing: for layers that keep the conversation themselves (TorchRL's
         ``History``) and format results their own way.
         """
-        parsed, call_state = self._begin_turn(response)
+        self._check_usable("step")
+        return await self._arun_parsed(self._parse(response))
+
+    async def _arun_parsed(self, parsed: ParseResult) -> ItemResult:
+        call_state = self._call_state()
         self._busy = True
         try:
-            outcome = await self._dispatcher.arun_item(
-                parsed, state=call_state, limiter=self._limiter
-            )
+            outcome = await self._dispatcher.arun_item(parsed, state=call_state)
         finally:
             self._busy = False
         self.record_turn(outcome)
@@ -242,6 +262,9 @@ class Episode:
         runs all their calls as one dispatch, then records each outcome.
         """
         self._check_usable("step")
+        return self._parse(response), self._call_state()
+
+    def _parse(self, response: str | Mapping[str, Any]) -> ParseResult:
         if type(response) is not str:  # the common case skips the ABC check
             if not isinstance(response, Mapping):
                 raise UserError(
@@ -249,7 +272,7 @@ class Episode:
                     f"got {type(response).__name__}"
                 )
             response = dict(response)
-        return self.parser(response), self._call_state()
+        return self.parser(response)
 
     def _append_turn(self, response: str | Mapping[str, Any], outcome: ItemResult) -> list[Message]:
         """Append the assistant message and the tool messages of a recorded turn."""
@@ -261,7 +284,7 @@ class Episode:
     def record_turn(self, outcome: ItemResult) -> EndReason | None:
         """Count one turn's results: metrics, failure streak, ``done``/``reason``.
 
-        :meth:`run_turn` calls it; layers that run a turn's calls by other
+        :meth:`arun_turn` calls it; layers that run a turn's calls by other
         means (TorchRL's per-item hook) call it with their outcome. Returns
         the reason when this turn ended the episode.
         """
@@ -337,7 +360,11 @@ class Episode:
 
     # -- GRPO groups -----------------------------------------------------------------------
 
-    async def fork(self, n: int) -> list[Episode]:
+    def fork(self, n: int) -> list[Episode]:
+        """Synchronous :meth:`afork`."""
+        return _portal.run_sync(self.afork, n)
+
+    async def afork(self, n: int) -> list[Episode]:
         """``n`` copies that go on independently from here.
 
         Each copy gets a copy of the messages, ``state`` (deep-copied),
@@ -375,6 +402,7 @@ class Episode:
         twin.messages = copy.deepcopy(self.messages)
         twin.state = state
         twin.metrics = dataclasses.replace(self.metrics)
+        twin._turns = ConcurrencyBound(1)
         twin._finalizer = twin._watch_session()
         return twin
 
@@ -387,6 +415,10 @@ class Episode:
         return finalizer
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self, *, reason: CloseReason = "closed") -> None:
+        """Synchronous :meth:`aclose`."""
+        _portal.run_sync(functools.partial(self.aclose, reason=reason))
 
     async def aclose(self, *, reason: CloseReason = "closed") -> None:
         """End the episode and release its Python session; idempotent.
@@ -501,48 +533,15 @@ def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:
     return messages
 
 
-class ServerCallsParser(ToolParser):
-    """``parser=None``: the calls a server parsed into the message's ``tool_calls``, only.
-
-    The response's text is never parsed: no syntax in it makes a call, and
-    neither its length nor its content can make a parse error. A message
-    dict's ``tool_calls`` are read (and checked) as every parser reads them.
-    """
-
-    name = "server"
-
-    def __init__(self) -> None:
-        super().__init__(max_chars=None)
-
-    def __call__(self, response: str | Mapping[str, Any] | None) -> ParseResult:
-        if isinstance(response, Mapping) and response.get("tool_calls"):
-            return super().__call__(response)
-        return ParseResult(self._text(response).strip())
-
-    def _parse(self, text: str) -> ParseResult:
-        return ParseResult(text.strip())
-
-
-def resolve_parser(
-    parser: ParserLike | None, registry: ToolRegistry
-) -> Callable[[Any], ParseResult]:
-    """The parser an episode uses; ``None``: the server's ``tool_calls`` only."""
-    from toolservices.parsing import get_parser
-
-    if parser is None:
-        return ServerCallsParser()
-    if isinstance(parser, str | ToolParser):
-        return get_parser(parser, tools=registry)
-    if callable(parser):
-        return parser
-    raise UserError(f"parser must be a parser name, a ToolParser or a callable, got {parser!r}")
-
-
-def _resolve_python(
+def resolve_python(
     registry: ToolRegistry, python: PythonExecutorService | None
 ) -> PythonExecutorService | None:
     """``python``, else the executor of the tools' ``python_tool``; never two executors."""
-    executors = {id(t.executor): t.executor for t in registry if isinstance(t, PythonTool)}
+    executors = {
+        id(t.executor): t.executor
+        for t in registry
+        if isinstance(t, PythonTool) and t.episode_sessions
+    }
     if python is not None:
         others = [e for key, e in executors.items() if key != id(python)]
         if others:

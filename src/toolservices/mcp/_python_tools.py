@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import anyio
 
+from toolservices.env import PythonTool
 from toolservices.errors import ToolError, UserError
 from toolservices.mcp._auth import TOKENS_ENV, Tokens, load_tokens
 from toolservices.mcp._server import (
@@ -85,6 +86,10 @@ class PythonSessions:
 
     def __len__(self) -> int:
         return len(self._last_used)
+
+    async def aexecute(self, code: str, *, session_id: str | None = None) -> dict[str, Any]:
+        """:meth:`execute` as the python tool calls every executor."""
+        return await self.execute(code, session_id)
 
     async def execute(self, code: str, session_id: str | None) -> dict[str, Any]:
         """Run ``code`` in the caller's session ``session_id`` (or a fresh interpreter)."""
@@ -207,13 +212,16 @@ def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> li
     """
     scoped = sessions if sessions is not None else PythonSessions(executor)
 
-    async def python_execute(code: str, session_id: str | None = None) -> dict[str, Any]:
-        """Run Python code in a sandboxed interpreter; return success, stdout and stderr.
-
-        Give the same session_id on later calls to keep variables and imports
-        between them; without one, the code runs in a fresh interpreter.
-        """
-        return await scoped.execute(code, session_id)
+    # the library's one Python tool: the whole result, in the session the model names
+    python_execute = PythonTool(
+        scoped,
+        name="python_execute",
+        description="Run Python code in a sandboxed interpreter; return success, stdout and "
+        "stderr.\n\nGive the same session_id on later calls to keep variables and imports "
+        "between them; without one, the code runs in a fresh interpreter.",
+        render="result",
+        session=None,
+    )
 
     async def python_close_session(session_id: str) -> str:
         """Close a Python session and free its interpreter (its variables are lost)."""
@@ -221,7 +229,7 @@ def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> li
             return f"Session {session_id} closed"
         return f"Session {session_id} was not open (nothing to close)"
 
-    return [FunctionTool(python_execute), FunctionTool(python_close_session)]
+    return [python_execute, FunctionTool(python_close_session)]
 
 
 class _Terminated(BaseException):

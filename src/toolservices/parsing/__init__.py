@@ -4,12 +4,15 @@
 (``hermes``, ``qwen3_coder``, ``mistral``...). Every parser maps a response
 (text or chat message dict) to a :class:`ParseResult`: visible text, calls in
 order, parse errors. ``parser.render(calls, text)`` writes calls back in the
-family's own syntax.
+family's own syntax. ``as_parser(x)`` turns anything a ``parser=`` argument
+accepts (a name, a parser, a callable, ``None``) into such a callable.
 """
 
+from toolservices.parsing._as_parser import ParserLike, ServerCallsParser, as_parser
 from toolservices.parsing.base import (
     LLMToolParser,
     ParseError,
+    ParseFailure,
     ParseResult,
     ToolCall,
     ToolParser,
@@ -41,15 +44,19 @@ __all__ = [
     "Llama3JSONParser",
     "MistralParser",
     "ParseError",
+    "ParseFailure",
     "ParseResult",
+    "ParserLike",
     "PythonBlockParser",
     "PythonicParser",
     "Qwen3CoderParser",
     "RegexParser",
+    "ServerCallsParser",
     "SimpleToolParser",
     "ToolCall",
     "ToolParser",
     "XMLBlockParser",
+    "as_parser",
     "available_parsers",
     "get_parser",
     "make_call_id",

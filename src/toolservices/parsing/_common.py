@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from toolservices.parsing._json import ArgumentsError
-from toolservices.parsing.base import ParseError, ParseResult, ToolCall, ToolParser
+from toolservices.parsing.base import ParseFailure, ParseResult, ToolCall, ToolParser
 
 __all__ = [
     "MAX_ERRORS",
@@ -67,7 +67,7 @@ class Collector:
         self.parser = parser
         self.text = text
         self.calls: list[ToolCall] = []
-        self.errors: list[ParseError] = []
+        self.errors: list[ParseFailure] = []
         self._spans: list[tuple[int, int]] = []
         self.stopped = False
 
@@ -97,7 +97,7 @@ class Collector:
         """
         self.add(self.parser.make_error(what, raw, kind=kind, tool=tool))
 
-    def add(self, error: ParseError) -> None:
+    def add(self, error: ParseFailure) -> None:
         """Record a ready-made parse error (same cap as :meth:`error`).
 
         Past :data:`MAX_ERRORS` this records why the scan stops and raises
@@ -132,11 +132,11 @@ class SyntaxParser(ToolParser):
 
     def make_error(
         self, what: str, raw: str = "", *, kind: str = "invalid_syntax", tool: str | None = None
-    ) -> ParseError:
+    ) -> ParseFailure:
         message = f"Could not parse the tool call: {what}. Expected syntax: {self.syntax}"
         if len(raw) > 2000:
             raw = raw[:2000]
-        return ParseError(message, raw, tool, kind)
+        return ParseFailure(message, raw, tool, kind)
 
     def _parse(self, text: str) -> ParseResult:
         found = Collector(self, text)

@@ -11,7 +11,7 @@ Models write a call's arguments in three ways:
 
 ``null`` and empty or blank text mean "no arguments" (``{}``). Decoding
 failures are :class:`ArgumentsError`; parsers turn them into
-:class:`~toolservices.parsing.ParseError` with the family's syntax appended.
+:class:`~toolservices.parsing.ParseFailure` with the family's syntax appended.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ArgumentsError(ValueError):
 
     ``truncated`` is true when the text stopped before the call was complete
     (the generation most likely hit its length limit); ``kind`` becomes the
-    :attr:`ParseError.kind <toolservices.parsing.ParseError.kind>` label.
+    :attr:`ParseFailure.kind <toolservices.parsing.ParseFailure.kind>` label.
     """
 
     def __init__(

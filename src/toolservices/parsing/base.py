@@ -2,7 +2,7 @@
 
 A parser turns one model response into the visible text, the ordered tool
 calls and the parse errors. It never raises on model output: malformed syntax
-becomes a :class:`ParseError` whose message the model can learn from.
+becomes a :class:`ParseFailure` whose message the model can learn from.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_CHARS",
     "LLMToolParser",
     "ParseError",
+    "ParseFailure",
     "ParseResult",
     "ToolCall",
     "ToolParser",
@@ -76,8 +77,11 @@ def _call_id(raw_hash: Any, index: int, tool: str) -> str:
 
 
 @dataclass(frozen=True)
-class ParseError:
+class ParseFailure:
     """Something in the response that looked like a call but could not be read.
+
+    A record in :attr:`ParseResult.errors`, never raised (hence not named
+    like an exception; ``ParseError`` is the same class under its old name).
 
     ``message`` is written for the model: it says what was wrong and what the
     expected syntax is.
@@ -97,6 +101,10 @@ class ParseError:
     kind: str = "invalid_syntax"
 
 
+#: The former name of :class:`ParseFailure` (the same class), kept for existing code.
+ParseError = ParseFailure
+
+
 @dataclass
 class ParseResult(Mapping[str, Any]):
     """The outcome of parsing one response.
@@ -107,7 +115,7 @@ class ParseResult(Mapping[str, Any]):
 
     text: str = ""
     calls: list[ToolCall] = field(default_factory=list)
-    errors: list[ParseError] = field(default_factory=list)
+    errors: list[ParseFailure] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     _KEYS: ClassVar[tuple[str, ...]] = ("text", "calls", "meta", "errors")
@@ -164,7 +172,7 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
     from toolservices.parsing._json import ArgumentsError, call_from_object
 
     calls: list[ToolCall] = []
-    errors: list[ParseError] = []
+    errors: list[ParseFailure] = []
     entries = message["tool_calls"]
     for entry in entries if isinstance(entries, list | tuple) else [entries]:
         try:
@@ -173,7 +181,7 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
             raw = json.dumps(entry, default=str)[:2000]
             expected = '{"id": "...", "type": "function", "function": {"name", "arguments"}}'
             errors.append(
-                ParseError(
+                ParseFailure(
                     f"Could not read the tool call: {error.message}. Expected: {expected}",
                     raw,
                     kind=error.kind,
@@ -184,9 +192,9 @@ def _structured_calls(message: Mapping[str, Any]) -> ParseResult:
     return ParseResult(response_text(message).strip(), calls, errors)
 
 
-def _surrogate_call_error(call: ToolCall) -> ParseError:
+def _surrogate_call_error(call: ToolCall) -> ParseFailure:
     tool = _SURROGATE.sub("\ufffd", call.tool)
-    return ParseError(
+    return ParseFailure(
         f"Could not parse the tool call {tool!r}: its name or arguments hold a lone "
         "surrogate (e.g. a JSON \\ud800 escape without its pair), which is not valid "
         "Unicode. Write the text itself, or a complete surrogate pair.",
@@ -263,7 +271,7 @@ class ToolParser:
     The checks every family shares run here, before :meth:`_parse`: the input
     type (a wrong type is the developer's mistake: :class:`UserError`), text
     that is not valid Unicode and text over ``max_chars`` (the model's output:
-    a :class:`ParseError`, never an exception).
+    a :class:`ParseFailure`, never an exception).
     """
 
     #: The name under which :func:`toolservices.get_parser` finds the family.
@@ -316,7 +324,7 @@ class ToolParser:
             f"over the limit of {self.max_chars:,}; no tool call was read. Write shorter "
             "responses with fewer or smaller calls."
         )
-        return ParseResult(text.strip(), [], [ParseError(message, text[:2000], kind="too_long")])
+        return ParseResult(text.strip(), [], [ParseFailure(message, text[:2000], kind="too_long")])
 
     @staticmethod
     def _invalid_text(text: str, position: int) -> ParseResult:
@@ -329,7 +337,7 @@ class ToolParser:
         )
         visible = _SURROGATE.sub("\ufffd", text).strip()
         near = _SURROGATE.sub("\ufffd", text[max(0, position - 100) : position + 100])
-        return ParseResult(visible, [], [ParseError(message, near, kind="invalid_text")])
+        return ParseResult(visible, [], [ParseFailure(message, near, kind="invalid_text")])
 
     def _finish(self, result: ParseResult, *, check_arguments: bool = True) -> ParseResult:
         """Give every call an id and fill the standard ``meta`` keys.

@@ -4,7 +4,7 @@
   (:class:`JSONCallParser`): the contract parsers, same results as TorchRL's
   classes on everything TorchRL handles. Where TorchRL crashes (a JSON
   envelope whose ``tools`` is not a list of objects) or passes a non-object
-  as ``args``, we report a :class:`ParseError` instead.
+  as ``args``, we report a :class:`ParseFailure` instead.
 * ``python_block``: the fenced code blocks ``PythonInterpreter`` runs.
 * ``simple_tool``: ``<tool>NAME\\n{json}</tool>`` of ``SimpleToolTransform`` and
   ``MCPToolTransform``; :class:`RegexParser` for their custom ``tool_call_pattern``.
@@ -35,7 +35,7 @@ from toolservices.parsing._json import (
 )
 from toolservices.parsing.base import (
     DEFAULT_MAX_CHARS,
-    ParseError,
+    ParseFailure,
     ParseResult,
     ToolCall,
     make_call_id,
@@ -308,7 +308,7 @@ class _ArgsErrorMixin(SyntaxParser):
         # keep that prefix so the model sees the same text after switching.
         message = f"{_ARGS_PREFIX}{error.message}. Expected syntax: {self.syntax}"
         kind = "truncated" if error.truncated else "invalid_json"
-        found.add(ParseError(message, raw, tool, kind))
+        found.add(ParseFailure(message, raw, tool, kind))
 
 
 class SimpleToolParser(_ArgsErrorMixin):

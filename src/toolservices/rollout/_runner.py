@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from toolservices._portal import run_sync
-from toolservices.dispatch import Dispatcher, StepMetrics
-from toolservices.env.episode import check_limits
+from toolservices.dispatch import ConcurrencyBound, StepMetrics
+from toolservices.env._spec import EpisodeSpec
 from toolservices.errors import InfrastructureError, UserError
-from toolservices.parsing import get_parser
-from toolservices.parsing.base import ToolParser
+from toolservices.parsing import ParserLike
 from toolservices.rollout._request import (
     RetryPolicy,
     assistant_message,
@@ -71,7 +70,7 @@ class Rollout:
         base_url: str | None = None,
         api_key: str | None = None,
         client: AsyncOpenAI | None = None,
-        parser: str | ToolParser | None = None,
+        parser: ParserLike = None,
         max_turns: int = 8,
         max_failed_turns: int | None = None,
         system_prompt: str | None = None,
@@ -94,7 +93,6 @@ class Rollout:
             raise UserError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if max_turns < 1:
             raise UserError(f"max_turns must be at least 1, got {max_turns}")
-        check_limits(max_turns, max_failed_turns, "openai")  # now, not at the first episode
         if request_timeout <= 0:
             raise UserError(f"request_timeout must be positive, got {request_timeout}")
         if logprobs is not None and logprobs < 0:
@@ -106,23 +104,31 @@ class Rollout:
                 f"request_options may not set {owned}: the rollout sets them "
                 "(use model=, request_timeout=, send_tools=)"
             )
-        self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        # None: the episodes run the server's tool_calls only (Episode(parser=None))
-        self.parser: ToolParser | None = (
-            None if parser is None else get_parser(parser, tools=self.registry)
+        # checked now, not at the first episode; parser=None: the server's tool_calls only
+        self.spec = EpisodeSpec(
+            tools,
+            parser=parser,
+            system_prompt=system_prompt,
+            max_turns=max_turns,
+            max_failed_turns=max_failed_turns,
+            python=python,
+            max_concurrency=max_tool_concurrency,
+            timeout=tool_timeout,
         )
+        self.registry = self.spec.registry
+        self.parser = self.spec.parser
         self.model = model
         self.max_turns = max_turns
         self.max_failed_turns = max_failed_turns
         self.system_prompt = system_prompt
         self.max_concurrency = max_concurrency
+        # the rollout's own: concurrent arun calls share the max_concurrency episodes
+        self._in_flight = ConcurrencyBound(max_concurrency)
         self.request_timeout = request_timeout
         self.retry = retry if retry is not None else RetryPolicy()
         self.tool_timeout = tool_timeout
-        self.python = python
-        self.dispatcher = Dispatcher(
-            self.registry, max_concurrency=max_tool_concurrency, timeout=tool_timeout
-        )
+        self.python = self.spec.python
+        self.dispatcher = self.spec.dispatcher
         self._body, self._options = self._request_params(
             request_options or {}, logprobs, return_token_ids, send_tools
         )
@@ -184,12 +190,16 @@ class Rollout:
                     f"dicts, got {type(prompt).__name__}"
                 )
         results: list[Trajectory | None] = [None] * len(prompts)
-        limiter = anyio.CapacityLimiter(self.max_concurrency)
+        in_flight = self._in_flight
 
         async def one(index: int) -> None:
-            async with limiter:
+            if not in_flight.try_acquire():
+                await in_flight.acquire()
+            try:
                 state = states[index] if states is not None else None
                 results[index] = await self._episode(index, prompts[index], state)
+            finally:
+                in_flight.release()
 
         async with anyio.create_task_group() as tg:
             for index in range(len(prompts)):
@@ -211,19 +221,7 @@ class Rollout:
 
     def new_episode(self, prompt: Prompt, state: Mapping[str, Any] | None = None) -> Episode:
         """The :class:`~toolservices.Episode` a prompt starts (tools, parser, limits)."""
-        from toolservices.env.episode import Episode, on_dispatcher
-
-        return Episode(
-            self.registry,
-            parser=self.parser,
-            prompt=prompt,
-            system_prompt=self.system_prompt,
-            max_turns=self.max_turns,
-            max_failed_turns=self.max_failed_turns,
-            python=self.python,
-            state=state,
-            **on_dispatcher(self.dispatcher),
-        )
+        return self.spec.new_episode(prompt=prompt, state=state)
 
     async def _episode(
         self, index: int, prompt: Prompt, state: Mapping[str, Any] | None
@@ -286,7 +284,7 @@ class Rollout:
                 **token_details(answer.completion),
             )
             trajectory.turns.append(record)
-            record.tool_messages = await episode.step(message)
+            record.tool_messages = await episode.astep(message)
             record.metrics = episode.last.metrics if episode.last is not None else StepMetrics()
         return None
 

@@ -56,9 +56,6 @@ class Tool(ABC):
     is_async: bool = False
     #: Per-tool time limit in seconds; ``None`` uses the dispatcher's.
     timeout: float | None = None
-    #: Calls of this (sync) tool still running in threads after timing out; the
-    #: dispatcher keeps the count and refuses the tool past its cap.
-    _abandoned_threads: int = 0
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Check ``args`` and return them converted; raise ToolArgumentError."""

@@ -2,9 +2,9 @@
 
 Users coming from TorchRL pass a parser object (ours or any callable that
 returns a ``{"text", "calls"}`` mapping), a parser family name, or a regex;
-and tools as a registry, a list or a ``name -> callable`` dict. Everything
-becomes a ``ToolParser``-like callable returning our ``ParseResult`` and a
-``ToolRegistry``.
+and tools as a registry, a list or a ``name -> callable`` dict. Parsers go
+through :func:`toolservices.parsing.as_parser` (the one normalisation every
+``parser=`` shares); tools become a ``ToolRegistry``.
 """
 
 from __future__ import annotations
@@ -13,37 +13,18 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from toolservices.dispatch import call_id_of
 from toolservices.errors import ToolDefinitionError, UserError
-from toolservices.parsing.base import ParseError, ParseResult, ToolCall
+from toolservices.parsing import ParserLike, as_parser
+from toolservices.parsing.base import ParseResult
 from toolservices.tools import FunctionTool, Tool, ToolRegistry
 from toolservices.tools._function_schema import STATE_PARAMETER
 
 __all__ = [
     "ParserLike",
-    "resolve_parser",
     "resolve_registry",
     "resolve_simple_parser",
     "tools_from_mapping",
 ]
-
-#: A parser family name, a ToolParser, or any ``callable(text) -> mapping``.
-ParserLike = Any
-
-
-def resolve_parser(parser: ParserLike, *, tools: Any = None) -> Callable[[str], ParseResult]:
-    """A callable that parses one response into our :class:`ParseResult`."""
-    from toolservices.parsing import ToolParser, get_parser
-
-    if isinstance(parser, str):
-        return get_parser(parser, tools=tools)
-    if isinstance(parser, ToolParser):
-        return parser
-    if not callable(parser):
-        raise UserError(
-            f"parser must be a parser family name, a ToolParser or a callable, got {parser!r}"
-        )
-    return _ForeignParser(parser)
 
 
 def resolve_simple_parser(
@@ -52,50 +33,12 @@ def resolve_simple_parser(
     """The ``<tool>`` transforms' rule: ``parser`` if given, else a regex
     ``pattern``, else the ``simple_tool`` family."""
     if parser is not None:
-        return resolve_parser(parser, tools=tools)
+        return as_parser(parser, tools=tools)
     if pattern is not None:
         from toolservices.parsing import RegexParser
 
         return RegexParser(pattern, tools=tools)
-    return resolve_parser("simple_tool", tools=tools)
-
-
-class _ForeignParser:
-    """Wraps a TorchRL-style parser: a callable returning a ``{"text", "calls"}`` mapping.
-
-    Its calls may be any objects with ``tool``, ``args`` and ``tag``. If the
-    parser raises on a model response, the model sees a parse error instead.
-    """
-
-    def __init__(self, parser: Callable[[str], Any]) -> None:
-        self.parser = parser
-
-    def __call__(self, text: str) -> ParseResult:
-        try:
-            raw = self.parser(text)
-        except Exception as exc:  # a user parser failing on model output is model-visible
-            message = f"The tool calls could not be parsed: {exc}"
-            return ParseResult(text=text, errors=[ParseError(message, text[:200])])
-        if isinstance(raw, ParseResult):
-            return raw
-        calls = []
-        for index, call in enumerate(_get(raw, "calls") or ()):
-            tool = str(_get(call, "tool") or _get(call, "name") or "")
-            args = _get(call, "args") or _get(call, "arguments") or {}
-            args = dict(args) if isinstance(args, Mapping) else {"raw": args}
-            parsed = ToolCall(tool, args, _get(call, "tag"), id=str(_get(call, "id") or ""))
-            parsed.id = call_id_of(parsed, index)
-            calls.append(parsed)
-        return ParseResult(text=str(_get(raw, "text") or ""), calls=calls)
-
-    def __repr__(self) -> str:
-        return f"_ForeignParser({self.parser!r})"
-
-
-def _get(obj: Any, key: str) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    return getattr(obj, key, None)
+    return as_parser("simple_tool", tools=tools)
 
 
 def resolve_registry(tools: Any) -> ToolRegistry:

@@ -12,15 +12,11 @@ from toolservices._portal import run_sync
 from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_simple
 from toolservices.env.episode import Episode, on_dispatcher, render_messages
 from toolservices.errors import UserError
+from toolservices.parsing import as_parser
 from toolservices.parsing.base import ParseResult, ToolCall
 from toolservices.tools import ToolRegistry
 from toolservices.torchrl._base import METRICS_KEY, ItemOutput, ToolTransformBase
-from toolservices.torchrl._calls import (
-    ParserLike,
-    resolve_parser,
-    resolve_simple_parser,
-    tools_from_mapping,
-)
+from toolservices.torchrl._calls import ParserLike, resolve_simple_parser, tools_from_mapping
 from toolservices.torchrl._history import ToolMessage
 
 __all__ = ["DispatchingTransform", "ExecuteToolsInOrder", "SimpleToolTransform"]
@@ -84,7 +80,7 @@ class DispatchingTransform(ToolTransformBase):
         outputs = [ItemOutput() for _ in texts]
 
         async def one(i: int, text: str) -> None:
-            outcome = await self._episodes[i].run_turn(text)
+            outcome = await self._episodes[i].arun_turn(text)
             if outcome.results:
                 outputs[i] = ItemOutput(messages=self._messages(outcome), metrics=outcome.metrics)
 
@@ -143,7 +139,7 @@ class ExecuteToolsInOrder(DispatchingTransform):
         registry = registry if isinstance(registry, ToolRegistry) else ToolRegistry(registry)
         super().__init__(
             registry=registry,
-            parser=resolve_parser(parser, tools=registry),
+            parser=as_parser(parser, tools=registry),
             timeout=timeout,
             max_concurrency=max_concurrency,
             stop_on_error=stop_on_error,

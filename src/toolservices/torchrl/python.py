@@ -29,10 +29,10 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import ItemResult
-from toolservices.env._python_tool import exec_result_text
+from toolservices.env import PythonTool
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PersistentPythonProcess, PythonExecutorService
-from toolservices.tools import Tool, ToolRegistry
+from toolservices.tools import ToolRegistry
 from toolservices.torchrl._base import METRICS_KEY
 from toolservices.torchrl._history import ToolMessage
 from toolservices.torchrl.execute import DispatchingTransform
@@ -41,9 +41,6 @@ __all__ = ["PythonInterpreter"]
 
 log = logging.getLogger(__name__)
 
-#: Extra seconds the dispatcher waits beyond the executor's own time limit, so
-#: that the executor (which kills the process tree) reports the timeout.
-_TIMEOUT_GRACE = 5.0
 _BACKENDS = ("local", "ray")
 
 
@@ -78,13 +75,20 @@ class PythonInterpreter(DispatchingTransform):
                 f"{', '.join(map(repr, _BACKENDS))} or None"
             )
         self._runner = _Runner(timeout=timeout)
-        registry = ToolRegistry([_PythonTool(self._runner, timeout + _TIMEOUT_GRACE)])
+        # the library's one Python tool: TorchRL's text (stdout alone), the item's interpreter
+        python = PythonTool(
+            self._runner,
+            description="Run Python code; its printed output is returned.",
+            render="stdout",
+            session="batch_index",
+        )
+        registry = ToolRegistry([python])
         from toolservices.parsing import get_parser
 
         super().__init__(
             registry=registry,
             parser=get_parser("python_block"),
-            timeout=timeout + _TIMEOUT_GRACE,
+            timeout=python.timeout,  # the executor's limit and a grace: it reports timeouts
             max_concurrency=max_concurrency,
             stop_on_error=False,
             pass_state=True,
@@ -193,6 +197,10 @@ class _Runner:
         assert self.executor is not None
         return await self.executor.aexecute(code, timeout=self.timeout)
 
+    async def aexecute(self, code: str, *, session_id: Any = None) -> ExecResult:
+        """What the python tool calls: ``session_id`` is the item's ``batch_index``."""
+        return await self.execute(code, int(session_id or 0))
+
     async def execute_safely(self, code: str, i: int) -> ExecResult:
         try:
             return await self.execute(code, i)
@@ -237,34 +245,6 @@ class _Runner:
         self.processes.clear()
         if self.executor is not None:
             self.executor.close()
-
-
-class _PythonTool(Tool):
-    """The ``python`` tool the dispatcher runs for each code block."""
-
-    name = "python"
-    description = "Run Python code; its printed output is returned."
-    schema_in = {
-        "type": "object",
-        "properties": {"code": {"type": "string"}},
-        "required": ["code"],
-    }
-    schema_out: dict[str, Any] = {}
-    accepts_state = True
-    is_async = True
-
-    def __init__(self, runner: _Runner, timeout: float) -> None:
-        self.runner = runner
-        self.timeout = timeout
-
-    def __call__(self, **kwargs: Any) -> Any:
-        raise TypeError("the python tool is async: use 'await tool.acall(...)'")
-
-    async def acall(self, **kwargs: Any) -> Any:
-        state = kwargs.get("_state") or {}
-        result = await self.runner.execute(kwargs["code"], int(state.get("batch_index", 0)))
-        # TorchRL's success text is stdout alone
-        return exec_result_text(result, with_stderr=False)
 
 
 def _service_client(backend: str, name: str, namespace: str | None) -> tuple[Any, Any]:

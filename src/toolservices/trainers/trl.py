@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from toolservices import _portal
 from toolservices.errors import UserError
-from toolservices.trainers._calls import EpisodeSpec, run_call
+from toolservices.trainers._calls import adapter_spec, run_call
 from toolservices.trainers._signature import make_method
 
 if TYPE_CHECKING:
-    from toolservices.env import Episode
+    from toolservices.env import Episode, EpisodeSpec
     from toolservices.python import PythonExecutorService
     from toolservices.tools import ToolRegistry
 
@@ -124,7 +124,7 @@ def trl_environment(
     * ``max_calls``: calls per rollout before the tools answer that the episode
       has ended (``None``: TRL's ``max_tool_calling_iterations`` is the bound).
     """
-    spec = EpisodeSpec(tools, python=python, timeout=timeout, max_turns=max_calls)
+    spec = adapter_spec(tools, python=python, timeout=timeout, max_turns=max_calls)
     namespace: dict[str, Any] = {
         "_spec": spec,
         "_reward": staticmethod(reward) if reward is not None else None,

@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"pip install 'toolservices[verifiers]' ({exc})"
     ) from exc
 
-from toolservices.trainers._calls import EpisodeSpec, run_call
+from toolservices.trainers._calls import adapter_spec, run_call
 
 if TYPE_CHECKING:
     from toolservices.env import Episode
@@ -71,7 +71,7 @@ class ToolservicesEnv(vf.StatefulToolEnv):
         timeout: float | None = 10.0,
         **kwargs: Any,
     ) -> None:
-        self.spec = EpisodeSpec(tools, python=python, timeout=timeout, max_turns=None)
+        self.spec = adapter_spec(tools, python=python, timeout=timeout, max_turns=None)
         super().__init__(tools=[], **kwargs)
         defs = []
         for tool in self.spec.registry:

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextvars
 import importlib
-import json
-import threading
 import uuid
 from typing import Any
 
@@ -49,26 +47,30 @@ from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
 from toolservices.tools import Tool, as_tool
-from toolservices.trainers._calls import EpisodeSpec, run_call
+from toolservices.trainers._calls import adapter_spec, run_call
+from toolservices.trainers._executors import SHARED_EXECUTORS
 
-__all__ = ["ToolservicesAgentLoop", "ToolservicesTool", "shared_executor"]
-
-_EXECUTORS: dict[str, PythonExecutorService] = {}
-_EXECUTORS_LOCK = threading.Lock()
+__all__ = [
+    "ToolservicesAgentLoop",
+    "ToolservicesTool",
+    "close_shared_executors",
+    "shared_executor",
+]
 
 
 def shared_executor(**config: Any) -> PythonExecutorService:
     """The process's executor for ``config`` (one per distinct configuration).
 
     verl builds tools from YAML in every rollout worker; the python tools of
-    one worker share one executor (and so one fork server).
+    one worker share one executor (and so one fork server), owned by
+    :data:`~toolservices.trainers._executors.SHARED_EXECUTORS`.
     """
-    key = json.dumps(config, sort_keys=True, default=str)
-    with _EXECUTORS_LOCK:
-        executor = _EXECUTORS.get(key)
-        if executor is None:
-            executor = _EXECUTORS[key] = PythonExecutorService(**config)
-        return executor
+    return SHARED_EXECUTORS.get(**config)
+
+
+def close_shared_executors() -> None:
+    """Close the executors the python tools of this process share (after training)."""
+    SHARED_EXECUTORS.close()
 
 
 class _Trajectory:
@@ -168,7 +170,7 @@ class ToolservicesTool(BaseTool):
         self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
     ) -> None:
         self.tool, executor = _load_tool(config)
-        self.spec = EpisodeSpec(
+        self.spec = adapter_spec(
             [self.tool], python=executor, timeout=config.get("timeout", 10.0), max_turns=None
         )
         self._instances: dict[str, Episode] = {}

@@ -20,7 +20,10 @@ def _shared_service() -> PythonExecutorService:
     """One executor per process for all ``PersistentPythonProcess`` objects.
 
     Each object is one session in it, so a hundred of them cost a hundred
-    forks, not a hundred fork servers.
+    forks, not a hundred fork servers. Its owner is the class: created on
+    first use, closed by :meth:`PersistentPythonProcess.shutdown_shared`
+    (the next object starts a fresh one), stopped at exit by the executor's
+    own safety net, and forgotten by a forked child.
     """
     global _shared
     with _shared_lock:
@@ -71,6 +74,20 @@ class PersistentPythonProcess:
             self._service.close_session(self.session_id)
 
     close = cleanup
+
+    @staticmethod
+    def shutdown_shared() -> None:
+        """Close the executor that objects made without ``service=`` share.
+
+        Their interpreters end (a later ``execute`` of such an object fails
+        with an infrastructure error naming the closed executor); objects
+        made afterwards get a fresh executor. A no-op when none was started.
+        """
+        global _shared
+        with _shared_lock:
+            shared, _shared = _shared, None
+        if shared is not None:
+            shared.close()
 
     def __enter__(self) -> PersistentPythonProcess:
         return self
