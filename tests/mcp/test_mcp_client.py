@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -310,3 +311,31 @@ async def test_close_fails_calls_in_flight_as_not_retryable(demo_stdio: DemoFact
     with pytest.raises(MCPConnectionError, match="shut down during the call") as info:
         await asyncio.wait_for(task, PROCESS_WAIT)
     assert not info.value.retryable
+
+
+# --- one background loop ------------------------------------------------------------------
+
+
+def test_sessions_live_on_the_librarys_one_loop(toolset: MCPToolset) -> None:
+    from toolservices import _portal
+
+    loops = [t.name for t in threading.enumerate() if t.name.startswith("toolservices")]
+    assert loops == ["toolservices-loop"]  # no second loop thread for the MCP bridge
+
+    async def on_the_shared_loop() -> tuple[bool, str]:
+        # A coroutine run by the portal (as the dispatcher's sync entry points do)
+        # awaits the call on its own loop: no hop, no thread.
+        result = await toolset.acall("demo.add", {"a": 2, "b": 3})
+        return _portal.on_loop_thread(), result.text
+
+    assert _portal.run_sync(on_the_shared_loop) == (True, "5")
+
+
+def test_a_blocking_call_from_the_shared_loop_says_to_await(toolset: MCPToolset) -> None:
+    from toolservices import _portal
+
+    async def blocking_inside() -> None:
+        toolset.call("demo.add", {"a": 1, "b": 1})
+
+    with pytest.raises(RuntimeError, match="await the async variant"):
+        _portal.run_sync(blocking_inside)
