@@ -9,6 +9,9 @@ on HTTP:
   ``on_disconnect``, so per-client resources are freed with their client;
 * at shutdown the long-lived GET event streams are ended cleanly (they would
   otherwise hold uvicorn's graceful stop open until its timeout);
+* a POST body that is not JSON, or not a JSON-RPC message, is answered here
+  with ``-32700`` / ``-32600`` and a one-line message (the SDK answers
+  ``-32602`` with pydantic's whole report): see :mod:`toolservices.mcp._jsonrpc`;
 * with ``tokens``, every request must carry a valid bearer token (else 401
   with a JSON-RPC error saying what to send); the namespace it proves is put
   in the ASGI scope for the tools (see :func:`~toolservices.mcp._server.current_namespace`).
@@ -37,6 +40,7 @@ from mcp.server.lowlevel import Server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolservices.mcp._auth import AuthFailure, Tokens, header_value
+from toolservices.mcp._jsonrpc import check_message, error_body
 from toolservices.mcp._server import NAMESPACE_SCOPE_KEY, _Calls, wait_for_signals
 
 __all__ = ["HttpFront", "serve_http"]
@@ -67,11 +71,13 @@ class HttpFront:
         self,
         app: ASGIApp,
         *,
+        path: str,
         max_request_bytes: int,
         on_disconnect: Callable[[str], Awaitable[None]] | None = None,
         tokens: Tokens | None = None,
     ) -> None:
         self.app = app
+        self.path = path
         self.max_request_bytes = max_request_bytes
         self.on_disconnect = on_disconnect
         self.tokens = tokens
@@ -102,6 +108,11 @@ class HttpFront:
         if method == "GET" and self._closing:
             await _json_error(send, 503, "The server is shutting down")
             return
+        if method == "POST" and scope.get("path") == self.path and _is_json(scope):
+            body = await self._read_body(scope, receive, send)
+            if body is None:
+                return  # answered already
+            receive = _replay(body, receive)
         exchange = _Exchange()
         send_through = self._watch(exchange, scope, send)
         if method != "GET":
@@ -119,6 +130,29 @@ class HttpFront:
         ended = method == "DELETE" and exchange.status == 200
         if ended and session is not None and self.on_disconnect is not None:
             await self.on_disconnect(session)
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, if it is a JSON-RPC message; else answer it and return ``None``."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                await _json_error(send, 413, self._too_large(scope))
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        error = check_message(body)
+        if error is not None:
+            await _send_json(send, 400, error_body(error))
+            return None
+        return body
 
     @contextlib.contextmanager
     def _stream_stopper(self) -> Iterator[anyio.Event]:
@@ -160,6 +194,24 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return header_value(scope.get("headers", ()), name)
 
 
+def _is_json(scope: Scope) -> bool:
+    """Whether the request says its body is JSON (else the SDK answers 415 itself)."""
+    content_type = _header(scope, b"content-type") or ""
+    return content_type.split(";")[0].strip().lower() == "application/json"
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that hands out the body read already, then passes through."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replayed
+
+
 def _until(stop: anyio.Event, receive: Receive) -> Receive:
     """``receive`` that reports a disconnect once ``stop`` is set."""
 
@@ -189,6 +241,10 @@ async def _json_error(send: Send, status: int, message: str, challenge: str | No
     body = json.dumps(
         {"jsonrpc": "2.0", "id": None, "error": {"code": _INVALID_REQUEST, "message": message}}
     ).encode()
+    await _send_json(send, status, body, challenge)
+
+
+async def _send_json(send: Send, status: int, body: bytes, challenge: str | None = None) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -236,7 +292,11 @@ async def serve_http(
             session_idle_timeout=session_idle_timeout,
         )
         front = HttpFront(
-            app, max_request_bytes=max_request_bytes, on_disconnect=on_disconnect, tokens=tokens
+            app,
+            path=path,
+            max_request_bytes=max_request_bytes,
+            on_disconnect=on_disconnect,
+            tokens=tokens,
         )
         config = uvicorn.Config(
             front,
