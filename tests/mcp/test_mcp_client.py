@@ -339,3 +339,10 @@ def test_a_blocking_call_from_the_shared_loop_says_to_await(toolset: MCPToolset)
 
     with pytest.raises(RuntimeError, match="await the async variant"):
         _portal.run_sync(blocking_inside)
+
+
+def test_the_client_introduces_itself_as_toolservices(toolset: MCPToolset) -> None:
+    import importlib.metadata
+
+    version = importlib.metadata.version("toolservices")
+    assert toolset.call("demo.client_info").text == f"toolservices {version}"

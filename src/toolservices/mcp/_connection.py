@@ -33,7 +33,13 @@ from toolservices.errors import (
     ToolNotFoundError,
     ToolTimeoutError,
 )
-from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
+from toolservices.mcp._config import (
+    IMPLEMENTATION_NAME,
+    HttpServer,
+    ServerConfig,
+    StdioServer,
+    library_version,
+)
 from toolservices.mcp._result import MCPResult
 
 __all__ = ["MCPConnectionError", "ServerConnection", "ServerState"]
@@ -91,6 +97,8 @@ class ServerConnection:
         self.backoff = backoff
         self.state = ServerState.CONNECTING
         self.tools: dict[str, mt.Tool] = {}
+        #: How the server introduced itself (``serverInfo``), once connected.
+        self.server_info: mt.Implementation | None = None
         #: How often the connection was lost and a restart begun.
         self.restarts = 0
         self.last_error: BaseException | None = None
@@ -191,10 +199,16 @@ class ServerConnection:
         stack.callback(relay.cancel_scope.cancel)
         relay.start_soon(self._relay, read, relay_send, generation)
         session = await stack.enter_async_context(
-            ClientSession(relay_recv, write, read_timeout_seconds=self.connect_timeout)
+            ClientSession(
+                relay_recv,
+                write,
+                read_timeout_seconds=self.connect_timeout,
+                client_info=mt.Implementation(name=IMPLEMENTATION_NAME, version=library_version()),
+            )
         )
         with anyio.fail_after(self.connect_timeout):
-            await session.initialize()
+            initialized = await session.initialize()
+            self.server_info = initialized.server_info
             tools = await _list_all_tools(session)
         return session, {t.name: t for t in tools}
 

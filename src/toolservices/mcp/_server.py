@@ -31,6 +31,7 @@ from mcp.server.lowlevel import Server
 
 from toolservices.dispatch import Dispatcher
 from toolservices.errors import UserError
+from toolservices.mcp._config import IMPLEMENTATION_NAME, library_version
 from toolservices.mcp._result import escape_result, escape_text
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import Tool, ToolRegistry
@@ -137,20 +138,26 @@ CANCEL_SETTLE_TIMEOUT = 5.0
 def build_server(
     tools: ToolRegistry | Iterable[Any],
     *,
-    name: str = "toolservices",
+    name: str = IMPLEMENTATION_NAME,
+    version: str | None = None,
     tool_timeout: float | None = None,
 ) -> Server[Any]:
     """An MCP server (the SDK's low-level ``Server``) for ``tools``.
 
     ``tools`` is a registry or anything :class:`ToolRegistry` accepts.
-    ``tool_timeout`` is the time limit of a call to a tool without its own
-    ``timeout`` (as in :class:`~toolservices.Dispatcher`).
+    ``name`` and ``version`` (default: the toolservices version) are the
+    ``serverInfo`` clients see. ``tool_timeout`` is the time limit of a call
+    to a tool without its own ``timeout`` (as in :class:`~toolservices.Dispatcher`).
     """
-    return _build(tools, name=name, tool_timeout=tool_timeout)[0]
+    return _build(tools, name=name, version=version, tool_timeout=tool_timeout)[0]
 
 
 def _build(
-    tools: ToolRegistry | Iterable[Any], *, name: str, tool_timeout: float | None
+    tools: ToolRegistry | Iterable[Any],
+    *,
+    name: str,
+    version: str | None = None,
+    tool_timeout: float | None,
 ) -> tuple[Server[Any], _Calls]:
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     # The dispatcher's single-call path: the same validation, time limits and
@@ -194,6 +201,7 @@ def _build(
 
     server: Server[Any] = Server(
         name,
+        version=version if version is not None else library_version(),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         get_tool_input_schema=lambda n: _schema(registry.get(n)) if n in registry else None,
@@ -249,7 +257,7 @@ async def aserve(
     host: str = "127.0.0.1",
     port: int = 8765,
     path: str = "/mcp",
-    name: str = "toolservices",
+    name: str = IMPLEMENTATION_NAME,
     tool_timeout: float | None = None,
     on_ready: Callable[[str], None] | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,

@@ -64,6 +64,10 @@ class MCPTool(Tool):
         return _unwrap(await self.toolset.acall(self.name, kwargs))
 
 
+def _info(info: mt.Implementation | None) -> dict[str, str] | None:
+    return None if info is None else {"name": info.name, "version": info.version}
+
+
 def _unwrap(result: MCPResult) -> MCPResult:
     if result.is_error:
         raise ToolExecutionError(result.text or f"MCP tool '{result.server}.{result.tool}' failed")
@@ -248,10 +252,12 @@ class MCPToolset:
         return tools
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Per server: state, restart count, tool names and the last error."""
+        """Per server: state, how it introduced itself (``serverInfo`` name and
+        version), restart count, tool names and the last error."""
         return {
             name: {
                 "state": conn.state.value,
+                "server": _info(conn.server_info),
                 "restarts": conn.restarts,
                 "tools": sorted(conn.tools),
                 "last_error": repr(conn.last_error) if conn.last_error else None,
