@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.server
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from toolservices.errors import (
     ToolTimeoutError,
     UserError,
 )
-from toolservices.mcp import HttpServer, MCPConnectionError, MCPToolset, StdioServer
+from toolservices.mcp import HttpServer, MCPAuthError, MCPConnectionError, MCPToolset, StdioServer
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import ToolRegistry
 
@@ -346,3 +347,52 @@ def test_the_client_introduces_itself_as_toolservices(toolset: MCPToolset) -> No
 
     version = importlib.metadata.version("toolservices")
     assert toolset.call("demo.client_info").text == f"toolservices {version}"
+
+
+# --- HTTP refusals ------------------------------------------------------------------------
+
+
+def test_a_401_keeps_its_status_and_challenge(serve: Callable[..., tuple[int, str]]) -> None:
+    _, url = serve("--token", "t" * 20)
+    wrong = HttpServer(url=url, headers={"Authorization": "Bearer " + "w" * 20})
+    with pytest.raises(MCPAuthError) as refused:
+        MCPToolset({"py": wrong}, connect_timeout=PROCESS_WAIT).connect()
+    assert refused.value.status == 401
+    assert refused.value.retryable is False
+    assert refused.value.www_authenticate == 'Bearer realm="toolservices", error="invalid_token"'
+    assert "HTTP 401 Unauthorized (WWW-Authenticate: Bearer realm=" in refused.value.message
+    assert "not one this server accepts" in refused.value.message  # the server's own words
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers everything with a bare 401 (no JSON-RPC body), as OAuth-protected servers do."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the http.server spelling)
+        body = b"Unauthorized"
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Bearer resource_metadata="http://x/.well-known"')
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_DELETE = do_POST  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_bare_401_is_not_just_an_error_response() -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{httpd.server_address[1]}/mcp"
+            with pytest.raises(MCPAuthError) as refused:
+                MCPToolset({"oauth": HttpServer(url=url)}, connect_timeout=PROCESS_WAIT).connect()
+        finally:
+            httpd.shutdown()
+    assert refused.value.status == 401
+    assert refused.value.www_authenticate == 'Bearer resource_metadata="http://x/.well-known"'
+    assert refused.value.message.startswith(
+        "Could not connect to MCP server 'oauth': HTTP 401 Unauthorized (WWW-Authenticate: Bearer"
+    )

@@ -9,7 +9,7 @@ executor) as an MCP server.
 """
 
 from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
-from toolservices.mcp._connection import MCPConnectionError, ServerState
+from toolservices.mcp._connection import MCPAuthError, MCPConnectionError, ServerState
 from toolservices.mcp._python_tools import PythonSessions, python_tools, serve_main
 from toolservices.mcp._result import ContentPart, MCPResult
 from toolservices.mcp._server import (
@@ -24,6 +24,7 @@ from toolservices.mcp._toolset import MCPTool, MCPToolset
 __all__ = [
     "ContentPart",
     "HttpServer",
+    "MCPAuthError",
     "MCPConnectionError",
     "MCPResult",
     "MCPTool",

@@ -209,19 +209,22 @@ class MCPToolset:
             for name, config in self.servers.items()
         }
         bridge.connections.extend(connections.values())
-        errors: list[str] = []
+        errors: list[MCPConnectionError] = []
 
         async def start(conn: ServerConnection) -> None:
             try:
                 await bridge.task_group.start(conn.run)
             except MCPConnectionError as exc:
-                errors.append(exc.message)
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for conn in connections.values():
                 tg.start_soon(start, conn)
+        if len(errors) == 1:
+            raise errors[0]  # keeps its type (an MCPAuthError says what the server wants)
         if errors:
-            raise MCPConnectionError("; ".join(sorted(errors)), retryable=False)
+            messages = sorted(e.message for e in errors)
+            raise MCPConnectionError("; ".join(messages), retryable=False)
         return connections
 
     def _make_tools(self, server: str, conn: ServerConnection) -> list[MCPTool]:
