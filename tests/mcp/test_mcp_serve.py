@@ -24,7 +24,7 @@ WAIT = 20.0
 
 
 def _check_round_trip(ts: MCPToolset) -> None:
-    assert set(ts.names()) == {"ours.multiply", "ours.slow_echo", "ours.explode", "ours.describe"}
+    assert {"ours.multiply", "ours.slow_echo", "ours.explode", "ours.describe"} <= set(ts.names())
     multiply = next(t for t in ts.tools() if t.name == "ours.multiply")
     assert multiply.description == "Multiply two integers."
     assert multiply.schema_in["required"] == ["a", "b"]

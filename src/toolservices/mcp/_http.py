@@ -12,6 +12,11 @@ on HTTP:
 * a POST body that is not JSON, or not a JSON-RPC message, is answered here
   with ``-32700`` / ``-32600`` and a one-line message (the SDK answers
   ``-32602`` with pydantic's whole report): see :mod:`toolservices.mcp._jsonrpc`;
+* dropped event streams can be resumed: every SSE event has an id and a
+  ``retry`` hint, and a bounded in-memory event store replays what a client
+  missed when it reconnects with ``Last-Event-ID`` (see
+  :mod:`toolservices.mcp._events`; the front tells the store which MCP
+  session each request belongs to);
 * with ``tokens``, every request must carry a valid bearer token (else 401
   with a JSON-RPC error saying what to send); the namespace it proves is put
   in the ASGI scope for the tools (see :func:`~toolservices.mcp._server.current_namespace`).
@@ -40,6 +45,7 @@ from mcp.server.lowlevel import Server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolservices.mcp._auth import AuthFailure, Tokens, header_value
+from toolservices.mcp._events import MemoryEventStore, SessionRef, current_session_ref
 from toolservices.mcp._jsonrpc import check_message, error_body
 from toolservices.mcp._server import NAMESPACE_SCOPE_KEY, _Calls, wait_for_signals
 
@@ -50,6 +56,8 @@ UVICORN_STOP_MARGIN = 5.0
 #: How long an HTTP server that is cancelled (not signalled) may take to stop.
 HTTP_STOP_GRACE = 10.0
 _SESSION_HEADER = b"mcp-session-id"
+#: The ``retry`` hint of the event streams: how long a client waits before reconnecting (ms).
+RETRY_INTERVAL_MS = 1000
 #: JSON-RPC "Invalid Request".
 _INVALID_REQUEST = -32600
 
@@ -103,8 +111,16 @@ class HttpFront:
                 await _json_error(send, failure.status, failure.message, failure.challenge)
                 return
             scope = {**scope, NAMESPACE_SCOPE_KEY: namespace}
+        ref = SessionRef(_header(scope, _SESSION_HEADER))
+        token = current_session_ref.set(ref)
+        try:
+            await self._handle(scope, receive, send, ref)
+        finally:
+            current_session_ref.reset(token)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, ref: SessionRef) -> None:
         method = scope["method"]
-        session = _header(scope, _SESSION_HEADER)
+        session = ref.session
         if method == "GET" and self._closing:
             await _json_error(send, 503, "The server is shutting down")
             return
@@ -114,7 +130,7 @@ class HttpFront:
                 return  # answered already
             receive = _replay(body, receive)
         exchange = _Exchange()
-        send_through = self._watch(exchange, scope, send)
+        send_through = self._watch(exchange, scope, send, ref)
         if method != "GET":
             await self.app(scope, receive, send_through)
         else:
@@ -163,12 +179,14 @@ class HttpFront:
         finally:
             self._streams.discard(stop)
 
-    def _watch(self, exchange: _Exchange, scope: Scope, send: Send) -> Send:
+    def _watch(self, exchange: _Exchange, scope: Scope, send: Send, ref: SessionRef) -> Send:
         async def send_through(message: Message) -> None:
             if exchange.replaced:
                 return
             if message["type"] == "http.response.start":
                 exchange.status = int(message["status"])
+                if ref.session is None:  # the request that opens a session: learn its id
+                    ref.session = header_value(message.get("headers", ()), _SESSION_HEADER)
                 if exchange.status == 413:
                     exchange.replaced = True
                     await _json_error(send, 413, self._too_large(scope))
@@ -277,8 +295,12 @@ async def serve_http(
     on_disconnect: Callable[[str], Awaitable[None]] | None,
     signals: tuple[signal.Signals, ...],
     tokens: Tokens | None = None,
+    resume_buffer_bytes: int = 0,
 ) -> None:
-    """Serve until a signal (drain, then stop) or cancellation (stop within a bound)."""
+    """Serve until a signal (drain, then stop) or cancellation (stop within a bound).
+
+    ``resume_buffer_bytes`` bounds the event store (0: streams cannot be resumed).
+    """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -290,6 +312,10 @@ async def serve_http(
             host=host,
             max_request_body_size=max_request_bytes,
             session_idle_timeout=session_idle_timeout,
+            event_store=MemoryEventStore(max_bytes=resume_buffer_bytes)
+            if resume_buffer_bytes > 0
+            else None,
+            retry_interval=RETRY_INTERVAL_MS if resume_buffer_bytes > 0 else None,
         )
         front = HttpFront(
             app,

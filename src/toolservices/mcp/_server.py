@@ -45,6 +45,9 @@ P = ParamSpec("P")
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 #: Default of ``session_idle_timeout``: the MCP SDK's idle limit of an HTTP session.
 DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
+#: Default of ``resume_buffer_bytes``: memory for the events a reconnecting HTTP client may
+#: have missed (results of calls whose event stream dropped), over all sessions.
+DEFAULT_RESUME_BUFFER_BYTES = 32 * 1024 * 1024
 #: Default of ``shutdown_grace``: how long calls in flight may finish after SIGINT/SIGTERM.
 DEFAULT_SHUTDOWN_GRACE = 5.0
 #: What a call cancelled by a shutdown answers.
@@ -266,6 +269,7 @@ async def aserve(
     on_disconnect: Callable[[str], Awaitable[None]] | None = None,
     background: Callable[[], Coroutine[Any, Any, None]] | None = None,
     tokens: Iterable[str] | None = None,
+    resume_buffer_bytes: int = DEFAULT_RESUME_BUFFER_BYTES,
 ) -> None:
     """Serve ``tools`` until the client leaves (stdio), SIGINT/SIGTERM arrives or the
     caller cancels; then drain (see the module docstring) and return.
@@ -279,7 +283,11 @@ async def aserve(
     ``background()`` runs while serving and is cancelled at shutdown. With
     ``tokens`` (HTTP only) every request needs ``Authorization: Bearer`` one
     of them (else 401), and tools see the namespace it proves through
-    :func:`current_namespace`. Signals are handled only in the main thread.
+    :func:`current_namespace`. Over HTTP every event carries an id, and up to
+    ``resume_buffer_bytes`` of recent events are kept so that a client whose
+    event stream dropped can reconnect with ``Last-Event-ID`` and still get
+    its result (``0``: no ids, no resuming). Signals are handled only in the
+    main thread.
     """
     if transport not in ("stdio", "http"):
         raise UserError(f"Unknown MCP transport {transport!r}; valid: 'stdio', 'http'")
@@ -289,6 +297,8 @@ async def aserve(
         raise UserError(
             f"session_idle_timeout must be positive or None, got {session_idle_timeout}"
         )
+    if resume_buffer_bytes < 0:
+        raise UserError(f"resume_buffer_bytes must be >= 0, got {resume_buffer_bytes}")
     if not 0 <= shutdown_grace < math.inf:
         raise UserError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace}")
     checked = None
@@ -324,6 +334,7 @@ async def aserve(
                 on_disconnect=on_disconnect,
                 signals=_signals(),
                 tokens=checked,
+                resume_buffer_bytes=resume_buffer_bytes,
             )
         tg.cancel_scope.cancel()
 

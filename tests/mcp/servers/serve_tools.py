@@ -28,6 +28,27 @@ async def slow_echo(text: str, seconds: float = 0.0) -> str:
     return text
 
 
+_gates: dict[str, anyio.Event] = {}
+
+
+def _gate(name: str) -> anyio.Event:
+    return _gates.setdefault(name, anyio.Event())
+
+
+@tool
+async def wait_for(gate: str) -> str:
+    """Return once release(gate) was called (a rendezvous for tests)."""
+    await _gate(gate).wait()
+    return f"{gate} passed"
+
+
+@tool
+async def release(gate: str) -> str:
+    """Let wait_for(gate) return."""
+    _gate(gate).set()
+    return "released"
+
+
 @tool
 def explode(message: str) -> str:
     """Always raise."""
@@ -43,7 +64,7 @@ def describe(values: list[float]) -> dict[str, float]:
 if __name__ == "__main__":
     transport = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     serve(
-        [multiply, slow_echo, explode, describe],
+        [multiply, slow_echo, explode, describe, wait_for, release],
         transport=transport,  # type: ignore[arg-type]
         port=0,
         on_ready=_announce,
