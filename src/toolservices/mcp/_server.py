@@ -32,6 +32,7 @@ from mcp.server.lowlevel import Server
 from toolservices.dispatch import Dispatcher
 from toolservices.errors import UserError
 from toolservices.mcp._config import IMPLEMENTATION_NAME, library_version
+from toolservices.mcp._content import to_blocks
 from toolservices.mcp._result import escape_result, escape_text
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import Tool, ToolRegistry
@@ -241,7 +242,13 @@ def _error(message: str) -> mt.CallToolResult:
 
 
 def _result(value: Any, text: str) -> mt.CallToolResult:
-    """A successful call; ``text`` is the value as the dispatcher rendered it."""
+    """A successful call; ``text`` is the value as the dispatcher rendered it.
+
+    Media values (:mod:`toolservices.mcp._content`) become their own content blocks.
+    """
+    blocks = to_blocks(value)
+    if blocks is not None:
+        return mt.CallToolResult(content=blocks)
     if isinstance(value, str):
         return mt.CallToolResult(content=[mt.TextContent(type="text", text=value)])
     structured = dict(value) if isinstance(value, Mapping) else None
