@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx2
 import psutil
 import pytest
 from tests.mcp._inflight import start_parked
@@ -31,6 +32,7 @@ from toolservices.tools import ToolRegistry
 
 SECRET = "TOOLSERVICES_MCP_TEST_SECRET"
 DEMO = str(Path(__file__).parent / "servers" / "demo_server.py")
+SERVE_TOOLS = str(Path(__file__).parent / "servers" / "serve_tools.py")
 PROCESS_WAIT = 20.0
 DemoFactory = Callable[..., dict[str, object]]
 
@@ -395,4 +397,67 @@ def test_a_bare_401_is_not_just_an_error_response() -> None:
     assert refused.value.www_authenticate == 'Bearer resource_metadata="http://x/.well-known"'
     assert refused.value.message.startswith(
         "Could not connect to MCP server 'oauth': HTTP 401 Unauthorized (WWW-Authenticate: Bearer"
+    )
+
+
+class _Gatekeeper(http.server.ThreadingHTTPServer):
+    """A proxy to an MCP server that answers a bare 401 once ``refuse`` is set (a revoked token)."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Forwarding)
+        self.upstream = upstream
+        self.refuse = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/mcp"
+
+
+class _Forwarding(_Refusing):
+    server: _Gatekeeper
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.server.refuse.is_set():
+            super().do_POST()
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        skip = {"host", "content-length", "connection", "transfer-encoding"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        answer = httpx2.request(
+            self.command, self.server.upstream, content=body, headers=headers, timeout=PROCESS_WAIT
+        )
+        self.send_response(answer.status_code)
+        for key, value in answer.headers.items():
+            if key.lower() not in skip | {"content-encoding"}:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_DELETE = do_POST  # noqa: N815
+
+    def do_GET(self) -> None:  # noqa: N802 (no standalone event stream through this proxy)
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_401_during_a_session_keeps_its_status_and_challenge(
+    announced_server: Callable[..., tuple[subprocess.Popen[str], str]],
+) -> None:
+    _, upstream = announced_server([sys.executable, SERVE_TOOLS, "http"])
+    with _Gatekeeper(upstream) as gate:
+        threading.Thread(target=gate.serve_forever, daemon=True).start()
+        try:
+            with MCPToolset({"p": HttpServer(url=gate.url)}, timeout=PROCESS_WAIT) as ts:
+                assert ts.call("p.multiply", {"a": 6, "b": 7}).text == "42"
+                gate.refuse.set()
+                with pytest.raises(MCPAuthError) as refused:
+                    ts.call("p.multiply", {"a": 6, "b": 7})
+        finally:
+            gate.shutdown()
+    assert refused.value.status == 401 and refused.value.retryable is False
+    assert refused.value.www_authenticate == 'Bearer resource_metadata="http://x/.well-known"'
+    assert refused.value.message.startswith(
+        "MCP server 'p' refused 'p.multiply': HTTP 401 Unauthorized (WWW-Authenticate: Bearer"
     )
