@@ -119,3 +119,19 @@ def test_http_a_good_message_still_reaches_the_server(http_url: str) -> None:
     answer = httpx2.post(http_url, json=INITIALIZE, headers=POST_HEADERS, timeout=WAIT)
     assert answer.status_code == 200
     assert "toolservices" in answer.text
+
+
+def test_stdio_from_a_regular_file_answers_bad_lines_too(tmp_path: Any) -> None:
+    # A regular file cannot be polled, so the SDK's own reader runs: its failures are answered.
+    script = tmp_path / "input.jsonl"
+    script.write_bytes(b"not json\n" + b'{"hello": 1}\n' + json.dumps(INITIALIZE).encode() + b"\n")
+    with script.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, SERVE_TOOLS], stdin=stdin, capture_output=True, timeout=WAIT
+        )
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    # the rejections and the server's own answers are written by two tasks: any order
+    errors = sorted(a["error"]["code"] for a in answers if "error" in a)
+    assert errors == [-32700, -32600] and all(a["id"] is None for a in answers if "error" in a)
+    [initialized] = [a for a in answers if "result" in a]
+    assert initialized["id"] == 1 and "serverInfo" in initialized["result"]
