@@ -54,7 +54,13 @@ def cache_dir() -> Path:
 
 def install() -> Suite:
     """The installed suite (installing it first if needed), or :class:`Unavailable`."""
-    base = cache_dir()
+    try:
+        return _install(cache_dir())
+    except OSError as exc:  # an unwritable cache, a full disk...
+        raise Unavailable(f"cannot install into {cache_dir()}: {exc}") from exc
+
+
+def _install(base: Path) -> Suite:
     node = _node(base)
     script = base / "suite" / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist"
     script = script / "index.js"
