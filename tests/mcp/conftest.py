@@ -190,3 +190,20 @@ def serve() -> Iterator[Callable[..., tuple[int, str]]]:
     finally:
         for proc in started:
             kill_group(proc)
+
+
+@pytest.fixture(scope="module")
+def announced_module_server() -> Iterator[Callable[[list[str]], str]]:
+    """Like ``announced_server``, for one module's tests: ``start(argv)`` -> URL."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(argv: list[str]) -> str:
+        proc, url = start_server(argv)
+        started.append(proc)
+        return url
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            kill_group(proc)

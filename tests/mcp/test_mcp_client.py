@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.server
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx2
 import psutil
 import pytest
 from tests.mcp._inflight import start_parked
@@ -23,12 +26,13 @@ from toolservices.errors import (
     ToolTimeoutError,
     UserError,
 )
-from toolservices.mcp import HttpServer, MCPConnectionError, MCPToolset, StdioServer
+from toolservices.mcp import HttpServer, MCPAuthError, MCPConnectionError, MCPToolset, StdioServer
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import ToolRegistry
 
 SECRET = "TOOLSERVICES_MCP_TEST_SECRET"
 DEMO = str(Path(__file__).parent / "servers" / "demo_server.py")
+SERVE_TOOLS = str(Path(__file__).parent / "servers" / "serve_tools.py")
 PROCESS_WAIT = 20.0
 DemoFactory = Callable[..., dict[str, object]]
 
@@ -310,3 +314,151 @@ async def test_close_fails_calls_in_flight_as_not_retryable(demo_stdio: DemoFact
     with pytest.raises(MCPConnectionError, match="shut down during the call") as info:
         await asyncio.wait_for(task, PROCESS_WAIT)
     assert not info.value.retryable
+
+
+# --- one background loop ------------------------------------------------------------------
+
+
+def test_sessions_live_on_the_librarys_one_loop(toolset: MCPToolset) -> None:
+    from toolservices import _portal
+
+    names = {t.name for t in threading.enumerate()}
+    # the library's loop thread, and no loop thread of the bridge's own (it was "toolservices-mcp")
+    assert "toolservices-loop" in names and "toolservices-mcp" not in names
+
+    async def on_the_shared_loop() -> tuple[bool, str]:
+        # A coroutine run by the portal (as the dispatcher's sync entry points do)
+        # awaits the call on its own loop: no hop, no thread.
+        result = await toolset.acall("demo.add", {"a": 2, "b": 3})
+        return _portal.on_loop_thread(), result.text
+
+    assert _portal.run_sync(on_the_shared_loop) == (True, "5")
+
+
+def test_a_blocking_call_from_the_shared_loop_says_to_await(toolset: MCPToolset) -> None:
+    from toolservices import _portal
+
+    async def blocking_inside() -> None:
+        toolset.call("demo.add", {"a": 1, "b": 1})
+
+    with pytest.raises(RuntimeError, match="await the async variant"):
+        _portal.run_sync(blocking_inside)
+
+
+def test_the_client_introduces_itself_as_toolservices(toolset: MCPToolset) -> None:
+    import importlib.metadata
+
+    version = importlib.metadata.version("toolservices")
+    assert toolset.call("demo.client_info").text == f"toolservices {version}"
+
+
+# --- HTTP refusals ------------------------------------------------------------------------
+
+
+def test_a_401_keeps_its_status_and_challenge(serve: Callable[..., tuple[int, str]]) -> None:
+    _, url = serve("--token", "t" * 20)
+    wrong = HttpServer(url=url, headers={"Authorization": "Bearer " + "w" * 20})
+    with pytest.raises(MCPAuthError) as refused:
+        MCPToolset({"py": wrong}, connect_timeout=PROCESS_WAIT).connect()
+    assert refused.value.status == 401
+    assert refused.value.retryable is False
+    assert refused.value.www_authenticate == 'Bearer realm="toolservices", error="invalid_token"'
+    assert "HTTP 401 Unauthorized (WWW-Authenticate: Bearer realm=" in refused.value.message
+    assert "not one this server accepts" in refused.value.message  # the server's own words
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers everything with a bare 401 (no JSON-RPC body), as OAuth-protected servers do."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the http.server spelling)
+        body = b"Unauthorized"
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Bearer resource_metadata="http://x/.well-known"')
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_DELETE = do_POST  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_bare_401_is_not_just_an_error_response() -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{httpd.server_address[1]}/mcp"
+            with pytest.raises(MCPAuthError) as refused:
+                MCPToolset({"oauth": HttpServer(url=url)}, connect_timeout=PROCESS_WAIT).connect()
+        finally:
+            httpd.shutdown()
+    assert refused.value.status == 401
+    assert refused.value.www_authenticate == 'Bearer resource_metadata="http://x/.well-known"'
+    assert refused.value.message.startswith(
+        "Could not connect to MCP server 'oauth': HTTP 401 Unauthorized (WWW-Authenticate: Bearer"
+    )
+
+
+class _Gatekeeper(http.server.ThreadingHTTPServer):
+    """A proxy to an MCP server that answers a bare 401 once ``refuse`` is set (a revoked token)."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Forwarding)
+        self.upstream = upstream
+        self.refuse = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/mcp"
+
+
+class _Forwarding(_Refusing):
+    server: _Gatekeeper
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.server.refuse.is_set():
+            super().do_POST()
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        skip = {"host", "content-length", "connection", "transfer-encoding"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        answer = httpx2.request(
+            self.command, self.server.upstream, content=body, headers=headers, timeout=PROCESS_WAIT
+        )
+        self.send_response(answer.status_code)
+        for key, value in answer.headers.items():
+            if key.lower() not in skip | {"content-encoding"}:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_DELETE = do_POST  # noqa: N815
+
+    def do_GET(self) -> None:  # noqa: N802 (no standalone event stream through this proxy)
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_401_during_a_session_keeps_its_status_and_challenge(
+    announced_server: Callable[..., tuple[subprocess.Popen[str], str]],
+) -> None:
+    _, upstream = announced_server([sys.executable, SERVE_TOOLS, "http"])
+    with _Gatekeeper(upstream) as gate:
+        threading.Thread(target=gate.serve_forever, daemon=True).start()
+        try:
+            with MCPToolset({"p": HttpServer(url=gate.url)}, timeout=PROCESS_WAIT) as ts:
+                assert ts.call("p.multiply", {"a": 6, "b": 7}).text == "42"
+                gate.refuse.set()
+                with pytest.raises(MCPAuthError) as refused:
+                    ts.call("p.multiply", {"a": 6, "b": 7})
+        finally:
+            gate.shutdown()
+    assert refused.value.status == 401 and refused.value.retryable is False
+    assert refused.value.www_authenticate == 'Bearer resource_metadata="http://x/.well-known"'
+    assert refused.value.message.startswith(
+        "MCP server 'p' refused 'p.multiply': HTTP 401 Unauthorized (WWW-Authenticate: Bearer"
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import signal
 import subprocess
 import sys
@@ -15,16 +17,31 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from toolservices.errors import ToolNotFoundError, ToolTimeoutError
-from toolservices.mcp import HttpServer, MCPToolset, StdioServer, aserve
+from toolservices.errors import ToolNotFoundError, ToolTimeoutError, UserError
+from toolservices.mcp import (
+    Audio,
+    HttpServer,
+    Image,
+    MCPToolset,
+    Resource,
+    ResourceLink,
+    StdioServer,
+    aserve,
+)
 from toolservices.tools import tool
 
 SERVE_TOOLS = str(Path(__file__).parent / "servers" / "serve_tools.py")
 WAIT = 20.0
 
 
+def _stdio_serve_tools() -> StdioServer:
+    # PYTHONPATH passes through so a source checkout's server is the one tested.
+    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+    return StdioServer(command=sys.executable, args=(SERVE_TOOLS,), env=env)
+
+
 def _check_round_trip(ts: MCPToolset) -> None:
-    assert set(ts.names()) == {"ours.multiply", "ours.slow_echo", "ours.explode", "ours.describe"}
+    assert {"ours.multiply", "ours.slow_echo", "ours.explode", "ours.describe"} <= set(ts.names())
     multiply = next(t for t in ts.tools() if t.name == "ours.multiply")
     assert multiply.description == "Multiply two integers."
     assert multiply.schema_in["required"] == ["a", "b"]
@@ -45,7 +62,7 @@ def _check_round_trip(ts: MCPToolset) -> None:
 
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_serve_stdio_round_trip() -> None:
-    with MCPToolset({"ours": StdioServer(command=sys.executable, args=(SERVE_TOOLS,))}) as ts:
+    with MCPToolset({"ours": _stdio_serve_tools()}) as ts:
         _check_round_trip(ts)
 
 
@@ -120,3 +137,47 @@ async def test_aserve_in_process_with_a_free_port_and_a_tool_timeout() -> None:
     await anyio.lowlevel.checkpoint()
     pending = [t for t in asyncio.all_tasks() if not t.done() and "Lifespan" in repr(t)]
     assert pending == []
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_served_tools_return_images_audio_and_resources() -> None:
+    sys.path.insert(0, str(Path(SERVE_TOOLS).parent))
+    try:
+        from serve_tools import PNG, WAV
+    finally:
+        sys.path.pop(0)
+    with MCPToolset({"ours": _stdio_serve_tools()}) as ts:
+        result = ts.call("ours.media")
+        picture = ts.call("ours.picture")
+    assert [p.type for p in result.parts] == [
+        "text",
+        "image",
+        "audio",
+        "resource",
+        "resource",
+        "resource_link",
+    ]
+    assert result.contents() == [
+        "here you are",
+        Image(data=PNG, mime_type="image/png"),
+        Audio(data=WAV, mime_type="audio/wav"),
+        Resource(uri="file:///notes.txt", text="some notes", mime_type="text/plain"),
+        Resource(uri="file:///blob.bin", data=b"\x00\x01", mime_type="application/octet-stream"),
+        ResourceLink(uri="file:///big.csv", name="big.csv", mime_type="text/csv"),
+    ]
+    assert result.parts[1].raw["data"] == base64.b64encode(PNG).decode()  # base64 on the wire
+    assert str(result).splitlines() == [
+        "here you are",
+        "[image: image/png]",
+        "[audio: audio/wav]",
+        "[resource: file:///notes.txt]",
+        "[resource: file:///blob.bin]",
+        "[resource_link: file:///big.csv]",
+    ]
+    assert picture.contents() == [Image(data=PNG, mime_type="image/png")]
+
+
+def test_media_values_render_as_placeholders_and_need_one_payload() -> None:
+    assert str(Image(data=b"abc", mime_type="image/png")) == "[image: image/png, 3 bytes]"
+    with pytest.raises(UserError, match="exactly one of 'text' or 'data'"):
+        Resource(uri="file:///x")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +22,8 @@ WAIT = 30.0
 
 
 def _check_python_tools(ts: MCPToolset) -> None:
+    version = importlib.metadata.version("toolservices")
+    assert ts.status()["py"]["server"] == {"name": "toolservices", "version": version}
     assert set(ts.names()) == {"py.python_execute", "py.python_close_session"}
     run = "py.python_execute"
     first = ts.call(run, {"code": "x = 21\nprint(x * 2)", "session_id": "s1"}).structured
@@ -38,7 +42,9 @@ def _check_python_tools(ts: MCPToolset) -> None:
 
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_serve_mcp_stdio_runs_python_with_sessions() -> None:
-    server = StdioServer(command=CLI, args=("serve", "--mcp"))
+    # PYTHONPATH passes through so a source checkout's server is the one tested.
+    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+    server = StdioServer(command=CLI, args=("serve", "--mcp"), env=env)
     with MCPToolset({"py": server}, timeout=WAIT, connect_timeout=WAIT) as ts:
         _check_python_tools(ts)
 

@@ -9,7 +9,8 @@ executor) as an MCP server.
 """
 
 from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
-from toolservices.mcp._connection import MCPConnectionError, ServerState
+from toolservices.mcp._connection import MCPAuthError, MCPConnectionError, ServerState
+from toolservices.mcp._content import Audio, Image, Resource, ResourceLink
 from toolservices.mcp._python_tools import PythonSessions, python_tools, serve_main
 from toolservices.mcp._result import ContentPart, MCPResult
 from toolservices.mcp._server import (
@@ -22,8 +23,13 @@ from toolservices.mcp._server import (
 from toolservices.mcp._toolset import MCPTool, MCPToolset
 
 __all__ = [
+    "Audio",
+    "Image",
+    "Resource",
+    "ResourceLink",
     "ContentPart",
     "HttpServer",
+    "MCPAuthError",
     "MCPConnectionError",
     "MCPResult",
     "MCPTool",

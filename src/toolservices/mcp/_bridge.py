@@ -1,9 +1,11 @@
-"""The bridge's own event loop thread, reachable from sync code and from other loops.
+"""The MCP sessions' home on the library's one background loop.
 
-Every MCP session of a toolset lives on this one loop, started with anyio's
-blocking portal (which also owns the sessions' task group). Calls hop onto
-it with ``run_coroutine_threadsafe``; async callers on another loop await
-that future, and cancelling the caller cancels the call on the bridge loop.
+Every MCP session of a toolset lives on the shared loop of
+:mod:`toolservices._portal` (the loop the dispatcher's sync entry points use),
+inside a task group that one supervisor task owns: there is no second loop
+thread. Calls hop onto that loop with ``run_coroutine_threadsafe``; a caller
+already on it awaits the call directly, async callers on another loop await
+the future, and cancelling the caller cancels the call on the shared loop.
 """
 
 from __future__ import annotations
@@ -13,15 +15,13 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
-from anyio.abc import TaskGroup, TaskStatus
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.abc import TaskGroup
 
-from toolservices._portal import wait_on_loop
+from toolservices._portal import get_loop, on_loop_thread, wait_on_loop
 from toolservices.mcp._connection import ServerConnection
 
 __all__ = ["Bridge"]
@@ -32,50 +32,65 @@ T = TypeVar("T")
 
 #: How long close() waits for the servers to shut down. The SDK bounds each
 #: stdio shutdown (stdin close, 2 s grace, SIGTERM, 2 s, SIGKILL), so this is
-#: only reached if something is badly wrong; the loop is then cancelled.
+#: only reached if something is badly wrong; the supervisor is then cancelled.
 CLOSE_TIMEOUT = 20.0
+#: How long the supervisor may take to open its task group (it only starts a task).
+START_TIMEOUT = 30.0
 
 
 class Bridge:
-    """One background event loop and the task group that owns the sessions."""
+    """A supervisor task on the shared loop and the task group that owns the sessions."""
 
     def __init__(self) -> None:
-        self._cm: AbstractContextManager[BlockingPortal] = start_blocking_portal(
-            "asyncio", name="toolservices-mcp"
-        )
-        self.portal = self._cm.__enter__()
+        if on_loop_thread():
+            raise RuntimeError(
+                "toolservices: MCPToolset.connect() was called from inside the library's event "
+                "loop; use 'await toolset.aconnect()' or 'async with toolset'"
+            )
+        self._loop = get_loop()
         self.connections: list[ServerConnection] = []
         self._closed = False
         self._lock = threading.Lock()
-        try:
-            self.thread_id: int = self.portal.call(threading.get_ident)
-            self._loop = self.portal.call(asyncio.get_running_loop)
-            self._supervisor, self.task_group = self.portal.start_task(self._supervise)
-        except BaseException:
-            self._cm.__exit__(None, None, None)
-            raise
+        self._stop: anyio.Event | None = None
+        started: concurrent.futures.Future[TaskGroup] = concurrent.futures.Future()
+        self._supervisor = asyncio.run_coroutine_threadsafe(self._supervise(started), self._loop)
+        pending: list[concurrent.futures.Future[Any]] = [started, self._supervisor]
+        concurrent.futures.wait(
+            pending,
+            timeout=START_TIMEOUT,
+            return_when=concurrent.futures.FIRST_COMPLETED,
+        )
+        if not started.done():
+            self._supervisor.cancel()
+            if self._supervisor.done():
+                self._supervisor.result()  # raises what stopped it
+            raise RuntimeError("toolservices: the MCP supervisor task did not start")
+        self.task_group: TaskGroup = started.result()
 
-    async def _supervise(self, *, task_status: TaskStatus[TaskGroup]) -> None:
+    async def _supervise(self, started: concurrent.futures.Future[TaskGroup]) -> None:
         self._stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            task_status.started(tg)
+            started.set_result(tg)
             await self._stop.wait()
             for connection in self.connections:
                 connection.request_close()
 
     def _request_stop(self) -> None:
-        self._stop.set()
+        if self._stop is not None:
+            self._stop.set()
 
     def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-        """Run ``fn(*args)`` on the bridge loop and wait for it (sync callers)."""
-        if threading.get_ident() == self.thread_id:
-            raise RuntimeError("blocking call from the MCP bridge's own loop; await it instead")
-        # A direct hop: the portal's extra thread wake-ups cost more than the call.
+        """Run ``fn(*args)`` on the shared loop and wait for it (sync callers)."""
+        if on_loop_thread():
+            raise RuntimeError(
+                "toolservices: a blocking MCPToolset call was made from inside the library's "
+                "event loop; await the async variant instead (for example 'await ts.acall(...)')"
+            )
         return wait_on_loop(self._loop, fn, *args)
 
     async def arun(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-        """Await ``fn(*args)`` on the bridge loop from any loop."""
-        if threading.get_ident() == self.thread_id:
+        """Await ``fn(*args)`` on the shared loop from any loop."""
+        if on_loop_thread():
             return await fn(*args)
         future = asyncio.run_coroutine_threadsafe(fn(*args), self._loop)
         if _on_asyncio():
@@ -88,24 +103,32 @@ class Bridge:
             raise
 
     def close(self) -> None:
-        """Shut every server down, then stop the loop thread. Idempotent."""
+        """Shut every server down and end the supervisor. Idempotent.
+
+        The shared loop itself keeps running (other parts of the library use it).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if threading.get_ident() == self.thread_id:
+        if on_loop_thread():
             # Reached from the loop itself (a finalizer run by garbage collection
             # there): waiting would deadlock, so only ask the servers to stop.
             self._request_stop()
             return
+        if self._supervisor.done():
+            return  # the shared loop was shut down first (interpreter exit): it cancelled us
         try:
-            self.portal.call(self._request_stop)
+            self._loop.call_soon_threadsafe(self._request_stop)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+        try:
             self._supervisor.result(timeout=CLOSE_TIMEOUT)
         except concurrent.futures.TimeoutError:
             logger.error("MCP servers did not shut down in %.0fs; cancelling", CLOSE_TIMEOUT)
-            self.portal.call(self.portal.stop, True)
-        finally:
-            self._cm.__exit__(None, None, None)
+            self._supervisor.cancel()
+        except concurrent.futures.CancelledError:
+            pass  # the shared loop is shutting down and cancelled the sessions itself
 
 
 def _on_asyncio() -> bool:

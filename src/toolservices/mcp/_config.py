@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -9,7 +11,30 @@ from typing import Any, TypeAlias
 
 from toolservices.errors import UserError
 
-__all__ = ["HttpServer", "ServerConfig", "StdioServer", "coerce_server", "coerce_servers"]
+__all__ = [
+    "IMPLEMENTATION_NAME",
+    "HttpServer",
+    "ServerConfig",
+    "StdioServer",
+    "coerce_server",
+    "coerce_servers",
+    "library_version",
+]
+
+#: How our client and server introduce themselves (``clientInfo`` / ``serverInfo``).
+IMPLEMENTATION_NAME = "toolservices"
+
+
+@functools.cache
+def library_version() -> str:
+    """The installed toolservices version (``__version__`` when run from a source tree)."""
+    try:
+        return importlib.metadata.version("toolservices")
+    except importlib.metadata.PackageNotFoundError:
+        from toolservices import __version__
+
+        return __version__
+
 
 #: Variables a stdio server inherits besides what its config passes explicitly
 #: (the SDK adds its own short allowlist: HOME, LOGNAME, PATH, SHELL, TERM, USER).

@@ -33,10 +33,16 @@ from toolservices.errors import (
     ToolNotFoundError,
     ToolTimeoutError,
 )
-from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
+from toolservices.mcp._config import (
+    IMPLEMENTATION_NAME,
+    HttpServer,
+    ServerConfig,
+    StdioServer,
+    library_version,
+)
 from toolservices.mcp._result import MCPResult
 
-__all__ = ["MCPConnectionError", "ServerConnection", "ServerState"]
+__all__ = ["MCPAuthError", "MCPConnectionError", "ServerConnection", "ServerState"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,24 @@ class MCPConnectionError(ServiceUnavailableError):
     ``retryable`` is true while the bridge is restarting or reconnecting the
     server, false once it gave up (or was closed).
     """
+
+
+class MCPAuthError(MCPConnectionError):
+    """An HTTP server refused our credentials (HTTP 401 or 403).
+
+    ``status`` is the HTTP status and ``www_authenticate`` the server's
+    ``WWW-Authenticate`` challenge (what it wants sent), if it gave one. Never
+    retryable: the same request with the same credentials gets the same answer.
+    """
+
+    def __init__(self, message: str, *, status: int, www_authenticate: str | None) -> None:
+        super().__init__(message, retryable=False)
+        self.status = status
+        self.www_authenticate = www_authenticate
+
+
+#: HTTP statuses that refuse the credentials, not the request.
+_AUTH_STATUSES = (401, 403)
 
 
 class ServerState(enum.Enum):
@@ -91,12 +115,18 @@ class ServerConnection:
         self.backoff = backoff
         self.state = ServerState.CONNECTING
         self.tools: dict[str, mt.Tool] = {}
+        #: How the server introduced itself (``serverInfo``), once connected.
+        self.server_info: mt.Implementation | None = None
         #: How often the connection was lost and a restart begun.
         self.restarts = 0
         self.last_error: BaseException | None = None
         self._session: ClientSession | None = None
         self._generation = 0
         self._served = False  # the current connection answered a call
+        #: The last HTTP 401/403 seen (status, WWW-Authenticate) and how many so far:
+        #: the SDK keeps only the body's message, so a response hook keeps these.
+        self._refusal: tuple[int, str | None] | None = None
+        self._refusals = 0
         self._changed = anyio.Event()  # replaced on each state change
         self._lost = anyio.Event()  # replaced per connection generation
         self._closing = anyio.Event()
@@ -112,6 +142,7 @@ class ServerConnection:
             while not self._closing.is_set():
                 connected_at: float | None = None
                 cause: BaseException | str = "the connection was lost right after it was made"
+                refusals = self._refusals
                 try:
                     async with AsyncExitStack() as stack:
                         session, tools = await self._open(stack)
@@ -129,7 +160,12 @@ class ServerConnection:
                 # the cause is kept, reported on the first connect, and counted.
                 except Exception as exc:
                     self._session = None
-                    self.last_error = cause = exc
+                    refused = self._refused(
+                        refusals, f"Could not connect to MCP server '{self.name}'", exc
+                    )
+                    self.last_error = cause = refused or exc
+                    if refused is not None and not started:
+                        raise refused from exc
                     if not started:
                         raise MCPConnectionError(
                             f"Could not connect to MCP server '{self.name}': {_describe(exc)}",
@@ -191,10 +227,16 @@ class ServerConnection:
         stack.callback(relay.cancel_scope.cancel)
         relay.start_soon(self._relay, read, relay_send, generation)
         session = await stack.enter_async_context(
-            ClientSession(relay_recv, write, read_timeout_seconds=self.connect_timeout)
+            ClientSession(
+                relay_recv,
+                write,
+                read_timeout_seconds=self.connect_timeout,
+                client_info=mt.Implementation(name=IMPLEMENTATION_NAME, version=library_version()),
+            )
         )
         with anyio.fail_after(self.connect_timeout):
-            await session.initialize()
+            initialized = await session.initialize()
+            self.server_info = initialized.server_info
             tools = await _list_all_tools(session)
         return session, {t.name: t for t in tools}
 
@@ -214,6 +256,7 @@ class ServerConnection:
             headers=dict(config.headers),
             timeout=httpx2.Timeout(self.connect_timeout, read=None),
         )
+        client.event_hooks["response"].append(self._note_refusal)
         await stack.enter_async_context(client)
         return await stack.enter_async_context(
             streamable_http_client(config.url, http_client=client)
@@ -232,6 +275,26 @@ class ServerConnection:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the session side closed first: this is our own teardown
         self.mark_lost(generation)
+
+    async def _note_refusal(self, response: httpx2.Response) -> None:
+        if response.status_code in _AUTH_STATUSES:
+            self._refusal = (response.status_code, response.headers.get("www-authenticate"))
+            self._refusals += 1
+
+    def _refused(self, since: int, what: str, exc: BaseException) -> MCPAuthError | None:
+        """The auth error to raise if a 401/403 arrived after the ``since``-th one."""
+        if self._refusals == since or self._refusal is None:
+            return None
+        status, challenge = self._refusal
+        reason = {401: "Unauthorized", 403: "Forbidden"}[status]
+        header = f" (WWW-Authenticate: {challenge})" if challenge else ""
+        inner = _innermost(exc)
+        said = inner.message if isinstance(inner, MCPError) else _describe(inner)
+        return MCPAuthError(
+            f"{what}: HTTP {status} {reason}{header}: {said}",
+            status=status,
+            www_authenticate=challenge,
+        )
 
     def _set_state(self, state: ServerState) -> None:
         self.state = state
@@ -269,9 +332,15 @@ class ServerConnection:
                     retryable=True,
                 )
             remaining = max(deadline - anyio.current_time(), 0.001)
+            refusals = self._refusals
             try:
                 result = await session.call_tool(tool, args, read_timeout_seconds=remaining)
             except MCPError as exc:
+                refused = self._refused(
+                    refusals, f"MCP server '{self.name}' refused '{qualified}'", exc
+                )
+                if refused is not None:
+                    raise refused from exc
                 if self._session_unknown(exc) and not resent:
                     # The HTTP server no longer knows our session (it restarted
                     # or expired it: HTTP 404). The call was refused, not run,
@@ -346,10 +415,17 @@ async def _list_all_tools(session: ClientSession) -> list[mt.Tool]:
             return tools
 
 
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of nested exception groups (from task groups)."""
+    while getattr(exc, "exceptions", None):  # BaseExceptionGroup (3.11+ or the backport)
+        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    return exc
+
+
 def _describe(exc: BaseException | None) -> str:
     """A one-line cause, looking inside exception groups from task groups."""
-    while exc is not None and hasattr(exc, "exceptions") and exc.exceptions:
-        exc = exc.exceptions[0]
+    if exc is not None:
+        exc = _innermost(exc)
     if exc is None:
         return "unknown error"
     text = str(exc)

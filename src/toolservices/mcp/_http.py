@@ -9,6 +9,14 @@ on HTTP:
   ``on_disconnect``, so per-client resources are freed with their client;
 * at shutdown the long-lived GET event streams are ended cleanly (they would
   otherwise hold uvicorn's graceful stop open until its timeout);
+* a POST body that is not JSON, or not a JSON-RPC message, is answered here
+  with ``-32700`` / ``-32600`` and a one-line message (the SDK answers
+  ``-32602`` with pydantic's whole report): see :mod:`toolservices.mcp._jsonrpc`;
+* dropped event streams can be resumed: every SSE event has an id and a
+  ``retry`` hint, and a bounded in-memory event store replays what a client
+  missed when it reconnects with ``Last-Event-ID`` (see
+  :mod:`toolservices.mcp._events`; the front tells the store which MCP
+  session each request belongs to);
 * with ``tokens``, every request must carry a valid bearer token (else 401
   with a JSON-RPC error saying what to send); the namespace it proves is put
   in the ASGI scope for the tools (see :func:`~toolservices.mcp._server.current_namespace`).
@@ -37,6 +45,8 @@ from mcp.server.lowlevel import Server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolservices.mcp._auth import AuthFailure, Tokens, header_value
+from toolservices.mcp._events import MemoryEventStore, SessionRef, current_session_ref
+from toolservices.mcp._jsonrpc import check_message, error_body
 from toolservices.mcp._server import NAMESPACE_SCOPE_KEY, _Calls, wait_for_signals
 
 __all__ = ["HttpFront", "serve_http"]
@@ -46,6 +56,8 @@ UVICORN_STOP_MARGIN = 5.0
 #: How long an HTTP server that is cancelled (not signalled) may take to stop.
 HTTP_STOP_GRACE = 10.0
 _SESSION_HEADER = b"mcp-session-id"
+#: The ``retry`` hint of the event streams: how long a client waits before reconnecting (ms).
+RETRY_INTERVAL_MS = 1000
 #: JSON-RPC "Invalid Request".
 _INVALID_REQUEST = -32600
 
@@ -67,11 +79,13 @@ class HttpFront:
         self,
         app: ASGIApp,
         *,
+        path: str,
         max_request_bytes: int,
         on_disconnect: Callable[[str], Awaitable[None]] | None = None,
         tokens: Tokens | None = None,
     ) -> None:
         self.app = app
+        self.path = path
         self.max_request_bytes = max_request_bytes
         self.on_disconnect = on_disconnect
         self.tokens = tokens
@@ -97,13 +111,26 @@ class HttpFront:
                 await _json_error(send, failure.status, failure.message, failure.challenge)
                 return
             scope = {**scope, NAMESPACE_SCOPE_KEY: namespace}
+        ref = SessionRef(_header(scope, _SESSION_HEADER))
+        token = current_session_ref.set(ref)
+        try:
+            await self._handle(scope, receive, send, ref)
+        finally:
+            current_session_ref.reset(token)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, ref: SessionRef) -> None:
         method = scope["method"]
-        session = _header(scope, _SESSION_HEADER)
+        session = ref.session
         if method == "GET" and self._closing:
             await _json_error(send, 503, "The server is shutting down")
             return
+        if method == "POST" and scope.get("path") == self.path and _is_json(scope):
+            body = await self._read_body(scope, receive, send)
+            if body is None:
+                return  # answered already
+            receive = _replay(body, receive)
         exchange = _Exchange()
-        send_through = self._watch(exchange, scope, send)
+        send_through = self._watch(exchange, scope, send, ref)
         if method != "GET":
             await self.app(scope, receive, send_through)
         else:
@@ -120,6 +147,29 @@ class HttpFront:
         if ended and session is not None and self.on_disconnect is not None:
             await self.on_disconnect(session)
 
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, if it is a JSON-RPC message; else answer it and return ``None``."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                await _json_error(send, 413, self._too_large(scope))
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        error = check_message(body)
+        if error is not None:
+            await _send_json(send, 400, error_body(error))
+            return None
+        return body
+
     @contextlib.contextmanager
     def _stream_stopper(self) -> Iterator[anyio.Event]:
         stop = anyio.Event()
@@ -129,12 +179,14 @@ class HttpFront:
         finally:
             self._streams.discard(stop)
 
-    def _watch(self, exchange: _Exchange, scope: Scope, send: Send) -> Send:
+    def _watch(self, exchange: _Exchange, scope: Scope, send: Send, ref: SessionRef) -> Send:
         async def send_through(message: Message) -> None:
             if exchange.replaced:
                 return
             if message["type"] == "http.response.start":
                 exchange.status = int(message["status"])
+                if ref.session is None:  # the request that opens a session: learn its id
+                    ref.session = header_value(message.get("headers", ()), _SESSION_HEADER)
                 if exchange.status == 413:
                     exchange.replaced = True
                     await _json_error(send, 413, self._too_large(scope))
@@ -158,6 +210,24 @@ class HttpFront:
 
 def _header(scope: Scope, name: bytes) -> str | None:
     return header_value(scope.get("headers", ()), name)
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the request says its body is JSON (else the SDK answers 415 itself)."""
+    content_type = _header(scope, b"content-type") or ""
+    return content_type.split(";")[0].strip().lower() == "application/json"
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that hands out the body read already, then passes through."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replayed
 
 
 def _until(stop: anyio.Event, receive: Receive) -> Receive:
@@ -189,6 +259,10 @@ async def _json_error(send: Send, status: int, message: str, challenge: str | No
     body = json.dumps(
         {"jsonrpc": "2.0", "id": None, "error": {"code": _INVALID_REQUEST, "message": message}}
     ).encode()
+    await _send_json(send, status, body, challenge)
+
+
+async def _send_json(send: Send, status: int, body: bytes, challenge: str | None = None) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -221,8 +295,12 @@ async def serve_http(
     on_disconnect: Callable[[str], Awaitable[None]] | None,
     signals: tuple[signal.Signals, ...],
     tokens: Tokens | None = None,
+    resume_buffer_bytes: int = 0,
 ) -> None:
-    """Serve until a signal (drain, then stop) or cancellation (stop within a bound)."""
+    """Serve until a signal (drain, then stop) or cancellation (stop within a bound).
+
+    ``resume_buffer_bytes`` bounds the event store (0: streams cannot be resumed).
+    """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -234,9 +312,17 @@ async def serve_http(
             host=host,
             max_request_body_size=max_request_bytes,
             session_idle_timeout=session_idle_timeout,
+            event_store=MemoryEventStore(max_bytes=resume_buffer_bytes)
+            if resume_buffer_bytes > 0
+            else None,
+            retry_interval=RETRY_INTERVAL_MS if resume_buffer_bytes > 0 else None,
         )
         front = HttpFront(
-            app, max_request_bytes=max_request_bytes, on_disconnect=on_disconnect, tokens=tokens
+            app,
+            path=path,
+            max_request_bytes=max_request_bytes,
+            on_disconnect=on_disconnect,
+            tokens=tokens,
         )
         config = uvicorn.Config(
             front,

@@ -289,7 +289,6 @@ def serve_main(
             host=host,
             port=port,
             path=path,
-            name="toolservices-python",
             on_ready=_announce,
             max_request_bytes=max_request_bytes,
             session_idle_timeout=session_idle_timeout,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import mcp.types as mt
+
+from toolservices.mcp._content import Audio, Image, Resource, ResourceLink
 
 __all__ = ["ContentPart", "MCPResult", "escape_result", "escape_text"]
 
@@ -29,6 +33,29 @@ class ContentPart:
     mime_type: str | None = None
     uri: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def value(self) -> str | Image | Audio | Resource | ResourceLink | None:
+        """The block as the value a toolservices tool would return for it: the text,
+        an :class:`Image`, :class:`Audio`, :class:`Resource` or :class:`ResourceLink`
+        (bytes decoded); ``None`` for a kind this library does not know."""
+        if self.type == "text":
+            return self.text
+        if self.type in ("image", "audio") and self.data is not None:
+            media = Image if self.type == "image" else Audio
+            return media(data=_unb64(self.data), mime_type=self.mime_type or "")
+        if self.type == "resource" and self.uri is not None:
+            if self.text is not None:
+                return Resource(uri=self.uri, text=self.text, mime_type=self.mime_type)
+            return Resource(uri=self.uri, data=_unb64(self.data or ""), mime_type=self.mime_type)
+        if self.type == "resource_link" and self.uri is not None:
+            return ResourceLink(
+                uri=self.uri,
+                name=str(self.raw.get("name", "")),
+                mime_type=self.mime_type,
+                description=self.raw.get("description"),
+            )
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +81,11 @@ class MCPResult:
         if self.structured is not None:
             return json.dumps(self.structured, ensure_ascii=False)
         return ""
+
+    def contents(self) -> list[str | Image | Audio | Resource | ResourceLink]:
+        """Every part as a value (see :attr:`ContentPart.value`), unknown kinds left out."""
+        values = [part.value for part in self.parts]
+        return [v for v in values if v is not None]
 
     @property
     def images(self) -> list[ContentPart]:
@@ -107,6 +139,13 @@ def _part(block: Any) -> ContentPart:
     if isinstance(block, mt.ResourceLink):
         return ContentPart(type=kind, uri=str(block.uri), mime_type=block.mime_type, raw=raw)
     return ContentPart(type=kind, raw=raw)
+
+
+def _unb64(data: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return b""  # not base64 after all: no bytes rather than a crash
 
 
 # --- invalid Unicode -------------------------------------------------------------------

@@ -31,6 +31,8 @@ from mcp.server.lowlevel import Server
 
 from toolservices.dispatch import Dispatcher
 from toolservices.errors import UserError
+from toolservices.mcp._config import IMPLEMENTATION_NAME, library_version
+from toolservices.mcp._content import to_blocks
 from toolservices.mcp._result import escape_result, escape_text
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import Tool, ToolRegistry
@@ -44,6 +46,9 @@ P = ParamSpec("P")
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 #: Default of ``session_idle_timeout``: the MCP SDK's idle limit of an HTTP session.
 DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
+#: Default of ``resume_buffer_bytes``: memory for the events a reconnecting HTTP client may
+#: have missed (results of calls whose event stream dropped), over all sessions.
+DEFAULT_RESUME_BUFFER_BYTES = 32 * 1024 * 1024
 #: Default of ``shutdown_grace``: how long calls in flight may finish after SIGINT/SIGTERM.
 DEFAULT_SHUTDOWN_GRACE = 5.0
 #: What a call cancelled by a shutdown answers.
@@ -137,20 +142,26 @@ CANCEL_SETTLE_TIMEOUT = 5.0
 def build_server(
     tools: ToolRegistry | Iterable[Any],
     *,
-    name: str = "toolservices",
+    name: str = IMPLEMENTATION_NAME,
+    version: str | None = None,
     tool_timeout: float | None = None,
 ) -> Server[Any]:
     """An MCP server (the SDK's low-level ``Server``) for ``tools``.
 
     ``tools`` is a registry or anything :class:`ToolRegistry` accepts.
-    ``tool_timeout`` is the time limit of a call to a tool without its own
-    ``timeout`` (as in :class:`~toolservices.Dispatcher`).
+    ``name`` and ``version`` (default: the toolservices version) are the
+    ``serverInfo`` clients see. ``tool_timeout`` is the time limit of a call
+    to a tool without its own ``timeout`` (as in :class:`~toolservices.Dispatcher`).
     """
-    return _build(tools, name=name, tool_timeout=tool_timeout)[0]
+    return _build(tools, name=name, version=version, tool_timeout=tool_timeout)[0]
 
 
 def _build(
-    tools: ToolRegistry | Iterable[Any], *, name: str, tool_timeout: float | None
+    tools: ToolRegistry | Iterable[Any],
+    *,
+    name: str,
+    version: str | None = None,
+    tool_timeout: float | None,
 ) -> tuple[Server[Any], _Calls]:
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     # The dispatcher's single-call path: the same validation, time limits and
@@ -194,6 +205,7 @@ def _build(
 
     server: Server[Any] = Server(
         name,
+        version=version if version is not None else library_version(),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         get_tool_input_schema=lambda n: _schema(registry.get(n)) if n in registry else None,
@@ -230,7 +242,13 @@ def _error(message: str) -> mt.CallToolResult:
 
 
 def _result(value: Any, text: str) -> mt.CallToolResult:
-    """A successful call; ``text`` is the value as the dispatcher rendered it."""
+    """A successful call; ``text`` is the value as the dispatcher rendered it.
+
+    Media values (:mod:`toolservices.mcp._content`) become their own content blocks.
+    """
+    blocks = to_blocks(value)
+    if blocks is not None:
+        return mt.CallToolResult(content=blocks)
     if isinstance(value, str):
         return mt.CallToolResult(content=[mt.TextContent(type="text", text=value)])
     structured = dict(value) if isinstance(value, Mapping) else None
@@ -249,7 +267,7 @@ async def aserve(
     host: str = "127.0.0.1",
     port: int = 8765,
     path: str = "/mcp",
-    name: str = "toolservices",
+    name: str = IMPLEMENTATION_NAME,
     tool_timeout: float | None = None,
     on_ready: Callable[[str], None] | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -258,6 +276,7 @@ async def aserve(
     on_disconnect: Callable[[str], Awaitable[None]] | None = None,
     background: Callable[[], Coroutine[Any, Any, None]] | None = None,
     tokens: Iterable[str] | None = None,
+    resume_buffer_bytes: int = DEFAULT_RESUME_BUFFER_BYTES,
 ) -> None:
     """Serve ``tools`` until the client leaves (stdio), SIGINT/SIGTERM arrives or the
     caller cancels; then drain (see the module docstring) and return.
@@ -271,7 +290,11 @@ async def aserve(
     ``background()`` runs while serving and is cancelled at shutdown. With
     ``tokens`` (HTTP only) every request needs ``Authorization: Bearer`` one
     of them (else 401), and tools see the namespace it proves through
-    :func:`current_namespace`. Signals are handled only in the main thread.
+    :func:`current_namespace`. Over HTTP every event carries an id, and up to
+    ``resume_buffer_bytes`` of recent events are kept so that a client whose
+    event stream dropped can reconnect with ``Last-Event-ID`` and still get
+    its result (``0``: no ids, no resuming). Signals are handled only in the
+    main thread.
     """
     if transport not in ("stdio", "http"):
         raise UserError(f"Unknown MCP transport {transport!r}; valid: 'stdio', 'http'")
@@ -281,6 +304,8 @@ async def aserve(
         raise UserError(
             f"session_idle_timeout must be positive or None, got {session_idle_timeout}"
         )
+    if resume_buffer_bytes < 0:
+        raise UserError(f"resume_buffer_bytes must be >= 0, got {resume_buffer_bytes}")
     if not 0 <= shutdown_grace < math.inf:
         raise UserError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace}")
     checked = None
@@ -316,6 +341,7 @@ async def aserve(
                 on_disconnect=on_disconnect,
                 signals=_signals(),
                 tokens=checked,
+                resume_buffer_bytes=resume_buffer_bytes,
             )
         tg.cancel_scope.cancel()
 

@@ -1,6 +1,6 @@
 """Serving over stdio with a drain on SIGINT/SIGTERM.
 
-Two things the SDK's ``stdio_server`` does not do for us:
+Three things the SDK's ``stdio_server`` does not do for us:
 
 * its stdin reader blocks a worker thread that only a line or EOF frees, so a
   signalled server waited for its client to close stdin; we hand it a reader
@@ -8,7 +8,10 @@ Two things the SDK's ``stdio_server`` does not do for us:
 * ending the session early must not lose answers: requests are counted on
   the way in and their answers on the way out, and the server is given EOF
   only once every request received has been answered (or the drain's bound
-  has passed).
+  has passed);
+* a line that is not JSON, or not a JSON-RPC message, is answered with
+  ``-32700`` / ``-32600`` (the SDK drops it without a word): see
+  :mod:`toolservices.mcp._jsonrpc`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
+from toolservices.mcp._jsonrpc import check_message, rejection
 from toolservices.mcp._server import (
     _CONNECTION,
     CANCEL_SETTLE_TIMEOUT,
@@ -97,6 +101,32 @@ class _Lines:
                 self._eof = True
 
 
+class _Checked:
+    """The client's lines, minus the bad messages: those are answered here (see
+    :func:`~toolservices.mcp._jsonrpc.check_message`) and never reach the SDK.
+    Blank lines are skipped."""
+
+    def __init__(self, lines: _Lines, rejects: MemoryObjectSendStream[SessionMessage]) -> None:
+        self._lines = lines
+        self._rejects = rejects
+
+    def stop(self) -> None:
+        self._lines.stop()
+
+    def __aiter__(self) -> _Checked:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await self._lines.__anext__()
+            if not line.strip():
+                continue
+            error = check_message(line)
+            if error is None:
+                return line
+            await self._rejects.send(SessionMessage(error))
+
+
 @contextlib.contextmanager
 def _claimed_stdin() -> Iterator[_Lines | None]:
     """fd 0 moved to a private descriptor (fd 0 reads /dev/null meanwhile, so
@@ -156,16 +186,20 @@ async def serve_stdio(
     answers = _Answers()
     into_send, into_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    # Answers to bad messages, written beside the server's own (ours need no session).
+    rejects_send, rejects_recv = anyio.create_memory_object_stream[SessionMessage](16)
     token = _CONNECTION.set("stdio")  # inherited by every handler task of this connection
     try:
-        with _claimed_stdin() as lines:
+        with _claimed_stdin() as claimed:
+            lines = _Checked(claimed, rejects_send) if claimed is not None else None
             async with stdio_server(stdin=lines) as (read, write):  # type: ignore[arg-type]
                 if on_ready is not None:
                     on_ready("stdio")
                 async with anyio.create_task_group() as tg:
                     inbound = anyio.CancelScope()
-                    tg.start_soon(_pump_in, read, into_send, answers, inbound)
+                    tg.start_soon(_pump_in, read, into_send, answers, inbound, rejects_send)
                     tg.start_soon(_pump_out, out_recv, write, answers)
+                    tg.start_soon(_pump_rejects, rejects_recv, write)
                     first, second = anyio.Event(), anyio.Event()
                     tg.start_soon(wait_for_signals, signals, first, second)
 
@@ -190,10 +224,14 @@ async def _pump_in(
     sink: MemoryObjectSendStream[SessionMessage | Exception],
     answers: _Answers,
     scope: anyio.CancelScope,
+    rejects: MemoryObjectSendStream[SessionMessage],
 ) -> None:
     async with sink:
         with scope:
             async for item in source:
+                if isinstance(item, Exception):  # the SDK's own reader (stdin a regular file)
+                    await rejects.send(SessionMessage(rejection(item)))
+                    continue
                 answers.received(item)
                 await sink.send(item)
 
@@ -208,3 +246,13 @@ async def _pump_out(
             with anyio.move_on_after(CANCEL_SETTLE_TIMEOUT, shield=True):
                 await sink.send(item)
             answers.sent(item)
+
+
+async def _pump_rejects(source: MemoryObjectReceiveStream[SessionMessage], sink: Any) -> None:
+    """Write the answers to bad messages (until the server's writer has closed)."""
+    async for item in source:
+        with anyio.move_on_after(CANCEL_SETTLE_TIMEOUT, shield=True):
+            try:
+                await sink.send(item)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return

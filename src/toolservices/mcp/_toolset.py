@@ -64,6 +64,10 @@ class MCPTool(Tool):
         return _unwrap(await self.toolset.acall(self.name, kwargs))
 
 
+def _info(info: mt.Implementation | None) -> dict[str, str] | None:
+    return None if info is None else {"name": info.name, "version": info.version}
+
+
 def _unwrap(result: MCPResult) -> MCPResult:
     if result.is_error:
         raise ToolExecutionError(result.text or f"MCP tool '{result.server}.{result.tool}' failed")
@@ -205,19 +209,22 @@ class MCPToolset:
             for name, config in self.servers.items()
         }
         bridge.connections.extend(connections.values())
-        errors: list[str] = []
+        errors: list[MCPConnectionError] = []
 
         async def start(conn: ServerConnection) -> None:
             try:
                 await bridge.task_group.start(conn.run)
             except MCPConnectionError as exc:
-                errors.append(exc.message)
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for conn in connections.values():
                 tg.start_soon(start, conn)
+        if len(errors) == 1:
+            raise errors[0]  # keeps its type (an MCPAuthError says what the server wants)
         if errors:
-            raise MCPConnectionError("; ".join(sorted(errors)), retryable=False)
+            messages = sorted(e.message for e in errors)
+            raise MCPConnectionError("; ".join(messages), retryable=False)
         return connections
 
     def _make_tools(self, server: str, conn: ServerConnection) -> list[MCPTool]:
@@ -248,10 +255,12 @@ class MCPToolset:
         return tools
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Per server: state, restart count, tool names and the last error."""
+        """Per server: state, how it introduced itself (``serverInfo`` name and
+        version), restart count, tool names and the last error."""
         return {
             name: {
                 "state": conn.state.value,
+                "server": _info(conn.server_info),
                 "restarts": conn.restarts,
                 "tools": sorted(conn.tools),
                 "last_error": repr(conn.last_error) if conn.last_error else None,

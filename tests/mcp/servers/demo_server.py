@@ -133,6 +133,14 @@ def header(name: str, ctx: Context) -> str:
 
 
 @server.tool()
+def client_info(ctx: Context) -> str:
+    """How the client introduced itself: 'name version'."""
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else None
+    return f"{info.name} {info.version}" if info is not None else "<unknown>"
+
+
+@server.tool()
 def image() -> Image:
     """A tiny PNG image."""
     return Image(data=PNG, format="png")
