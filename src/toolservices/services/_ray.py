@@ -7,6 +7,11 @@ actor with a taken name, so two workers racing end with one service and one
 replica 0 under the plain name, replica ``i`` under ``name#replica<i>of<k>``.
 Replica 0 is created *last*, so whoever can see the name can see all of its
 replicas, and a failed registration never shows up in ``list()``.
+
+A running :class:`~toolservices.services.Service` owner is shared through a
+small record actor under its name (no CPU reserved) that holds the owner's
+picklable client: peers in any worker get the client from it, and the owner
+itself stays where it runs.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from toolservices.services.base import (
     ServiceRegistry,
     constructor_parameters,
     exists_error,
+    legacy_registration_error,
     not_found_error,
+    owned_service_error,
     replica_names,
 )
 
@@ -55,6 +62,19 @@ TERMINATE_GRACE = 5.0
 REGISTRATION_WAIT = 60.0
 
 _REPLICA_RE = re.compile(re.escape(REPLICA_SEPARATOR) + r"(\d+)of(\d+)$")
+
+#: The method by which a record actor of a Service owner is recognised.
+_CLIENT_METHOD = "toolservices_owned_client"
+
+
+class _ClientRecord:
+    """Holds the client of a Service owner so that every worker can fetch it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def toolservices_owned_client(self) -> Any:
+        return self._client
 
 
 def _async_facade(cls: type) -> type:
@@ -251,6 +271,50 @@ class RayServiceRegistry(ServiceRegistry):
             raise
         return created[-1]
 
+    def _register_client(self, name: str, client: Any) -> Any:
+        ray = self._ray
+        record = ray.remote(_ClientRecord).options(
+            name=name, namespace=self.namespace, lifetime="detached", num_cpus=0
+        )
+        try:
+            handle = record.remote(client)
+        except Exception as exc:
+            if _already_exists(exc):
+                raise exists_error(name, self.namespace) from exc
+            raise UserError(
+                f"Cannot share the client of Service '{name}' over Ray: it must be picklable "
+                f"({type(client).__name__}: {exc})"
+            ) from exc
+        # Wait until peers can read it: a client that cannot be rebuilt in a Ray
+        # worker (its class not importable there) fails here, not in a peer's get().
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=REGISTRATION_WAIT)
+        except Exception as exc:
+            ray.kill(handle, no_restart=True)
+            raise UserError(
+                f"Cannot share the client of Service '{name}' over Ray: its record actor did "
+                f"not start ({type(exc).__name__}: {exc}); the client's class must be "
+                "importable in Ray workers"
+            ) from exc
+        return client
+
+    def _owned_client(self, name: str, handle: Any) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(getattr(handle, _CLIENT_METHOD).remote(), timeout=REGISTRATION_WAIT)
+        except ray.exceptions.RayActorError as exc:
+            raise ServiceUnavailableError(
+                f"Service '{name}' in namespace '{self.namespace}': the record of its client "
+                f"is gone ({type(exc).__name__}); register the owner again",
+                retryable=False,
+            ) from exc
+        except ray.exceptions.GetTimeoutError:
+            raise ServiceTimeoutError(
+                f"Service '{name}' in namespace '{self.namespace}': its client record did not "
+                f"answer within {REGISTRATION_WAIT} s",
+                retryable=True,
+            ) from None
+
     def _wait_registered(self, name: str) -> Any:
         try:
             return self.get(name)
@@ -293,13 +357,26 @@ class RayServiceRegistry(ServiceRegistry):
                 found.append((int(match.group(1)), actor_name))
         return [actor_name for _, actor_name in sorted(found)]
 
-    def get(self, name: str) -> Any:
+    def _head(self, name: str) -> Any:
+        """The actor under the plain name (a service's replica 0 or an owner's record)."""
         if isinstance(name, str) and "#" not in name:
             try:
                 return self._ray.get_actor(name, namespace=self.namespace)
             except ValueError:
                 pass  # not registered: reported below with the list of services
         raise not_found_error(name, self.namespace, self.list())
+
+    def get(self, name: str) -> Any:
+        head = self._head(name)
+        if hasattr(head, _CLIENT_METHOD):
+            return self._owned_client(name, head)
+        return head
+
+    def get_client(self, name: str) -> Any:
+        head = self._head(name)
+        if not hasattr(head, _CLIENT_METHOD):
+            raise legacy_registration_error(name, self.namespace)
+        return self._owned_client(name, head)
 
     def replicas(self, name: str) -> list[Any]:
         head = self.get(name)
@@ -322,7 +399,9 @@ class RayServiceRegistry(ServiceRegistry):
         return sorted(n for n in self._named_actors() if "#" not in n)
 
     def client(self, name: str, *, timeout: float | None = None) -> RayServiceClient:
-        head = self.get(name)
+        head = self._head(name)
+        if hasattr(head, _CLIENT_METHOD):
+            raise owned_service_error(name, self.namespace)
         names = [name, *self._replica_actor_names(name)]
         return RayServiceClient(name, self.namespace, names, head, timeout=timeout)
 
