@@ -37,6 +37,7 @@ from toolservices.services.base import (
     DEFAULT_NAMESPACE,
     NUM_REPLICAS,
     REPLICA_SEPARATOR,
+    CloseFailures,
     ServiceClient,
     ServiceRegistry,
     constructor_parameters,
@@ -62,6 +63,9 @@ TERMINATE_GRACE = 5.0
 REGISTRATION_WAIT = 60.0
 
 _REPLICA_RE = re.compile(re.escape(REPLICA_SEPARATOR) + r"(\d+)of(\d+)$")
+
+#: States of Ray's actor table for an actor whose constructor has not run yet.
+_NOT_STARTED_STATES = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION"})
 
 #: The method by which a record actor of a Service owner is recognised.
 _CLIENT_METHOD = "toolservices_owned_client"
@@ -407,7 +411,30 @@ class RayServiceRegistry(ServiceRegistry):
 
     # -- teardown ------------------------------------------------------------------------------
 
-    def reset(self) -> None:
+    _close_failure_suffix = " (their actors were killed anyway)"
+
+    def _never_started(self, handles: Mapping[str, Any]) -> set[str]:
+        """Actors still waiting to be scheduled (e.g. more CPUs asked than the cluster has).
+
+        They ran no constructor, so there is nothing to close, and a close()
+        sent to them would only wait for a start that may never come. Read
+        from Ray's actor table (``ray.state``); if this Ray does not offer it,
+        every actor counts as started.
+        """
+        table = getattr(getattr(self._ray, "state", None), "actors", None)
+        if table is None:
+            return set()
+        pending = set()
+        for actor_name, handle in handles.items():
+            try:
+                state = table(handle._actor_id.hex()).get("State")
+            except Exception:  # best effort: an unknown state means "close it normally"
+                continue
+            if state in _NOT_STARTED_STATES:
+                pending.add(actor_name)
+        return pending
+
+    def _reset(self) -> CloseFailures:
         ray = self._ray
         handles: dict[str, Any] = {}
         for actor_name in self._named_actors():
@@ -415,13 +442,18 @@ class RayServiceRegistry(ServiceRegistry):
                 handles[actor_name] = ray.get_actor(actor_name, namespace=self.namespace)
             except ValueError:
                 continue  # died since it was listed
+        started = {
+            name: handle
+            for name, handle in handles.items()
+            if name not in self._never_started(handles)
+        }
         closing: dict[Any, str] = {}
-        for actor_name, handle in handles.items():
+        for actor_name, handle in started.items():
             for method in ("close", "cleanup"):
                 if hasattr(handle, method):
                     closing[getattr(handle, method).remote()] = actor_name
                     break
-        failures: list[tuple[str, BaseException]] = []
+        failures: CloseFailures = []
         if closing:
             done, late = ray.wait(list(closing), num_returns=len(closing), timeout=CLOSE_TIMEOUT)
             for ref in done:
@@ -429,7 +461,7 @@ class RayServiceRegistry(ServiceRegistry):
                     ray.get(ref)
                 except ray.exceptions.RayActorError:
                     continue  # already gone: nothing left to close
-                except Exception as exc:  # collected, raised after every actor is killed
+                except Exception as exc:  # collected, reported after every actor is killed
                     failures.append((closing[ref], exc))
             for ref in late:
                 failures.append(
@@ -437,17 +469,12 @@ class RayServiceRegistry(ServiceRegistry):
                 )
         # Ask each actor to exit after the calls it has already accepted, then kill
         # whatever is still there: once reset() returns no call can reach an old actor.
-        exiting = [handle.__ray_terminate__.remote() for handle in handles.values()]
+        exiting = [handle.__ray_terminate__.remote() for handle in started.values()]
         if exiting:
             ray.wait(exiting, num_returns=len(exiting), timeout=TERMINATE_GRACE)
         for handle in handles.values():
             ray.kill(handle, no_restart=True)
-        if failures:
-            detail = "; ".join(f"{name}: {exc!r}" for name, exc in failures)
-            raise InfrastructureError(
-                f"{len(failures)} service(s) of namespace '{self.namespace}' failed to close "
-                f"(their actors were killed anyway): {detail}"
-            ) from failures[0][1]
+        return failures
 
 
 class RayServiceClient(ServiceClient):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import inspect
 import logging
+import sys
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -89,6 +90,9 @@ def not_found_error(name: str, namespace: str, available: list[str]) -> ServiceN
         f"Service '{name}' not found in namespace '{namespace}'. Available services: {listed}"
     )
 
+
+#: (service name, what its close raised), as collected by a backend's reset.
+CloseFailures = list[tuple[str, BaseException]]
 
 ClientT = TypeVar("ClientT", covariant=True)
 
@@ -269,13 +273,39 @@ class ServiceRegistry(abc.ABC):
 
     # -- teardown -----------------------------------------------------------------------
 
-    @abc.abstractmethod
     def reset(self) -> None:
         """Close and remove every service of this namespace; other namespaces are untouched.
 
         Every service is terminated even if some fail to close; the failures
         are raised together afterwards as an :class:`InfrastructureError`.
+        Running :class:`Service` owners are only forgotten, never shut down.
+
+        Called while an exception is propagating (in a ``finally:`` or
+        ``except:`` block), ``reset`` does not replace that exception with
+        its own: the close failures are logged as a warning and added to the
+        propagating exception as a note.
         """
+        failures = self._reset()
+        if not failures:
+            return
+        detail = "; ".join(f"{name}: {exc!r}" for name, exc in failures)
+        message = (
+            f"{len(failures)} service(s) of namespace '{self.namespace}' failed to close"
+            f"{self._close_failure_suffix}: {detail}"
+        )
+        in_flight = sys.exc_info()[1]
+        if in_flight is None:
+            raise InfrastructureError(message) from failures[0][1]
+        _log.warning("%s (not raised: %r is propagating)", message, in_flight)
+        if hasattr(in_flight, "add_note"):  # Python 3.11+
+            in_flight.add_note(f"While it propagated, {type(self).__name__}.reset(): {message}")
+
+    #: Added to the close-failure message (what happened to the services anyway).
+    _close_failure_suffix = ""
+
+    @abc.abstractmethod
+    def _reset(self) -> CloseFailures:
+        """Remove every service of the namespace; return the (name, error) close failures."""
 
     def shutdown(self, raise_on_error: bool = True) -> None:
         """Terminate this namespace's services (never the Ray cluster itself).
