@@ -56,6 +56,10 @@ _RESERVED_OPTIONS = frozenset({"name", "namespace", "get_if_exists"})
 #: How long ``reset`` lets each service run its ``close()`` before killing it.
 CLOSE_TIMEOUT = 10.0
 
+#: How long ``reset`` waits for an actor without a worker process yet to get one; one
+#: that still has none is killed without close() (its constructor never ran).
+STARTUP_GRACE = 3.0
+
 #: How long ``reset`` waits for actors to exit on their own before killing them.
 TERMINATE_GRACE = 5.0
 
@@ -413,26 +417,37 @@ class RayServiceRegistry(ServiceRegistry):
 
     _close_failure_suffix = " (their actors were killed anyway)"
 
-    def _never_started(self, handles: Mapping[str, Any]) -> set[str]:
-        """Actors still waiting to be scheduled (e.g. more CPUs asked than the cluster has).
+    def _unplaced(self, handles: Mapping[str, Any]) -> set[str]:
+        """Actors that no worker process has taken yet (their constructor has not run).
 
-        They ran no constructor, so there is nothing to close, and a close()
-        sent to them would only wait for a start that may never come. Read
-        from Ray's actor table (``ray.state``); if this Ray does not offer it,
-        every actor counts as started.
+        Read from Ray's actor table (``ray.state``): state still pending and
+        no worker pid. If this Ray does not offer the table, every actor
+        counts as placed.
         """
         table = getattr(getattr(self._ray, "state", None), "actors", None)
         if table is None:
             return set()
-        pending = set()
+        unplaced = set()
         for actor_name, handle in handles.items():
             try:
-                state = table(handle._actor_id.hex()).get("State")
+                entry = table(handle._actor_id.hex())
             except Exception:  # best effort: an unknown state means "close it normally"
                 continue
-            if state in _NOT_STARTED_STATES:
-                pending.add(actor_name)
-        return pending
+            if entry.get("State") in _NOT_STARTED_STATES and not entry.get("Pid"):
+                unplaced.add(actor_name)
+        return unplaced
+
+    def _never_started(self, handles: Mapping[str, Any]) -> set[str]:
+        """Actors that did not start within ``STARTUP_GRACE`` (e.g. more CPUs asked than
+        the cluster has): no constructor ran, so there is nothing to close, and a
+        close() sent to them would only wait for a start that may never come."""
+        unplaced = self._unplaced(handles)
+        if not unplaced:
+            return set()
+        ready = {handles[name].__ray_ready__.remote(): name for name in unplaced}
+        done, _ = self._ray.wait(list(ready), num_returns=len(ready), timeout=STARTUP_GRACE)
+        waiting = {name: handles[name] for name in unplaced - {ready[ref] for ref in done}}
+        return self._unplaced(waiting)
 
     def _reset(self) -> CloseFailures:
         ray = self._ray
@@ -442,11 +457,8 @@ class RayServiceRegistry(ServiceRegistry):
                 handles[actor_name] = ray.get_actor(actor_name, namespace=self.namespace)
             except ValueError:
                 continue  # died since it was listed
-        started = {
-            name: handle
-            for name, handle in handles.items()
-            if name not in self._never_started(handles)
-        }
+        never_started = self._never_started(handles)
+        started = {name: h for name, h in handles.items() if name not in never_started}
         closing: dict[Any, str] = {}
         for actor_name, handle in started.items():
             for method in ("close", "cleanup"):
