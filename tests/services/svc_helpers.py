@@ -176,3 +176,16 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) % self.vocab_size for c in text]
+
+
+def wait_running(registry: Any, name: str) -> None:
+    """Return once every replica of ``name`` has run its constructor.
+
+    On Ray ``reset()`` closes only actors that got a worker: one still waiting
+    for its process after a short grace is killed without close() (it ran no
+    constructor), so a test about close() first waits for its services.
+    """
+    if registry.backend == "ray":
+        import ray
+
+        ray.get([h.__ray_ready__.remote() for h in registry.replicas(name)], timeout=60)

@@ -13,7 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from svc_helpers import Closing, Counter, Owner, OwnerClient, Tokenizer, WithMemoryParam
+from svc_helpers import (
+    Closing,
+    Counter,
+    Owner,
+    OwnerClient,
+    Tokenizer,
+    WithMemoryParam,
+    wait_running,
+)
 
 import toolservices
 from toolservices.errors import InfrastructureError, UserError
@@ -187,7 +195,7 @@ def test_reset_in_finally_does_not_replace_the_callers_error(
     registry: ServiceRegistry, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     registry.register("bad", Closing, str(tmp_path / "log"), fail=True)
-    assert registry.client("bad").call("ping") == "pong"  # it runs, so reset() closes it
+    wait_running(registry, "bad")  # it runs, so reset() closes it
     with caplog.at_level(logging.WARNING), pytest.raises(KeyError, match="the test's own") as info:
         try:
             raise KeyError("the test's own error")
@@ -201,7 +209,7 @@ def test_reset_in_finally_does_not_replace_the_callers_error(
     assert any("failed to close" in m and "KeyError" in m for m in warned)
     # Outside an exception the same failure raises.
     registry.register("bad", Closing, str(tmp_path / "log"), fail=True)
-    assert registry.client("bad").call("ping") == "pong"
+    wait_running(registry, "bad")
     with pytest.raises(InfrastructureError, match="close failed on purpose"):
         registry.reset()
 
