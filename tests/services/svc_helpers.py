@@ -133,3 +133,59 @@ class TakesReplicas:
 
     def get(self) -> int:
         return self.num_replicas
+
+
+class OwnerClient:
+    """The capability a Service owner hands out: reads only, no lifecycle methods."""
+
+    def __init__(self, owner_id: str, value: int) -> None:
+        self.owner_id = owner_id
+        self.value = value
+
+
+class Owner:
+    """A Service owner (TorchRL 0.14's protocol): start, shutdown, client, is_alive."""
+
+    def __init__(self, value: int = 0) -> None:
+        self.ident = uuid.uuid4().hex
+        self.value = value
+        self.alive = False
+        self.shutdowns = 0
+
+    def start(self) -> Owner:
+        self.alive = True
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.alive = False
+        self.shutdowns += 1
+
+    def client(self) -> OwnerClient:
+        return OwnerClient(self.ident, self.value)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+class Tokenizer:
+    """TorchRL's own registry example registers a tokenizer class like this one."""
+
+    def __init__(self, vocab_size: int = 1000) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % self.vocab_size for c in text]
+
+
+def wait_running(registry: Any, name: str) -> None:
+    """Return once every replica of ``name`` has run its constructor.
+
+    On Ray ``reset()`` closes only actors that got a worker: one still waiting
+    for its process after a short grace is killed without close() (it ran no
+    constructor), so a test about close() first waits for its services.
+    """
+    if registry.backend == "ray":
+        import ray
+
+        ray.get([h.__ray_ready__.remote() for h in registry.replicas(name)], timeout=60)

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import anyio
 import pytest
-from svc_helpers import BrokenInit, Closing, Counter, Sessions, TakesReplicas, new_namespace
+from svc_helpers import (
+    BrokenInit,
+    Closing,
+    Counter,
+    Sessions,
+    TakesReplicas,
+    new_namespace,
+    wait_running,
+)
 
 from toolservices.errors import (
     InfrastructureError,
@@ -139,6 +147,8 @@ def test_reset_closes_services(registry: ServiceRegistry, tmp_path: Path) -> Non
     log = tmp_path / "closed.txt"
     registry.register("one", Closing, str(log))
     registry.register("two", Closing, str(log), num_replicas=2)
+    wait_running(registry, "one")
+    wait_running(registry, "two")
     registry.reset()
     assert registry.list() == []
     assert log.read_text().count("closed") == 3
@@ -150,6 +160,8 @@ def test_reset_raises_close_failures_after_removing_everything(
     log = tmp_path / "closed.txt"
     registry.register("bad", Closing, str(log), fail=True)
     registry.register("good", Closing, str(log))
+    wait_running(registry, "bad")
+    wait_running(registry, "good")
     with pytest.raises(InfrastructureError, match="close failed on purpose"):
         registry.reset()
     assert registry.list() == []
@@ -161,6 +173,7 @@ def test_shutdown_without_raising(registry: ServiceRegistry, tmp_path: Path) -> 
     registry.shutdown(raise_on_error=False)
     assert registry.list() == []
     registry.register("bad", Closing, str(tmp_path / "log"), fail=True)
+    wait_running(registry, "bad")
     with pytest.raises(InfrastructureError):
         registry.shutdown()
 

@@ -51,6 +51,38 @@ def test_calls_results_and_contract_texts(chat: Any, transform: MCPToolTransform
     assert driver.metric("failed_calls") == [0, 0, 2, 0]
 
 
+def test_a_failed_call_shows_the_servers_own_error(chat: Any, transform: MCPToolTransform) -> None:
+    """The model's arguments reach the server, which judges them (its enum, its types)."""
+    driver = chat(transform.clone(), 3)
+    driver.step(
+        [
+            '<tool>tools.calculator\n{"operation": "invalid", "a": 2, "b": 3}</tool>',
+            '<tool>tools.add\n{"a": "x", "b": 1}</tool>',
+            '<tool>tools.calculator\n{"operation": "add", "a": 2, "b": 3}</tool>',
+        ]
+    )
+    assert driver.tool_texts(0) == [
+        "Tool tools.calculator failed:\nTool execution failed: "
+        "Error executing tool calculator: Unknown operation: invalid"
+    ]
+    bad_type = driver.tool_texts(1)[0]
+    assert bad_type.startswith(
+        "Tool tools.add failed:\nTool execution failed: Error executing tool add: "
+    )
+    assert "validation error" in bad_type
+    assert driver.tool_texts(2) == ["Tool tools.calculator executed successfully:\n5.0"]
+
+
+def test_validate_arguments_checks_the_input_schema_first(chat: Any) -> None:
+    with MCPToolset({"tools": SERVERS["tools"]}) as shared:
+        driver = chat(MCPToolTransform(toolset=shared, validate_arguments=True), 1)
+        driver.step(['<tool>tools.calculator\n{"operation": "invalid", "a": 2, "b": 3}</tool>'])
+        assert driver.tool_texts(0) == [
+            "Tool tools.calculator failed:\nInvalid arguments for tool 'tools.calculator': "
+            'argument \'operation\' must be one of ["add", "multiply"]'
+        ]
+
+
 def test_items_call_servers_concurrently(chat: Any, transform: MCPToolTransform) -> None:
     # Each call returns "met 4" only once all four items' calls are in the server at once.
     driver = chat(transform.clone(), 4)

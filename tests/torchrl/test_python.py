@@ -187,3 +187,68 @@ def test_garbage_collected_env_ends_its_interpreters() -> None:
     gc.collect()
     assert ref() is None
     assert executor.stats()["sessions"] == 0
+
+
+def _head_and_tail(text: str) -> tuple[list[str], str]:
+    lines = text.rstrip("\n").split("\n")
+    return lines[:4], lines[-1]
+
+
+@pytest.mark.parametrize("mode", ["persistent", "service"])
+def test_failed_block_has_torchrl_error_header(
+    chat: Any, mode: str, local_services: tuple[Any, str]
+) -> None:
+    """TorchRL's persistent interpreters print ``Error: <message>`` and ``Traceback:``
+    before the traceback (its own TestTools pins that shape)."""
+    if mode == "service":
+        transform = PythonInterpreter(services="local", namespace=local_services[1])
+    else:
+        transform = PythonInterpreter(persistent=True)
+    driver = chat(transform, 1)
+    driver.step([block("raise ValueError('This is an error')")])
+    assert _head_and_tail(driver.tool_texts(0)[0]) == (
+        [
+            "Code block 1 failed:",
+            "Error: This is an error",
+            "Traceback:",
+            "Traceback (most recent call last):",
+        ],
+        "ValueError: This is an error",
+    )
+    assert driver.metric("failed_calls") == [1]
+
+
+def test_error_header_goes_just_before_the_traceback() -> None:
+    from toolservices.python import ExecResult
+    from toolservices.python.host._result import ExceptionInfo
+    from toolservices.torchrl.python import with_error_header
+
+    chained = (
+        "Traceback (most recent call last):\n  ...\nZeroDivisionError: division by zero\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n  ...\nKeyError: 'k'\n"
+    )
+    printed = "a warning the code printed\n"
+
+    def failed(stderr: str, exc: ExceptionInfo | None) -> ExecResult:
+        return ExecResult(success=False, stdout="", stderr=stderr, returncode=1, exception=exc)
+
+    key = ExceptionInfo(type="KeyError", message="'k'")
+    result = with_error_header(failed(printed + chained, key))
+    assert result.stderr == printed + "Error: 'k'\nTraceback:\n" + chained
+    # Nothing raised (sys.exit), or no traceback to put it before: the text is kept.
+    exit_only = failed("", ExceptionInfo(type="SystemExit", message="3"))
+    assert with_error_header(exit_only) is exit_only
+    no_exception = failed("killed\n", None)
+    assert with_error_header(no_exception) is no_exception
+
+
+def test_fresh_mode_error_has_the_header_too(chat: Any) -> None:
+    driver = chat(PythonInterpreter(), 1)
+    driver.step([block("import sys\nprint('note', file=sys.stderr)\n1 / 0")])
+    text = driver.tool_texts(0)[0]
+    assert text.startswith(
+        "Code block 1 failed:\nnote\nError: division by zero\nTraceback:\n"
+        "Traceback (most recent call last):\n"
+    )
+    assert text.endswith("ZeroDivisionError: division by zero\n")

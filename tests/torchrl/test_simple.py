@@ -99,17 +99,74 @@ def test_timeout_is_enforced(chat: Any) -> None:
     assert driver.metric("timeouts") == [1]
 
 
-def test_schemas_validate_and_give_specs(chat: Any) -> None:
-    schema = {
+ADD_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
+
+
+def test_schemas_give_specs_and_validate_only_when_asked(chat: Any) -> None:
+    def add_any(**kw: Any) -> Any:
+        return kw["a"] + kw["b"]
+
+    lenient = SimpleToolTransform({"add": add_any}, {"add": ADD_SCHEMA})
+    strict = SimpleToolTransform({"add": add_any}, {"add": ADD_SCHEMA}, validate_arguments=True)
+    assert lenient.tool_specs[0]["function"]["parameters"] == ADD_SCHEMA
+    assert strict.tool_specs == lenient.tool_specs
+    texts = ['<tool>add\n{"a": 1, "b": "x"}</tool>']
+    drivers = [chat(lenient, 1), chat(strict, 1)]
+    for driver in drivers:
+        driver.step(texts)
+    # As in TorchRL the tool itself meets the bad argument...
+    assert drivers[0].tool_texts(0) == [
+        "Tool add failed:\nTool execution failed: "
+        "unsupported operand type(s) for +: 'int' and 'str'"
+    ]
+    # ...unless the schema is asked to check it first.
+    assert drivers[1].tool_texts(0)[0].startswith("Tool add failed:\nInvalid arguments")
+
+
+def calculator(operation: str, a: float, b: float) -> dict[str, Any]:
+    if operation == "add":
+        return {"result": a + b, "types": [type(a).__name__, type(b).__name__]}
+    raise ValueError(f"Unknown operation: {operation}")
+
+
+CALCULATOR_SPEC = {
+    "name": "calculator",
+    "parameters": {
         "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
-    }
-    transform = SimpleToolTransform({"add": lambda **kw: kw["a"] + kw["b"]}, {"add": schema})
-    assert transform.tool_specs[0]["function"]["parameters"] == schema
-    driver = chat(transform, 1)
-    driver.step(['<tool>add\n{"a": 1, "b": "x"}</tool>'])
-    assert driver.tool_texts(0)[0].startswith("Tool add failed:\nInvalid arguments")
+        "properties": {
+            "operation": {"type": "string", "enum": ["add", "multiply"]},
+            "a": {"type": "number"},
+            "b": {"type": "number"},
+        },
+        "required": ["operation", "a", "b"],
+    },
+}
+
+
+@pytest.mark.parametrize("schemas", [None, {"calculator": CALCULATOR_SPEC}])
+def test_whole_numbers_arrive_as_ints(chat: Any, schemas: Any) -> None:
+    driver = chat(SimpleToolTransform({"calculator": calculator}, schemas), 1)
+    driver.step(['<tool>calculator\n{"operation": "add", "a": 2, "b": 3.5}</tool>'])
+    assert driver.tool_texts(0) == [
+        "Tool calculator executed successfully:\n{'result': 5.5, 'types': ['int', 'float']}"
+    ]
+
+
+def test_the_tools_own_error_reaches_the_model(chat: Any) -> None:
+    """An enum in the schema does not answer for the tool: its own message does."""
+    ours = chat(SimpleToolTransform({"calculator": calculator}, {"calculator": CALCULATOR_SPEC}), 1)
+    theirs = chat(TorchRLSimple({"calculator": calculator}, {"calculator": CALCULATOR_SPEC}), 1)
+    for driver in (ours, theirs):
+        driver.step(['<tool>calculator\n{"operation": "invalid", "a": 2, "b": 3}</tool>'])
+    assert (
+        ours.tool_texts(0)
+        == theirs.tool_texts(0)
+        == ["Tool calculator failed:\nTool execution failed: Unknown operation: invalid"]
+    )
 
 
 def test_callable_objects_and_lambdas(chat: Any) -> None:

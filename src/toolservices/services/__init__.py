@@ -9,26 +9,37 @@
     client.call("execute", "x = 1", session_id="env-0")   # same code on both backends
 
 Ray is imported only when the Ray backend is asked for.
+
+TorchRL 0.14.1's names are here too: ``ServiceBase`` (the registry base
+class), ``RayService`` (the Ray registry), ``Service`` (the owner protocol)
+and ``ServiceBackend``; ``get_client(name)`` returns the client of a
+registered :class:`Service` owner.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolservices.errors import UserError
 from toolservices.services._local import LocalServiceClient, LocalServiceRegistry
-from toolservices.services.base import DEFAULT_NAMESPACE, ServiceClient, ServiceRegistry
+from toolservices.services.base import DEFAULT_NAMESPACE, Service, ServiceClient, ServiceRegistry
 
 if TYPE_CHECKING:
     from toolservices.services._ray import RayServiceClient, RayServiceRegistry
+
+    RayService = RayServiceRegistry
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_NAMESPACE",
     "LocalServiceClient",
     "LocalServiceRegistry",
+    "RayService",
     "RayServiceClient",
     "RayServiceRegistry",
+    "Service",
+    "ServiceBackend",
+    "ServiceBase",
     "ServiceClient",
     "ServiceRegistry",
     "get_services",
@@ -36,6 +47,12 @@ __all__ = [
 
 #: Valid ``backend`` names for :func:`get_services`.
 BACKENDS = ("local", "ray")
+
+#: The type of :func:`get_services`'s ``backend`` argument.
+ServiceBackend = Literal["local", "ray"]
+
+#: TorchRL's name of the registry base class.
+ServiceBase = ServiceRegistry
 
 
 def get_services(backend: str = "local", **init_kwargs: Any) -> ServiceRegistry:
@@ -56,8 +73,9 @@ def get_services(backend: str = "local", **init_kwargs: Any) -> ServiceRegistry:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("RayServiceRegistry", "RayServiceClient"):
+    if name in ("RayServiceRegistry", "RayServiceClient", "RayService"):
         from toolservices.services import _ray
 
-        return getattr(_ray, name)
+        # RayService: TorchRL's name of the Ray registry (same class).
+        return getattr(_ray, "RayServiceRegistry" if name == "RayService" else name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,11 @@ a namespace sees the same services. A name is reserved under the table's lock
 *before* the factory runs (outside the lock), which makes two concurrent
 registrations end with one service and one "already exists" error without
 holding the lock during a slow constructor.
+
+Ray's placement options (``num_cpus``, ``num_gpus``, ``resources``,
+``max_restarts``...) mean nothing in one process: ``register`` takes them out
+of the keyword arguments and ignores them (logged at debug level), so code
+written for TorchRL's Ray registry runs unchanged here.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import anyio
 import anyio.to_thread
 
 from toolservices.errors import (
-    InfrastructureError,
     ServiceTimeoutError,
     ServiceUnavailableError,
     UserError,
@@ -27,17 +31,51 @@ from toolservices.errors import (
 from toolservices.services.base import (
     DEFAULT_NAMESPACE,
     NUM_REPLICAS,
+    CloseFailures,
     ServiceClient,
     ServiceRegistry,
     constructor_parameters,
     exists_error,
+    legacy_registration_error,
     not_found_error,
+    owned_service_error,
     replica_names,
 )
 
-__all__ = ["LocalServiceClient", "LocalServiceRegistry"]
+__all__ = ["RAY_PLACEMENT_OPTIONS", "LocalServiceClient", "LocalServiceRegistry"]
 
 _log = logging.getLogger(__name__)
+
+#: Ray's public actor options (``ActorClass.options()``), minus ``name``,
+#: ``namespace`` and ``get_if_exists``, which the Ray registry sets itself. A
+#: fixed list, so that the local backend never imports Ray; a test compares
+#: it with the table of the installed Ray.
+RAY_PLACEMENT_OPTIONS = frozenset(
+    {
+        "accelerator_type",
+        "allow_out_of_order_execution",
+        "concurrency_groups",
+        "enable_task_events",
+        "enable_tensor_transport",
+        "fallback_strategy",
+        "label_selector",
+        "lifetime",
+        "max_concurrency",
+        "max_pending_calls",
+        "max_restarts",
+        "max_task_retries",
+        "memory",
+        "num_cpus",
+        "num_gpus",
+        "object_store_memory",
+        "placement_group",
+        "placement_group_bundle_index",
+        "placement_group_capture_child_tasks",
+        "resources",
+        "runtime_env",
+        "scheduling_strategy",
+    }
+)
 
 
 class _Entry:
@@ -48,6 +86,8 @@ class _Entry:
         self.ready = threading.Event()
         self.failed = False
         self.removed = False
+        #: The replica is a running owner's client: the registry never closes it.
+        self.owned = False
 
 
 _lock = threading.Lock()
@@ -78,9 +118,11 @@ class LocalServiceRegistry(ServiceRegistry):
     """Services as in-process objects; ``get`` returns the object itself.
 
     Placement options (Ray's actor options) mean nothing here: ``register``
-    passes every keyword except ``num_replicas`` to the factory, and
-    ``register_with_options`` ignores ``actor_options`` other than
-    ``num_replicas``, so the same call works on both backends.
+    takes ``num_replicas`` and Ray's option names out of the keywords and
+    ignores the latter, and ``register_with_options`` ignores
+    ``actor_options`` other than ``num_replicas``, so the same call works on
+    both backends. As on Ray, a constructor parameter named like an option
+    needs ``register_with_options``.
     """
 
     backend = "local"
@@ -91,16 +133,28 @@ class LocalServiceRegistry(ServiceRegistry):
     def _split_options(
         self, factory: Any, kwargs: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        ctor = dict(kwargs)
-        if NUM_REPLICAS not in ctor:
-            return ctor, {}
-        if NUM_REPLICAS in constructor_parameters(factory):
+        names = RAY_PLACEMENT_OPTIONS | {NUM_REPLICAS}
+        options = {k: v for k, v in kwargs.items() if k in names}
+        if not options:
+            return dict(kwargs), {}
+        clash = sorted(set(options) & constructor_parameters(factory))
+        if clash:
             raise UserError(
-                f"'{NUM_REPLICAS}' is both a registry option and a parameter of {factory!r}; "
-                "say which with register_with_options(name, factory, actor_options={...}, "
-                "**constructor_kwargs)"
+                f"{', '.join(map(repr, clash))}: both registry option(s) and parameter(s) of "
+                f"{getattr(factory, '__name__', factory)!r}; say which with "
+                "register_with_options(name, factory, actor_options={...}, **constructor_kwargs)"
             )
-        return ctor, {NUM_REPLICAS: ctor.pop(NUM_REPLICAS)}
+        ctor = {k: v for k, v in kwargs.items() if k not in names}
+        return ctor, self._check_options(options)
+
+    def _check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        ignored = sorted(set(options) - {NUM_REPLICAS})
+        if ignored:
+            _log.debug(
+                "local services backend: ignoring placement option(s) %s (they apply to Ray)",
+                ", ".join(ignored),
+            )
+        return {k: v for k, v in options.items() if k == NUM_REPLICAS}
 
     def _register(
         self,
@@ -141,6 +195,18 @@ class LocalServiceRegistry(ServiceRegistry):
         entry.ready.set()
         return built[0]
 
+    def _register_client(self, name: str, client: Any) -> Any:
+        entry = _Entry()
+        entry.replicas = [client]
+        entry.owned = True
+        entry.ready.set()
+        with _lock:
+            services = _table.setdefault(self.namespace, {})
+            if name in services:
+                raise exists_error(name, self.namespace)
+            services[name] = entry
+        return client
+
     def _entry(self, name: str) -> _Entry:
         with _lock:
             services = _table.get(self.namespace, {})
@@ -155,6 +221,12 @@ class LocalServiceRegistry(ServiceRegistry):
 
     def get(self, name: str) -> Any:
         return self._entry(name).replicas[0]
+
+    def get_client(self, name: str) -> Any:
+        entry = self._entry(name)
+        if not entry.owned:
+            raise legacy_registration_error(name, self.namespace)
+        return entry.replicas[0]
 
     def _wait_registered(self, name: str) -> Any:
         return self.get(name)
@@ -172,26 +244,25 @@ class LocalServiceRegistry(ServiceRegistry):
 
     def client(self, name: str, *, timeout: float | None = None) -> LocalServiceClient:
         entry = self._entry(name)
+        if entry.owned:
+            raise owned_service_error(name, self.namespace)
         return LocalServiceClient(name, self.namespace, entry, timeout=timeout)
 
-    def reset(self) -> None:
+    def _reset(self) -> CloseFailures:
         with _lock:
             entries = _table.pop(self.namespace, {})
-        failures: list[tuple[str, BaseException]] = []
+        failures: CloseFailures = []
         for name, entry in sorted(entries.items()):
             entry.removed = True
             entry.ready.wait()
+            if entry.owned:
+                continue  # its owner keeps running: the registry only forgets the name
             for obj in entry.replicas:
                 try:
                     _close(obj)
-                except Exception as exc:  # collected and raised below, after closing the rest
+                except Exception as exc:  # collected and reported by reset(), after the rest
                     failures.append((name, exc))
-        if failures:
-            detail = "; ".join(f"{name}: {exc!r}" for name, exc in failures)
-            raise InfrastructureError(
-                f"{len(failures)} service(s) of namespace '{self.namespace}' failed to close: "
-                f"{detail}"
-            ) from failures[0][1]
+        return failures
 
 
 class LocalServiceClient(ServiceClient):

@@ -7,6 +7,11 @@ actor with a taken name, so two workers racing end with one service and one
 replica 0 under the plain name, replica ``i`` under ``name#replica<i>of<k>``.
 Replica 0 is created *last*, so whoever can see the name can see all of its
 replicas, and a failed registration never shows up in ``list()``.
+
+A running :class:`~toolservices.services.Service` owner is shared through a
+small record actor under its name (no CPU reserved) that holds the owner's
+picklable client: peers in any worker get the client from it, and the owner
+itself stays where it runs.
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ from toolservices.services.base import (
     DEFAULT_NAMESPACE,
     NUM_REPLICAS,
     REPLICA_SEPARATOR,
+    CloseFailures,
     ServiceClient,
     ServiceRegistry,
     constructor_parameters,
     exists_error,
+    legacy_registration_error,
     not_found_error,
+    owned_service_error,
     replica_names,
 )
 
@@ -48,6 +56,10 @@ _RESERVED_OPTIONS = frozenset({"name", "namespace", "get_if_exists"})
 #: How long ``reset`` lets each service run its ``close()`` before killing it.
 CLOSE_TIMEOUT = 10.0
 
+#: How long ``reset`` waits for an actor without a worker process yet to get one; one
+#: that still has none is killed without close() (its constructor never ran).
+STARTUP_GRACE = 3.0
+
 #: How long ``reset`` waits for actors to exit on their own before killing them.
 TERMINATE_GRACE = 5.0
 
@@ -55,6 +67,22 @@ TERMINATE_GRACE = 5.0
 REGISTRATION_WAIT = 60.0
 
 _REPLICA_RE = re.compile(re.escape(REPLICA_SEPARATOR) + r"(\d+)of(\d+)$")
+
+#: States of Ray's actor table for an actor whose constructor has not run yet.
+_NOT_STARTED_STATES = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION"})
+
+#: The method by which a record actor of a Service owner is recognised.
+_CLIENT_METHOD = "toolservices_owned_client"
+
+
+class _ClientRecord:
+    """Holds the client of a Service owner so that every worker can fetch it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def toolservices_owned_client(self) -> Any:
+        return self._client
 
 
 def _async_facade(cls: type) -> type:
@@ -251,6 +279,50 @@ class RayServiceRegistry(ServiceRegistry):
             raise
         return created[-1]
 
+    def _register_client(self, name: str, client: Any) -> Any:
+        ray = self._ray
+        record = ray.remote(_ClientRecord).options(
+            name=name, namespace=self.namespace, lifetime="detached", num_cpus=0
+        )
+        try:
+            handle = record.remote(client)
+        except Exception as exc:
+            if _already_exists(exc):
+                raise exists_error(name, self.namespace) from exc
+            raise UserError(
+                f"Cannot share the client of Service '{name}' over Ray: it must be picklable "
+                f"({type(client).__name__}: {exc})"
+            ) from exc
+        # Wait until peers can read it: a client that cannot be rebuilt in a Ray
+        # worker (its class not importable there) fails here, not in a peer's get().
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=REGISTRATION_WAIT)
+        except Exception as exc:
+            ray.kill(handle, no_restart=True)
+            raise UserError(
+                f"Cannot share the client of Service '{name}' over Ray: its record actor did "
+                f"not start ({type(exc).__name__}: {exc}); the client's class must be "
+                "importable in Ray workers"
+            ) from exc
+        return client
+
+    def _owned_client(self, name: str, handle: Any) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(getattr(handle, _CLIENT_METHOD).remote(), timeout=REGISTRATION_WAIT)
+        except ray.exceptions.RayActorError as exc:
+            raise ServiceUnavailableError(
+                f"Service '{name}' in namespace '{self.namespace}': the record of its client "
+                f"is gone ({type(exc).__name__}); register the owner again",
+                retryable=False,
+            ) from exc
+        except ray.exceptions.GetTimeoutError:
+            raise ServiceTimeoutError(
+                f"Service '{name}' in namespace '{self.namespace}': its client record did not "
+                f"answer within {REGISTRATION_WAIT} s",
+                retryable=True,
+            ) from None
+
     def _wait_registered(self, name: str) -> Any:
         try:
             return self.get(name)
@@ -293,13 +365,26 @@ class RayServiceRegistry(ServiceRegistry):
                 found.append((int(match.group(1)), actor_name))
         return [actor_name for _, actor_name in sorted(found)]
 
-    def get(self, name: str) -> Any:
+    def _head(self, name: str) -> Any:
+        """The actor under the plain name (a service's replica 0 or an owner's record)."""
         if isinstance(name, str) and "#" not in name:
             try:
                 return self._ray.get_actor(name, namespace=self.namespace)
             except ValueError:
                 pass  # not registered: reported below with the list of services
         raise not_found_error(name, self.namespace, self.list())
+
+    def get(self, name: str) -> Any:
+        head = self._head(name)
+        if hasattr(head, _CLIENT_METHOD):
+            return self._owned_client(name, head)
+        return head
+
+    def get_client(self, name: str) -> Any:
+        head = self._head(name)
+        if not hasattr(head, _CLIENT_METHOD):
+            raise legacy_registration_error(name, self.namespace)
+        return self._owned_client(name, head)
 
     def replicas(self, name: str) -> list[Any]:
         head = self.get(name)
@@ -322,13 +407,49 @@ class RayServiceRegistry(ServiceRegistry):
         return sorted(n for n in self._named_actors() if "#" not in n)
 
     def client(self, name: str, *, timeout: float | None = None) -> RayServiceClient:
-        head = self.get(name)
+        head = self._head(name)
+        if hasattr(head, _CLIENT_METHOD):
+            raise owned_service_error(name, self.namespace)
         names = [name, *self._replica_actor_names(name)]
         return RayServiceClient(name, self.namespace, names, head, timeout=timeout)
 
     # -- teardown ------------------------------------------------------------------------------
 
-    def reset(self) -> None:
+    _close_failure_suffix = " (their actors were killed anyway)"
+
+    def _unplaced(self, handles: Mapping[str, Any]) -> set[str]:
+        """Actors that no worker process has taken yet (their constructor has not run).
+
+        Read from Ray's actor table (``ray.state``): state still pending and
+        no worker pid. If this Ray does not offer the table, every actor
+        counts as placed.
+        """
+        table = getattr(getattr(self._ray, "state", None), "actors", None)
+        if table is None:
+            return set()
+        unplaced = set()
+        for actor_name, handle in handles.items():
+            try:
+                entry = table(handle._actor_id.hex())
+            except Exception:  # best effort: an unknown state means "close it normally"
+                continue
+            if entry.get("State") in _NOT_STARTED_STATES and not entry.get("Pid"):
+                unplaced.add(actor_name)
+        return unplaced
+
+    def _never_started(self, handles: Mapping[str, Any]) -> set[str]:
+        """Actors that did not start within ``STARTUP_GRACE`` (e.g. more CPUs asked than
+        the cluster has): no constructor ran, so there is nothing to close, and a
+        close() sent to them would only wait for a start that may never come."""
+        unplaced = self._unplaced(handles)
+        if not unplaced:
+            return set()
+        ready = {handles[name].__ray_ready__.remote(): name for name in unplaced}
+        done, _ = self._ray.wait(list(ready), num_returns=len(ready), timeout=STARTUP_GRACE)
+        waiting = {name: handles[name] for name in unplaced - {ready[ref] for ref in done}}
+        return self._unplaced(waiting)
+
+    def _reset(self) -> CloseFailures:
         ray = self._ray
         handles: dict[str, Any] = {}
         for actor_name in self._named_actors():
@@ -336,13 +457,15 @@ class RayServiceRegistry(ServiceRegistry):
                 handles[actor_name] = ray.get_actor(actor_name, namespace=self.namespace)
             except ValueError:
                 continue  # died since it was listed
+        never_started = self._never_started(handles)
+        started = {name: h for name, h in handles.items() if name not in never_started}
         closing: dict[Any, str] = {}
-        for actor_name, handle in handles.items():
+        for actor_name, handle in started.items():
             for method in ("close", "cleanup"):
                 if hasattr(handle, method):
                     closing[getattr(handle, method).remote()] = actor_name
                     break
-        failures: list[tuple[str, BaseException]] = []
+        failures: CloseFailures = []
         if closing:
             done, late = ray.wait(list(closing), num_returns=len(closing), timeout=CLOSE_TIMEOUT)
             for ref in done:
@@ -350,7 +473,7 @@ class RayServiceRegistry(ServiceRegistry):
                     ray.get(ref)
                 except ray.exceptions.RayActorError:
                     continue  # already gone: nothing left to close
-                except Exception as exc:  # collected, raised after every actor is killed
+                except Exception as exc:  # collected, reported after every actor is killed
                     failures.append((closing[ref], exc))
             for ref in late:
                 failures.append(
@@ -358,17 +481,12 @@ class RayServiceRegistry(ServiceRegistry):
                 )
         # Ask each actor to exit after the calls it has already accepted, then kill
         # whatever is still there: once reset() returns no call can reach an old actor.
-        exiting = [handle.__ray_terminate__.remote() for handle in handles.values()]
+        exiting = [handle.__ray_terminate__.remote() for handle in started.values()]
         if exiting:
             ray.wait(exiting, num_returns=len(exiting), timeout=TERMINATE_GRACE)
         for handle in handles.values():
             ray.kill(handle, no_restart=True)
-        if failures:
-            detail = "; ".join(f"{name}: {exc!r}" for name, exc in failures)
-            raise InfrastructureError(
-                f"{len(failures)} service(s) of namespace '{self.namespace}' failed to close "
-                f"(their actors were killed anyway): {detail}"
-            ) from failures[0][1]
+        return failures
 
 
 class RayServiceClient(ServiceClient):

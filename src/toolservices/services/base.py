@@ -12,8 +12,9 @@ from __future__ import annotations
 import abc
 import inspect
 import logging
+import sys
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from toolservices.errors import (
     InfrastructureError,
@@ -24,9 +25,13 @@ from toolservices.errors import (
 )
 from toolservices.services._routing import ReplicaRouter
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 __all__ = [
     "DEFAULT_NAMESPACE",
     "REPLICA_SEPARATOR",
+    "Service",
     "ServiceClient",
     "ServiceRegistry",
 ]
@@ -86,6 +91,78 @@ def not_found_error(name: str, namespace: str, available: list[str]) -> ServiceN
     )
 
 
+#: (service name, what its close raised), as collected by a backend's reset.
+CloseFailures = list[tuple[str, BaseException]]
+
+ClientT = TypeVar("ClientT", covariant=True)
+
+
+@runtime_checkable
+class Service(Protocol, Generic[ClientT]):
+    """A service that owns its own lifecycle (TorchRL 0.14's owner protocol).
+
+    Registering a *started* owner (``registry.register(name, owner)``) shares
+    its :meth:`client` under ``name``; the registry never starts or stops
+    the owner, so ``reset()`` only removes the name. The client is what
+    peers get from ``get_client(name)``: cheap, picklable (on Ray it is
+    stored in the cluster), and without ``start`` / ``shutdown``.
+    """
+
+    def start(self) -> Self:
+        """Start the owned resources and return ``self``."""
+        ...
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the owned resources."""
+        ...
+
+    def client(self) -> ClientT:
+        """The capability-restricted handle that peers use."""
+        ...
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the owner is running."""
+        ...
+
+
+def is_service_owner(obj: object) -> bool:
+    """``obj`` is a :class:`Service` instance (a class with those methods is a factory)."""
+    return not isinstance(obj, type) and isinstance(obj, Service)
+
+
+def owner_client(name: str, owner: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """The client to share for ``owner``, after TorchRL's checks (no arguments, started)."""
+    if args or kwargs:
+        raise TypeError(
+            f"Service '{name}': constructor arguments or placement options cannot be given "
+            f"when registering a running Service owner ({type(owner).__name__}); got "
+            f"{len(args)} positional and {sorted(kwargs)} keyword argument(s)"
+        )
+    if not owner.is_alive:
+        raise RuntimeError(
+            f"Service '{name}' must be started before registration "
+            f"({type(owner).__name__}.is_alive is False; call its start() first)"
+        )
+    return owner.client()
+
+
+def legacy_registration_error(name: str, namespace: str) -> TypeError:
+    return TypeError(
+        f"Service '{name}' in namespace '{namespace}' is a legacy raw actor registration "
+        "(created from a class or factory), not a Service owner: use get(name) or "
+        "client(name), or register a running Service owner to share its client"
+    )
+
+
+def owned_service_error(name: str, namespace: str) -> UserError:
+    return UserError(
+        f"Service '{name}' in namespace '{namespace}' was registered as a Service owner: "
+        "call its client directly (get_client(name)); client(name) routes calls to "
+        "services the registry created"
+    )
+
+
 class ServiceRegistry(abc.ABC):
     """Named services shared by every registry object of one backend and namespace.
 
@@ -106,11 +183,19 @@ class ServiceRegistry(abc.ABC):
     def register(self, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:
         """Create service ``name`` from ``factory(*args, **kwargs)`` and return it.
 
-        ``num_replicas=k`` (and, on Ray, Ray's own actor option names) are
-        taken out of ``kwargs``; the rest goes to the factory. Raises a
-        ``ValueError`` containing "already exists" when the name is taken.
+        ``num_replicas=k`` and Ray's actor option names (``num_cpus``,
+        ``num_gpus``, ``resources``, ``max_restarts``...) are taken out of
+        ``kwargs`` (the local backend ignores Ray's); the rest goes to the
+        factory. Raises a ``ValueError`` containing "already exists" when the
+        name is taken.
+
+        ``factory`` may instead be a running :class:`Service` owner: its
+        ``client()`` is shared under ``name`` and returned, and the registry
+        never shuts the owner down.
         """
         check_name(name)
+        if is_service_owner(factory):
+            return self._register_client(name, owner_client(name, factory, args, kwargs))
         ctor_kwargs, options = self._split_options(factory, kwargs)
         num_replicas = check_num_replicas(options.pop(NUM_REPLICAS, 1))
         return self._register(name, factory, args, ctor_kwargs, options, num_replicas)
@@ -129,6 +214,9 @@ class ServiceRegistry(abc.ABC):
         factory, whatever their names.
         """
         check_name(name)
+        if is_service_owner(factory):
+            client = owner_client(name, factory, (), {**(actor_options or {}), **ctor_kwargs})
+            return self._register_client(name, client)
         options = self._check_options(dict(actor_options or {}))
         num_replicas = check_num_replicas(options.pop(NUM_REPLICAS, 1))
         return self._register(name, factory, (), ctor_kwargs, options, num_replicas)
@@ -160,6 +248,15 @@ class ServiceRegistry(abc.ABC):
         """
 
     @abc.abstractmethod
+    def get_client(self, name: str) -> Any:
+        """The client of a :class:`Service` owner registered under ``name``.
+
+        ``KeyError`` ("not found") if ``name`` is not registered;
+        ``TypeError`` for a service the registry created from a class or
+        factory (a "legacy raw actor registration" in TorchRL's words).
+        """
+
+    @abc.abstractmethod
     def replicas(self, name: str) -> list[Any]:
         """Every replica of service ``name`` (objects locally, actor handles on Ray)."""
 
@@ -176,13 +273,39 @@ class ServiceRegistry(abc.ABC):
 
     # -- teardown -----------------------------------------------------------------------
 
-    @abc.abstractmethod
     def reset(self) -> None:
         """Close and remove every service of this namespace; other namespaces are untouched.
 
         Every service is terminated even if some fail to close; the failures
         are raised together afterwards as an :class:`InfrastructureError`.
+        Running :class:`Service` owners are only forgotten, never shut down.
+
+        Called while an exception is propagating (in a ``finally:`` or
+        ``except:`` block), ``reset`` does not replace that exception with
+        its own: the close failures are logged as a warning and added to the
+        propagating exception as a note.
         """
+        failures = self._reset()
+        if not failures:
+            return
+        detail = "; ".join(f"{name}: {exc!r}" for name, exc in failures)
+        message = (
+            f"{len(failures)} service(s) of namespace '{self.namespace}' failed to close"
+            f"{self._close_failure_suffix}: {detail}"
+        )
+        in_flight = sys.exc_info()[1]
+        if in_flight is None:
+            raise InfrastructureError(message) from failures[0][1]
+        _log.warning("%s (not raised: %r is propagating)", message, in_flight)
+        if hasattr(in_flight, "add_note"):  # Python 3.11+
+            in_flight.add_note(f"While it propagated, {type(self).__name__}.reset(): {message}")
+
+    #: Added to the close-failure message (what happened to the services anyway).
+    _close_failure_suffix = ""
+
+    @abc.abstractmethod
+    def _reset(self) -> CloseFailures:
+        """Remove every service of the namespace; return the (name, error) close failures."""
 
     def shutdown(self, raise_on_error: bool = True) -> None:
         """Terminate this namespace's services (never the Ray cluster itself).
@@ -220,6 +343,10 @@ class ServiceRegistry(abc.ABC):
         options: dict[str, Any],
         num_replicas: int,
     ) -> Any: ...
+
+    @abc.abstractmethod
+    def _register_client(self, name: str, client: Any) -> Any:
+        """Share ``client`` (of a running owner) under ``name``; return it."""
 
     @abc.abstractmethod
     def _wait_registered(self, name: str) -> Any:

@@ -24,6 +24,7 @@ __all__ = [
     "resolve_registry",
     "resolve_simple_parser",
     "tools_from_mapping",
+    "unchecked",
 ]
 
 
@@ -56,15 +57,29 @@ def resolve_registry(tools: Any) -> ToolRegistry:
 
 
 def tools_from_mapping(
-    tools: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]] | None = None
+    tools: Mapping[str, Any],
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    validate: bool = True,
 ) -> ToolRegistry:
     """Tools named by the dict keys (TorchRL's ``SimpleToolTransform(tools=...)``).
 
-    Typed functions get their schema from the signature; any other callable is
-    called with the model's keyword arguments as they are, as TorchRL does. A
-    schema in ``schemas`` (JSON Schema of the arguments, or a full OpenAI spec)
-    is used for validation and for the chat-template specs.
+    Typed functions get their schema from the signature; a schema in
+    ``schemas`` (JSON Schema of the arguments, or a full OpenAI spec) replaces
+    it. Schemas feed the chat-template specs; with ``validate`` they also
+    check (and, for typed functions, convert) the arguments before the call.
+    Without it every tool gets the model's arguments as they are, as in
+    TorchRL, and answers bad ones itself.
     """
+    registry = _registry_from_mapping(tools, schemas)
+    if validate:
+        return registry
+    return ToolRegistry([unchecked(t) for t in registry])
+
+
+def _registry_from_mapping(
+    tools: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]] | None
+) -> ToolRegistry:
     registry = ToolRegistry()
     for name, fn in tools.items():
         if not callable(fn):
@@ -114,6 +129,45 @@ class _CallableTool(Tool):
         if self.is_async:
             return await self.fn(**kwargs)
         return await super().acall(**kwargs)
+
+
+class _Unchecked(Tool):
+    """``tool`` without argument validation: its own code (or server) judges the arguments.
+
+    The schema is still shown to the model (``tool_specs``); only the check
+    before the call is skipped, so a tool's own message ("Unknown operation:
+    invalid") reaches the model instead of a schema error, and values arrive
+    as the model wrote them (``5`` stays an int where the signature says float).
+    """
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool = tool
+        self.name = tool.name
+        self.description = tool.description
+        self.schema_in = tool.schema_in
+        self.schema_out = tool.schema_out
+        self.accepts_state = tool.accepts_state
+        self.is_async = tool.is_async
+        self.timeout = tool.timeout
+
+    def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(args)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.tool(**kwargs)
+
+    async def acall(self, **kwargs: Any) -> Any:
+        if self.is_async:
+            return await self.tool.acall(**kwargs)
+        return await super().acall(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"unchecked({self.tool!r})"
+
+
+def unchecked(tool: Tool) -> Tool:
+    """``tool`` called with the model's arguments as they are (no schema check first)."""
+    return tool if isinstance(tool, _Unchecked) else _Unchecked(tool)
 
 
 def _accepts(fn: Callable[..., Any], keyword: str) -> bool:

@@ -170,8 +170,11 @@ class SimpleToolTransform(DispatchingTransform):
     ``<tool>NAME\\n{json}</tool>``; ``tool_call_pattern`` (a regex capturing
     name and JSON) or ``parser`` (an object or a family name) replace it. One
     message per call: ``Tool NAME executed successfully:\\n<result>`` or
-    ``Tool NAME failed:\\n<error>``. ``tool_schemas`` are used to validate
-    arguments and in :attr:`tool_specs`, and ``timeout`` is enforced.
+    ``Tool NAME failed:\\n<error>``, where ``<error>`` is the tool's own.
+    ``tool_schemas`` (or typed signatures) feed :attr:`tool_specs`; as in
+    TorchRL a tool gets the model's arguments as they are, unless
+    ``validate_arguments=True`` checks them against the schemas first.
+    ``timeout`` is enforced.
     """
 
     def __init__(
@@ -183,13 +186,14 @@ class SimpleToolTransform(DispatchingTransform):
         tool_name: str = "tool",
         timeout: float = 10.0,
         *,
+        validate_arguments: bool = False,
         pass_state_to_tools: bool = False,
         max_concurrency: int = 64,
         max_failed_turns: int | None = None,
         metrics_key: str | None = METRICS_KEY,
         record_call_ids: bool = False,
     ) -> None:
-        registry = tools_from_mapping(tools, tool_schemas)
+        registry = tools_from_mapping(tools, tool_schemas, validate=validate_arguments)
         super().__init__(
             registry=registry,
             parser=resolve_simple_parser(parser, tool_call_pattern, tools=registry),
@@ -206,6 +210,7 @@ class SimpleToolTransform(DispatchingTransform):
         self.tool_call_pattern = tool_call_pattern
         self.tool_role = tool_name
         self.timeout = timeout
+        self.validate_arguments = validate_arguments
 
     def _messages(self, outcome: ItemResult) -> list[ToolMessage]:
         return [

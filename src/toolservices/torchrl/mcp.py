@@ -17,7 +17,7 @@ from toolservices.mcp import MCPToolset
 from toolservices.parsing.base import ParseResult
 from toolservices.tools import ToolRegistry
 from toolservices.torchrl._base import METRICS_KEY
-from toolservices.torchrl._calls import ParserLike, resolve_simple_parser
+from toolservices.torchrl._calls import ParserLike, resolve_simple_parser, unchecked
 from toolservices.torchrl._history import ToolMessage
 from toolservices.torchrl.execute import DispatchingTransform, _call_of, simple_result_text
 
@@ -30,10 +30,13 @@ class MCPToolTransform(DispatchingTransform):
     ``servers`` maps names to ``{"command", "args", "env"}`` (stdio),
     ``{"url", "headers"}`` (streamable HTTP) or the config objects of
     :mod:`toolservices.mcp`. A name without a server prefix means the first
-    server, as in TorchRL. Keyword-only extras: ``toolset`` (share an already
-    connected :class:`MCPToolset`; the transform then does not close it),
-    ``parser`` (any family, e.g. ``"hermes"``), ``max_concurrency``,
-    ``max_failed_turns``, ``metrics_key``.
+    server, as in TorchRL. A failed call's ``<error>`` is the server's own
+    answer: the model's arguments go to the server as they are (MCP servers
+    validate their inputs), unless ``validate_arguments=True`` checks them
+    against the tool's input schema here first. Keyword-only extras:
+    ``toolset`` (share an already connected :class:`MCPToolset`; the
+    transform then does not close it), ``parser`` (any family, e.g.
+    ``"hermes"``), ``max_concurrency``, ``max_failed_turns``, ``metrics_key``.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class MCPToolTransform(DispatchingTransform):
         *,
         toolset: MCPToolset | None = None,
         parser: ParserLike | None = None,
+        validate_arguments: bool = False,
         max_concurrency: int = 64,
         max_failed_turns: int | None = None,
         metrics_key: str | None = METRICS_KEY,
@@ -60,7 +64,8 @@ class MCPToolTransform(DispatchingTransform):
             toolset = MCPToolset(servers, timeout=timeout)
         toolset.connect()
         registry = ToolRegistry()
-        toolset.register_into(registry)
+        for tool in toolset.tools():
+            registry.register(tool if validate_arguments else unchecked(tool))
         resolved = resolve_simple_parser(parser, tool_call_pattern, tools=registry)
         default_server = next(iter(toolset.servers))
         super().__init__(
@@ -79,6 +84,7 @@ class MCPToolTransform(DispatchingTransform):
         self.tool_role = tool_name
         self.timeout = timeout
         self.toolset = toolset
+        self.validate_arguments = validate_arguments
         self._finalizer = weakref.finalize(self, toolset.close if owned else _nothing)
 
     def clone(self) -> MCPToolTransform:

@@ -20,6 +20,7 @@ does the same if the environment is garbage collected without it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Sequence
@@ -182,6 +183,9 @@ class _Runner:
         return self.processes[i]
 
     async def execute(self, code: str, i: int) -> ExecResult:
+        return with_error_header(await self._execute(code, i))
+
+    async def _execute(self, code: str, i: int) -> ExecResult:
         if self.closed:
             raise InfrastructureError("this PythonInterpreter was closed", retryable=False)
         if self.client is not None:
@@ -245,6 +249,47 @@ class _Runner:
         self.processes.clear()
         if self.executor is not None:
             self.executor.close()
+
+
+_TRACEBACK = "Traceback (most recent call last):\n"
+_CHAINED = (
+    "\nDuring handling of the above exception, another exception occurred:\n\n",
+    "\nThe above exception was the direct cause of the following exception:\n\n",
+)
+
+
+def _traceback_start(stderr: str) -> int | None:
+    """Where the final traceback (with the exceptions chained to it) begins."""
+    start = stderr.rfind(_TRACEBACK)
+    while start > 0 and stderr[start - 1] == "\n":
+        before = stderr[:start]
+        if not before.endswith(_CHAINED):
+            break
+        earlier = before.rfind(_TRACEBACK)
+        if earlier < 0:
+            break
+        start = earlier
+    if start < 0 or (start > 0 and stderr[start - 1] != "\n"):
+        return None
+    return start
+
+
+def with_error_header(result: ExecResult) -> ExecResult:
+    """``result`` with TorchRL's header before the traceback of a raised exception.
+
+    TorchRL's interpreters print ``Error: <message>`` and ``Traceback:`` just
+    before the traceback; models trained on its tool messages expect that
+    shape. What the code wrote to stderr before stays in front; timeouts and
+    exits without a traceback keep their own text.
+    """
+    if result.success or result.timed_out or result.exception is None:
+        return result
+    start = _traceback_start(result.stderr)
+    if start is None:
+        return result
+    header = f"Error: {result.exception.message}\nTraceback:\n"
+    stderr = result.stderr[:start] + header + result.stderr[start:]
+    return dataclasses.replace(result, stderr=stderr)
 
 
 def _service_client(backend: str, name: str, namespace: str | None) -> tuple[Any, Any]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 server = MCPServer("tools")
 
@@ -28,6 +31,20 @@ async def meet(group: str, n: int) -> str:
     with anyio.move_on_after(8):
         await everyone.wait()
     return f"met {n}" if everyone.is_set() else f"only {arrived[0]} of {n} arrived"
+
+
+@server.tool()
+def calculator(
+    operation: Annotated[str, Field(json_schema_extra={"enum": ["add", "multiply"]})],
+    a: float,
+    b: float,
+) -> str:
+    """Add or multiply. The schema lists the operations; the server answers others itself."""
+    if operation == "add":
+        return repr(a + b)
+    if operation == "multiply":
+        return repr(a * b)
+    raise ToolError(f"Unknown operation: {operation}")
 
 
 @server.tool()
