@@ -96,6 +96,14 @@ def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
     return text, bool(omitted)
 
 
+#: what a SIGSEGV in a session almost always is (the sandbox caps the C stack: sandbox.md)
+_SEGV_CAUSE = (
+    " (a segmentation fault, most often the C stack overflowing: recursion through C code,"
+    " such as repr(), ==, json or pickle of a deeply nested object, deeper than the stack"
+    " limit holds)"
+)
+
+
 def _describe_status(code: int | None) -> str:
     if code is None:
         return "ended"
@@ -106,6 +114,8 @@ def _describe_status(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
+        if -code == signal.SIGSEGV:
+            return f"was killed by {name}{_SEGV_CAUSE}"
         return f"was killed by {name}"
     return f"exited with status {code}"
 

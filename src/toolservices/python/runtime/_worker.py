@@ -15,6 +15,7 @@ extensions, subprocesses) are bounded by ``RLIMIT_FSIZE`` and cut by the parent.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import faulthandler
 import io
@@ -55,11 +56,12 @@ COMPILE_CACHE = 128
 #: the rest: formatting a million-frame traceback takes longer than any timeout
 TRACEBACK_FULL = 200
 TRACEBACK_TAIL = 100
-#: C stack bytes allowed per level of ``sys.setrecursionlimit``: C-level recursion (repr of
-#: a nested list, lru_cache, deepcopy) takes 0.5-2 KiB a level on 3.11
-STACK_PER_LEVEL = 2048
-#: the cap never goes below this (pure Python recursion costs no C stack on 3.11)
-MIN_RECURSION_CAP = 10_000
+#: the highest ``sys.setrecursionlimit`` honoured. Python-to-Python calls use no C stack on
+#: 3.11+, so only CPU bounds them: a RecursionError through N frames costs about 2 us a
+#: frame (the cyclic GC seeing the frames and tracebacks the unwinding creates, then
+#: freeing them): ~1 s of CPU at this cap on a loaded 2-core VM, ~2 s at a million.
+#: C recursion is bounded by the stack (``RLIMIT_STACK``), not by this.
+RECURSION_CAP = 500_000
 #: glibc sizes thread stacks like the main thread's limit; threads get this instead
 THREAD_STACK = 8 << 20
 _libc = libc()
@@ -91,25 +93,11 @@ def set_default_thread_stack(size: int = THREAD_STACK) -> None:
             _libc.pthread_attr_destroy(attr)
 
 
-def recursion_cap() -> int:
-    """The highest recursion limit the main thread's stack sustains (see STACK_PER_LEVEL).
+def cap_recursion_limit(cap: int = RECURSION_CAP) -> None:
+    """Make ``sys.setrecursionlimit`` clamp to ``cap``: a runaway recursion ends within a second.
 
-    The stack may use its own limit or, when that is unlimited, half of the
-    address-space limit (the rest is for the heap).
-    """
-    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    space = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if stack == resource.RLIM_INFINITY:
-        stack = space // 2 if space != resource.RLIM_INFINITY else 8 << 30
-    return max(MIN_RECURSION_CAP, stack // STACK_PER_LEVEL)
-
-
-def cap_recursion_limit(cap: int) -> None:
-    """Make ``sys.setrecursionlimit`` clamp to ``cap``: deep recursion ends in RecursionError.
-
-    Beyond what the C stack holds, recursion through C code would crash the
-    interpreter with SIGSEGV instead. Code that goes out of its way to reach
-    the original function only crashes its own session.
+    Code that goes out of its way to reach the original function only slows
+    down its own call (the timeout still ends it).
     """
     original = sys.setrecursionlimit
 
@@ -118,6 +106,29 @@ def cap_recursion_limit(cap: int) -> None:
 
     setrecursionlimit.__doc__ = original.__doc__
     sys.setrecursionlimit = setrecursionlimit
+
+
+def cap_thread_stacks() -> None:
+    """``threading.stack_size`` clamps to ``RLIMIT_STACK``: threads get no more C stack than main.
+
+    Otherwise ``threading.stack_size(2**29)`` would bring back what the stack
+    limit prevents: C recursion (``repr`` of a deeply nested list is quadratic
+    in its depth) running for minutes instead of crashing in a second.
+    """
+    limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if limit == resource.RLIM_INFINITY:
+        return
+    set_default_thread_stack(min(limit, THREAD_STACK))
+    original = _thread.stack_size
+
+    def stack_size(size: int = 0, /) -> int:
+        return original(min(size, limit) if isinstance(size, int) and size > 0 else size)
+
+    stack_size.__doc__ = original.__doc__
+    _thread.stack_size = stack_size
+    threading = sys.modules.get("threading")
+    if threading is not None:  # it copied the function when imported
+        threading.stack_size = stack_size  # type: ignore[attr-defined]
 
 
 class _CappedFd(io.RawIOBase):
@@ -485,15 +496,20 @@ def _adopted_by(server: int) -> None:
 
 
 def _format_traceback(exc: BaseException, tb: types.TracebackType | None) -> str:
-    """The traceback text; a deep one (a runaway recursion) shows only its innermost frames."""
-    depth, walk = 0, tb
-    while walk is not None and depth <= TRACEBACK_FULL:
-        depth, walk = depth + 1, walk.tb_next
-    if depth <= TRACEBACK_FULL:
-        return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback text; a deep one (a runaway recursion) shows only its innermost frames.
+
+    Only those frames are handed to ``traceback``: it looks up the source
+    position of every frame it is given, even with a negative ``limit``
+    (about 1.5 us a frame, 1.5 s for a million).
+    """
+    depth, tail, walk = 0, tb, tb
     while walk is not None:
         depth, walk = depth + 1, walk.tb_next
-    lines = traceback.format_exception(type(exc), exc, tb, limit=-TRACEBACK_TAIL)
+        if depth > TRACEBACK_TAIL and tail is not None:
+            tail = tail.tb_next  # stays TRACEBACK_TAIL frames behind the end
+    if depth <= TRACEBACK_FULL:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    lines = traceback.format_exception(type(exc), exc, tail)
     note = f"  [... {depth - TRACEBACK_TAIL} earlier frames not shown ...]\n"
     for index, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
@@ -523,7 +539,8 @@ def serve_session(chan: socket.socket, *, max_output: int, busy_poll: float = 0.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full output file gives EFBIG, not death
     signal.signal(signal.SIGINT, signal.default_int_handler)
     set_subreaper(True)
-    cap_recursion_limit(recursion_cap())
+    cap_recursion_limit()
+    cap_thread_stacks()
     faulthandler.enable()  # a crash still tells where: a Python traceback on stderr (fd 2)
     try:
         _Worker(chan, max_output, busy_poll).serve()

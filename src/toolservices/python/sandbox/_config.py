@@ -37,6 +37,10 @@ class SandboxConfig:
     (``multiprocessing`` locks need it; files there outlive the session and
     only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
     ``nproc`` is each session's budget of processes and threads.
+    ``stack_size`` caps the C stack of a session's main thread and of the
+    threads it starts (``RLIMIT_STACK``; 8 MiB like a default Linux shell):
+    recursion through C code deeper than it holds crashes the interpreter,
+    which is restarted, instead of running for minutes (see docs/sandbox.md).
     ``session_namespaces`` gives every session its own user, mount and IPC
     namespaces where the kernel allows it (any level): a private ``/tmp``,
     ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
@@ -48,6 +52,7 @@ class SandboxConfig:
     file_size: int | None = 64 * _MiB
     open_files: int | None = 256
     nproc: int | None = 64
+    stack_size: int | None = 8 * _MiB
     network: bool = False
     tmp_size: int = 64 * _MiB
     allow_unsafe: bool = False
@@ -66,10 +71,21 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for name in ("memory_limit", "cpu_seconds", "file_size", "open_files", "nproc"):
+        for name in (
+            "memory_limit",
+            "cpu_seconds",
+            "file_size",
+            "open_files",
+            "nproc",
+            "stack_size",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 problems.append(f"{name} must be a positive int or None, got {value!r}")
+        if isinstance(self.stack_size, int) and 0 < self.stack_size < _MiB:
+            problems.append(
+                f"stack_size must be at least 1 MiB (Python needs it), got {self.stack_size}"
+            )
         if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
             problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
         if self.min_level is not None and self.min_level not in LEVELS:

@@ -43,6 +43,7 @@ def config_rlimits(config: Any) -> dict[str, int | None]:
         "CPU": config.cpu_seconds,
         "FSIZE": config.file_size,
         "NOFILE": config.open_files,
+        "STACK": config.stack_size,
         "CORE": 0,
     }
 
