@@ -129,3 +129,56 @@ def test_threads_get_no_bigger_stack_than_the_main_thread(service: PythonExecuto
         "print(threading.stack_size() == resource.getrlimit(resource.RLIMIT_STACK)[0] == 8 << 20)"
     )
     assert service.execute(code).stdout == "True\n"
+
+
+# --- memory: one address-space limit counts private and shared mappings alike -----------------
+
+SHARED_2G = (
+    "import mmap\ntry:\n"
+    "    m = mmap.mmap(-1, 2 << 30, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+    "    for i in range(0, len(m), 4096):\n        m[i] = 1\n    print('TOUCHED')\n"
+    "except OSError as exc:\n    print('REFUSED', exc.errno)"
+)
+
+
+def test_a_2_gib_shared_mapping_is_refused_every_time(
+    service: PythonExecutorService, sid: str
+) -> None:
+    """Refused when mapped (ENOMEM), before any page is touched: no race with the timeout."""
+    outcomes = [service.execute(SHARED_2G, timeout=GENEROUS) for _ in range(3)]
+    service.execute("kept = 1", session_id=sid)
+    outcomes += [service.execute(SHARED_2G, session_id=sid, timeout=GENEROUS) for _ in range(3)]
+    for result in outcomes:
+        assert result.stdout == "REFUSED 12\n" and not result.timed_out, result
+        assert not result.restarted
+    _next_call_works(service, sid, outcomes[-1])
+
+
+def test_shared_and_private_mappings_share_one_budget(service: PythonExecutorService) -> None:
+    code = (
+        "import mmap\n"
+        "shared = mmap.mmap(-1, 1200 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+        "try:\n    private = mmap.mmap(-1, 1200 << 20)\n    print('BOTH')\n"
+        "except OSError as exc:\n    print('SECOND REFUSED', exc.errno)\n"
+        "del shared\nprivate = mmap.mmap(-1, 1200 << 20)\nprint('ONE AT A TIME')"
+    )
+    assert service.execute(code).stdout == "SECOND REFUSED 12\nONE AT A TIME\n"
+
+
+def test_memfd_is_capped_like_a_file_and_its_mapping_counts(
+    service: PythonExecutorService, sid: str
+) -> None:
+    code = (
+        "import mmap, os\nfd = os.memfd_create('grow')\nchunk = b'x' * (1 << 20)\nn = 0\n"
+        "try:\n    while n < 4096:\n        os.write(fd, chunk)\n        n += 1\n"
+        "except OSError as exc:\n    print('WRITE STOPPED', exc.errno, n)\n"
+        "try:\n    os.ftruncate(fd, 2 << 30)\n"
+        "except OSError as exc:\n    print('GROW REFUSED', exc.errno)\n"
+        "big = os.memfd_create('map')\n"
+        "try:\n    mmap.mmap(big, 2 << 30, flags=mmap.MAP_SHARED)\n"
+        "except (OSError, ValueError) as exc:\n    print('MAP REFUSED')\n"
+    )
+    service.execute("kept = 1", session_id=sid)
+    result = service.execute(code, session_id=sid, timeout=GENEROUS)
+    assert result.stdout == "WRITE STOPPED 27 64\nGROW REFUSED 27\nMAP REFUSED\n", result
+    _next_call_works(service, sid, result)

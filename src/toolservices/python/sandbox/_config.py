@@ -47,7 +47,7 @@ class SandboxConfig:
     the report says whether it worked and why not.
     """
 
-    memory_limit: int | None = 4 * _GiB
+    memory_limit: int | None = 2 * _GiB
     cpu_seconds: int | None = 600
     file_size: int | None = 64 * _MiB
     open_files: int | None = 256
