@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolservices.python import ExecResult, PythonExecutorService
+from toolservices.errors import UserError
+from toolservices.python import ExecResult, PythonExecutorService, SandboxConfig
 
 RAISED_LIMIT = "import sys\nsys.setrecursionlimit(10**6)\n"
 NESTED = "x = []\nfor _ in range(10**6):\n    x = [x]\n"
@@ -129,6 +130,17 @@ def test_threads_get_no_bigger_stack_than_the_main_thread(service: PythonExecuto
         "print(threading.stack_size() == resource.getrlimit(resource.RLIMIT_STACK)[0] == 8 << 20)"
     )
     assert service.execute(code).stdout == "True\n"
+
+
+@pytest.mark.parametrize("size", [0, 4096, (1 << 20) - 1])
+def test_a_stack_too_small_for_python_is_refused_at_construction(size: int) -> None:
+    with pytest.raises(UserError, match="stack_size"):
+        SandboxConfig(stack_size=size)
+
+
+def test_the_report_lists_the_stack_and_memory_limits(service: PythonExecutorService) -> None:
+    detail = service.isolation_report()["layers"]["rlimits"]["detail"]
+    assert f"STACK={8 << 20}" in detail and f"AS={2 << 30}" in detail
 
 
 # --- memory: one address-space limit counts private and shared mappings alike -----------------
