@@ -9,10 +9,16 @@ million-deep ``repr`` ran until the timeout.
 
 from __future__ import annotations
 
+import glob
+import os
+from collections.abc import Iterator
+
 import pytest
 
 from toolservices.errors import UserError
 from toolservices.python import ExecResult, PythonExecutorService, SandboxConfig
+from toolservices.python.sandbox import _memcg
+from toolservices.python.sandbox._config import fast_tmp_dir
 
 RAISED_LIMIT = "import sys\nsys.setrecursionlimit(10**6)\n"
 NESTED = "x = []\nfor _ in range(10**6):\n    x = [x]\n"
@@ -194,3 +200,111 @@ def test_memfd_is_capped_like_a_file_and_its_mapping_counts(
     result = service.execute(code, session_id=sid, timeout=GENEROUS)
     assert result.stdout == "WRITE STOPPED 27 64\nGROW REFUSED 27\nMAP REFUSED\n", result
     _next_call_works(service, sid, result)
+
+
+# --- memory: one cgroup per session, where the host allows it -----------------------------
+
+GROUP_LIMIT = 512 << 20
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[PythonExecutorService]:
+    """An executor whose sessions get 512 MiB: the cases fill just over it.
+
+    Its working directories are on tmpfs, as the default puts them when it can.
+    """
+    config = _on_tmpfs(memory_limit=GROUP_LIMIT)
+    with PythonExecutorService(pool_size=1, timeout=GENEROUS, sandbox=config) as svc:
+        if not svc.isolation_report()["layers"]["memory_cgroup"]["active"]:
+            pytest.skip(svc.isolation_report()["layers"]["memory_cgroup"]["why"])
+        yield svc
+
+
+def _on_tmpfs(**limits: int) -> SandboxConfig:
+    base = fast_tmp_dir()
+    if base is None:
+        pytest.skip("no writable tmpfs for the working directories")
+    return SandboxConfig(base_dir=base, **limits)
+
+
+def _killed_for_memory(result: ExecResult) -> bool:
+    return (
+        result.exception is not None
+        and result.exception.type == "InterpreterExit"
+        and "memory limit" in result.exception.message
+        and result.returncode == -9
+        and not result.timed_out
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param(
+            "import os\nfds = []\nfor _ in range(24):\n    fds.append(os.memfd_create('m'))\n"
+            "    for _ in range(32):\n        os.write(fds[-1], b'x' * (1 << 20))\nprint('KEPT')",
+            id="memfd",
+        ),
+        pytest.param(
+            "for i in range(24):\n    with open(f'f{i}', 'wb') as fh:\n"
+            "        for _ in range(32):\n            fh.write(b'x' * (1 << 20))\nprint('KEPT')",
+            id="workdir-files",
+        ),
+    ],
+)
+def test_the_memory_group_counts_files_shared_memory_and_children(
+    small: PythonExecutorService, sid: str, code: str
+) -> None:
+    """Each stays under the address-space limit but goes over the group's."""
+    small.execute("kept = 1", session_id=sid)
+    result = small.execute(code, session_id=sid)
+    assert _killed_for_memory(result) and result.restarted, result
+    _next_call_works(small, sid, result)
+
+
+def test_the_memory_group_counts_a_sessions_processes_together(
+    small: PythonExecutorService, sid: str
+) -> None:
+    """Two children of 300 MiB each, each under the address-space limit: one is killed."""
+    code = (
+        "import os\ngo_r, go_w = os.pipe()\n"
+        "def hog():\n    r, w = os.pipe()\n    pid = os.fork()\n    if pid == 0:\n"
+        "        n = bytearray(300 << 20)\n        for i in range(0, len(n), 4096):\n"
+        "            n[i] = 1\n        os.write(w, b'x')\n        os.read(go_r, 1)\n"
+        "        os._exit(0)\n    os.close(w)\n    os.read(r, 1)  # ready, or EOF if killed\n"
+        "    return pid\n"
+        "pids = [hog(), hog()]\nos.write(go_w, b'xx')\n"
+        "print(sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids))"
+    )
+    small.execute("kept = 1", session_id=sid)
+    result = small.execute(code, session_id=sid)
+    assert result.stdout == "[-9, 0]\n" or _killed_for_memory(result), result
+    _next_call_works(small, sid, result)
+
+
+def test_under_the_limit_nothing_is_killed(small: PythonExecutorService) -> None:
+    code = (
+        "import os\nfd = os.memfd_create('m')\nfor _ in range(60):\n"
+        "    os.write(fd, b'x' * (1 << 20))\nprint('KEPT')"
+    )
+    assert small.execute(code).stdout == "KEPT\n"
+
+
+def test_memory_groups_are_removed_with_their_sessions_and_executor() -> None:
+    own, _why = _memcg.own_group()
+    pattern = os.path.join(own or "/nonexistent", f"toolservices-memcg-{os.getpid()}-*")
+    before = set(glob.glob(pattern))  # other executors of this process keep theirs
+    config = SandboxConfig(memory_limit=GROUP_LIMIT)
+    with PythonExecutorService(pool_size=1, spares=0, sandbox=config) as svc:
+        if not svc.isolation_report()["layers"]["memory_cgroup"]["active"]:
+            pytest.skip(svc.isolation_report()["layers"]["memory_cgroup"]["why"])
+        svc.execute("x = 1", session_id="one")
+        (executor_group,) = set(glob.glob(pattern)) - before
+        assert len(_groups(executor_group)) == 1
+        svc.close_session("one")
+        assert _groups(executor_group) == []
+    assert not os.path.exists(executor_group)
+
+
+def _groups(path: str) -> list[str]:
+    return [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]

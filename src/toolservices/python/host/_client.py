@@ -104,7 +104,14 @@ _SEGV_CAUSE = (
 )
 
 
-def _describe_status(code: int | None) -> str:
+#: what a SIGKILL nobody on this side sent most likely is when sessions have memory cgroups
+_OOM_CAUSE = (
+    " (most likely the kernel's: the session's memory, shared memory and in-memory files"
+    " included, went over its memory limit)"
+)
+
+
+def _describe_status(code: int | None, *, memory_cgroup: bool = False) -> str:
     if code is None:
         return "ended"
     if code == EXIT_BROKEN:
@@ -116,6 +123,8 @@ def _describe_status(code: int | None) -> str:
             name = f"signal {-code}"
         if -code == signal.SIGSEGV:
             return f"was killed by {name}{_SEGV_CAUSE}"
+        if -code == signal.SIGKILL and memory_cgroup:
+            return f"was killed by {name}{_OOM_CAUSE}"
         return f"was killed by {name}"
     return f"exited with status {code}"
 
@@ -538,7 +547,9 @@ class SessionHandle:
             note = f"TimeoutError: execution exceeded the {limit:g} s time limit and was killed."
             rc = -1
         else:
-            what = problem or f"the interpreter {_describe_status(status)}"
+            layers = self.server.report.get("layers", {})
+            memcg = bool(layers.get("memory_cgroup", {}).get("active"))
+            what = problem or f"the interpreter {_describe_status(status, memory_cgroup=memcg)}"
             exception = ExceptionInfo(type="InterpreterExit", message=what)
             note = f"InterpreterExit: {what}."
             rc = status if status is not None else -1

@@ -44,7 +44,11 @@ class SandboxConfig:
     ``session_namespaces`` gives every session its own user, mount and IPC
     namespaces where the kernel allows it (any level): a private ``/tmp``,
     ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
-    the report says whether it worked and why not.
+    the report says whether it worked and why not. ``memory_cgroup`` puts
+    each session (with its ``fork_session`` copies) in a memory cgroup of its
+    own limited to ``memory_limit``, where the host allows it (as root, with
+    the cgroup v1 memory controller): shared memory, tmpfs and memfd pages
+    then count too; the report says whether it is on.
     """
 
     memory_limit: int | None = 2 * _GiB
@@ -68,6 +72,7 @@ class SandboxConfig:
     base_dir: str | None = None
     host_shm: bool = False
     session_namespaces: bool = True
+    memory_cgroup: bool = True
 
     def __post_init__(self) -> None:
         problems: list[str] = []
