@@ -308,3 +308,26 @@ def test_memory_groups_are_removed_with_their_sessions_and_executor() -> None:
 
 def _groups(path: str) -> list[str]:
     return [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+
+
+def test_a_session_cannot_raise_its_memory_limit_or_leave_its_group(
+    service: PythonExecutorService,
+) -> None:
+    layers = service.isolation_report()["layers"]
+    for layer in ("memory_cgroup", "landlock"):
+        if not layers[layer]["active"]:
+            pytest.skip(f"layer {layer} off: {layers[layer]['why']}")
+    code = (
+        "import os\nrel = [line.split(':', 2)[2] for line in open('/proc/self/cgroup')\n"
+        "       if line.split(':')[1] == 'memory'][0].strip()\n"
+        "name = os.path.basename(rel)\n"
+        "for group in ('/run/toolservices-memcg/' + name, '/sys/fs/cgroup/memory' + rel):\n"
+        "    for leaf, text in (('memory.memsw.limit_in_bytes', '-1'),\n"
+        "                       ('memory.limit_in_bytes', '-1'), ('cgroup.procs', '0')):\n"
+        "        try:\n            with open(os.path.join(group, leaf), 'w') as fh:\n"
+        "                fh.write(text)\n            print('WROTE', leaf)\n"
+        "        except OSError:\n            pass\n"
+        "    try:\n        os.mkdir(os.path.join(os.path.dirname(group), 'escape'))\n"
+        "        print('MADE A GROUP')\n    except OSError:\n        pass\nprint('END')"
+    )
+    assert service.execute(code).stdout == "END\n"

@@ -463,7 +463,7 @@ def _memcg_layer(
         "kills a process of the session"
     )
     if attempt.landlock is None:
-        detail += "; without Landlock a session could raise its own group's limit"
+        detail += "; without Landlock a session could raise its group's limit or leave it"
     return {"active": True, "detail": detail}
 
 
