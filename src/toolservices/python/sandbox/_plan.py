@@ -436,7 +436,14 @@ def _choose(
             python=python,
             bwrap=attempt.bwrap,
         )
-        report["layers"]["memory_cgroup"] = _memcg_layer(config, run_memcg, memcg_why, attempt)
+        report["layers"]["memory_cgroup"] = layer = _memcg_layer(
+            config, run_memcg, memcg_why, attempt
+        )
+        if not layer["active"]:
+            report["not_protected"].append(
+                "memory in files that are not mapped (memfds, the workdir on tmpfs) beyond each "
+                "file's cap, and memory summed over a session's processes (no memory cgroup)"
+            )
         _enforce(config, report)
         return LaunchPlan(
             argv=_launcher_argv(spec),

@@ -16,7 +16,6 @@ LEVEL_MEANING = {
 NOT_PROTECTED = {
     "L3": [
         "kernel bugs (the kernel is shared; use gVisor or a microVM for that)",
-        "memory of the private /tmp and /dev/shm beyond their --size cap (no memory cgroup)",
         "copies made by fork_session share their source's /tmp, /dev/shm (read-only to them) "
         "and process budget",
         "CPU share between sessions (no cgroup; RLIMIT_CPU and the wall timeout only)",
