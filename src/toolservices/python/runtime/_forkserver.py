@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", required=True, help="directory for the sessions' workdirs")
     args = parser.parse_args(argv)
     ctrl = socket.socket(fileno=args.fd)
-    set_default_thread_stack()  # before any thread: the launcher raised the main stack's limit
+    # before any thread: the launcher raised the main stack's limit (sessions set their own)
+    set_default_thread_stack(8 << 20)
     first = recv_frame(ctrl, max_body=MAX_CONTROL)
     if first.kind != Kind.CONFIG:
         sys.exit(f"expected CONFIG, got frame kind {first.kind}")

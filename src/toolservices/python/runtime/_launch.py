@@ -122,7 +122,8 @@ def _raise_stack_limit() -> None:
     each session then sets its own ``RLIMIT_STACK`` (``SandboxConfig.stack_size``,
     none with ``None``). The stack is reserved only as it is used, so
     ``RLIMIT_AS`` counts just what a recursion touches. With an unlimited stack
-    glibc gives threads 2 MiB stacks by default; the server sets 8 MiB.
+    glibc gives threads 2 MiB stacks by default; the server sets 8 MiB
+    for its own threads, each session ``THREAD_STACK`` (``_worker``).
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
     if soft != hard:

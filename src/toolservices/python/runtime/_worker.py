@@ -56,14 +56,20 @@ COMPILE_CACHE = 128
 #: the rest: formatting a million-frame traceback takes longer than any timeout
 TRACEBACK_FULL = 200
 TRACEBACK_TAIL = 100
-#: the highest ``sys.setrecursionlimit`` honoured. Python-to-Python calls use no C stack on
-#: 3.11+, so only CPU bounds them: a RecursionError through N frames costs about 2 us a
-#: frame (the cyclic GC seeing the frames and tracebacks the unwinding creates, then
-#: freeing them): ~1 s of CPU at this cap on a loaded 2-core VM, ~2 s at a million.
-#: C recursion is bounded by the stack (``RLIMIT_STACK``), not by this.
-RECURSION_CAP = 500_000
-#: glibc sizes thread stacks like the main thread's limit; threads get this instead
-THREAD_STACK = 8 << 20
+#: the highest ``sys.setrecursionlimit`` honoured. Python 3.11 counts Python calls and C
+#: recursion (``repr``, ``json``, ``==``, a ``__repr__`` calling ``repr``...) against this one
+#: limit, so it bounds both: ``repr`` of nested lists is quadratic in the depth (0.4 s of
+#: CPU at this cap, 0.9 s at 50,000), and the C stack it needs is this many levels of the
+#: worst transition (see MAIN_STACK and THREAD_STACK; docs/sandbox.md has the figures).
+RECURSION_CAP = 30_000
+#: the main thread's stack (``SandboxConfig.stack_size``, ``RLIMIT_STACK``): RECURSION_CAP
+#: levels at 4.4 KiB each (``sorted`` with a recursing key or ``__lt__``, the deepest
+#: measured, takes 2.5 KiB); only what a recursion touches is memory
+MAIN_STACK = 128 << 20
+#: threads' default stack: RECURSION_CAP levels at 1.1 KiB each (a Python ``__getattr__``,
+#: ``__add__`` or ``__format__`` recursing through C takes up to 730 bytes); glibc would
+#: size thread stacks like the main thread's limit, each reserving that much address space
+THREAD_STACK = 32 << 20
 _libc = libc()
 # bound once: user code that patches os (os.write = None) must not break the worker
 _write, _fstat, _dup2, _ftruncate, _lseek = os.write, os.fstat, os.dup2, os.ftruncate, os.lseek
@@ -109,20 +115,23 @@ def cap_recursion_limit(cap: int = RECURSION_CAP) -> None:
 
 
 def cap_thread_stacks() -> None:
-    """``threading.stack_size`` clamps to ``RLIMIT_STACK``: threads get no more C stack than main.
+    """Threads get THREAD_STACK by default and ``threading.stack_size`` clamps to a safe range.
 
-    Otherwise ``threading.stack_size(2**29)`` would bring back what the stack
-    limit prevents: C recursion (``repr`` of a deeply nested list is quadratic
-    in its depth) running for minutes instead of crashing in a second.
+    Below THREAD_STACK a thread could not hold RECURSION_CAP levels of C
+    recursion and would crash instead of raising ``RecursionError``; above
+    ``RLIMIT_STACK`` it would get more stack than the main thread (the limit
+    the configuration chose). ``stack_size(0)`` still means the default.
     """
     limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    if limit == resource.RLIM_INFINITY:
-        return
-    set_default_thread_stack(min(limit, THREAD_STACK))
+    ceiling = None if limit == resource.RLIM_INFINITY else limit
+    floor = THREAD_STACK if ceiling is None else min(THREAD_STACK, ceiling)
+    set_default_thread_stack(floor)
     original = _thread.stack_size
 
     def stack_size(size: int = 0, /) -> int:
-        return original(min(size, limit) if isinstance(size, int) and size > 0 else size)
+        if isinstance(size, int) and size > 0:
+            size = max(size, floor) if ceiling is None else min(max(size, floor), ceiling)
+        return original(size)
 
     stack_size.__doc__ = original.__doc__
     _thread.stack_size = stack_size

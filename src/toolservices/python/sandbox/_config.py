@@ -37,10 +37,12 @@ class SandboxConfig:
     (``multiprocessing`` locks need it; files there outlive the session and
     only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
     ``nproc`` is each session's budget of processes and threads.
-    ``stack_size`` caps the C stack of a session's main thread and of the
-    threads it starts (``RLIMIT_STACK``; 8 MiB like a default Linux shell):
-    recursion through C code deeper than it holds crashes the interpreter,
-    which is restarted, instead of running for minutes (see docs/sandbox.md).
+    ``stack_size`` is the C stack of a session's main thread (``RLIMIT_STACK``;
+    only what is used counts as memory) and the most ``threading.stack_size``
+    grants: 128 MiB holds the 30,000 levels of recursion a session allows
+    (``sys.setrecursionlimit`` is clamped there), so a runaway recursion
+    raises ``RecursionError``; with less, deep recursion through C code may
+    crash the interpreter, which is then restarted (see docs/sandbox.md).
     ``session_namespaces`` gives every session its own user, mount and IPC
     namespaces where the kernel allows it (any level): a private ``/tmp``,
     ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
@@ -56,7 +58,7 @@ class SandboxConfig:
     file_size: int | None = 64 * _MiB
     open_files: int | None = 256
     nproc: int | None = 64
-    stack_size: int | None = 8 * _MiB
+    stack_size: int | None = 128 * _MiB
     network: bool = False
     tmp_size: int = 64 * _MiB
     allow_unsafe: bool = False
