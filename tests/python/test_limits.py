@@ -1,10 +1,11 @@
 """Runaway recursion and memory: each ends fast, the same way every time, and the next call works.
 
-Python recursion is bounded by a cap on ``sys.setrecursionlimit`` (CPU), C
-recursion by the stack limit (a crash the executor reports and recovers
-from), memory by the address-space limit. Each case runs with a timeout far
-above what it needs and asserts it was not reached: before these limits, a
-million-deep ``repr`` ran until the timeout.
+Recursion of either kind (Python calls, C recursion such as ``repr`` of a
+nested list) ends in ``RecursionError`` and the session keeps its state: the
+recursion limit is clamped where the stacks hold it (main thread and
+threads). Memory is bounded by the address-space limit. Each case runs with a
+timeout far above what it needs and asserts it was not reached: before these
+limits, a million-deep ``repr`` ran until the timeout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ from toolservices.python.sandbox._config import fast_tmp_dir
 
 RAISED_LIMIT = "import sys\nsys.setrecursionlimit(10**6)\n"
 NESTED = "x = []\nfor _ in range(10**6):\n    x = [x]\n"
+NESTED_DICT = "x = {}\nfor _ in range(10**6):\n    x = {1: x}\n"
+#: a class whose __repr__ and __eq__ recurse into a child: Python -> C -> Python per level
+NODES = (
+    "class N:\n    def __init__(self, c):\n        self.c = c\n"
+    "    def __repr__(self):\n        return 'N(' + repr(self.c) + ')'\n"
+    "    def __eq__(self, o):\n        return self.c == o.c\n    __hash__ = None\n"
+    "x = y = None\nfor _ in range(10**6):\n    x, y = N(x), N(y)\n"
+)
+CAP = 30_000  # the clamp on sys.setrecursionlimit (runtime/_worker.py, docs/sandbox.md)
 GENEROUS = 60.0  # seconds: each case needs a few at most, even on a loaded 2-core machine
 
 
@@ -50,13 +60,13 @@ def test_python_recursion_ends_in_recursion_error(
     assert result.exception is not None and result.exception.type == "RecursionError", result
     assert "earlier frames not shown" in result.stderr and len(result.stderr) < 50_000
     honoured = service.execute("print(sys.getrecursionlimit())", session_id=sid)
-    assert int(honoured.stdout) == 500_000  # the cap: ~1 s of CPU to unwind (sandbox.md)
+    assert int(honoured.stdout) == CAP
     _next_call_works(service, sid, result)
 
 
 def test_a_limit_below_the_cap_is_honoured(service: PythonExecutorService, sid: str) -> None:
-    code = "import sys\nsys.setrecursionlimit(123_456)\nprint(sys.getrecursionlimit())"
-    assert service.execute(code, session_id=sid).stdout == "123456\n"
+    code = "import sys\nsys.setrecursionlimit(12_345)\nprint(sys.getrecursionlimit())"
+    assert service.execute(code, session_id=sid).stdout == "12345\n"
     service.close_session(sid)
 
 
@@ -72,56 +82,82 @@ def test_deep_traceback_is_cut_to_its_innermost_frames(
     service.close_session(sid)
 
 
-# --- C recursion: the stack limit -------------------------------------------------------
+# --- C recursion: the same cap, within stacks that hold it -------------------------------
+
+C_RECURSION = [
+    pytest.param(NESTED + "repr(x)", id="repr-list"),
+    pytest.param(NESTED + "str(x)", id="str-list"),
+    pytest.param(NESTED + "import json\njson.dumps(x)", id="json-list"),
+    pytest.param(NESTED + "import pickle\npickle.dumps(x)", id="pickle-list"),
+    pytest.param(NESTED + "y = []\nfor _ in range(10**6):\n    y = [y]\nx == y", id="eq-list"),
+    pytest.param(NESTED + "import copy\ncopy.deepcopy(x)", id="deepcopy-list"),
+    pytest.param(NESTED_DICT + "repr(x)", id="repr-dict"),
+    pytest.param(NESTED_DICT + "import json\njson.dumps(x)", id="json-dict"),
+    pytest.param(NESTED_DICT + "import pickle\npickle.dumps(x)", id="pickle-dict"),
+    pytest.param(
+        NESTED_DICT + "y = {}\nfor _ in range(10**6):\n    y = {1: y}\nx == y", id="eq-dict"
+    ),
+    pytest.param(NESTED_DICT + "import copy\ncopy.deepcopy(x)", id="deepcopy-dict"),
+    pytest.param(NODES + "repr(x)", id="class-repr"),
+    pytest.param(NODES + "x == y", id="class-eq"),
+    pytest.param(
+        "import functools\n@functools.lru_cache(None)\n"
+        "def g(n):\n    return 0 if n == 0 else g(n - 1) + 1\ng(10**6)",
+        id="lru-cache",
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    "operation",
-    [
-        pytest.param("repr(x)", id="repr"),
-        pytest.param("str(x)", id="str"),
-        pytest.param("import json\njson.dumps(x)", id="json"),
-        pytest.param("import pickle\npickle.dumps(x)", id="pickle"),
-        pytest.param("y = []\nfor _ in range(10**6):\n    y = [y]\nx == y", id="compare"),
-        pytest.param(
-            "import threading\nthreading.stack_size(1 << 29)\n"
-            "t = threading.Thread(target=repr, args=(x,))\nt.start()\nt.join()",
-            id="repr-in-a-big-thread",
-        ),
-    ],
-)
-def test_deep_c_recursion_ends_fast_and_the_session_recovers(
+@pytest.mark.parametrize("operation", C_RECURSION)
+def test_deep_c_recursion_ends_in_recursion_error_and_the_session_keeps_its_state(
     service: PythonExecutorService, sid: str, operation: str
 ) -> None:
-    """A RecursionError, or a crash reported as one (restarted): never the timeout.
-
-    Before the stack limit, the repr cases ran until the timeout (``repr`` of
-    nested lists is quadratic in the depth).
-    """
+    """Before: ``repr`` ran until the timeout; with an 8 MiB stack and no cap all crashed."""
     service.execute("kept = 1", session_id=sid)
-    result = service.execute(RAISED_LIMIT + NESTED + operation, session_id=sid, timeout=GENEROUS)
-    assert not result.timed_out, result.stderr[-500:]
-    assert result.exception is not None, result
-    if result.exception.type != "RecursionError":
-        assert result.exception.type == "InterpreterExit" and result.returncode == -11, result
-        assert "C stack" in result.exception.message and result.restarted
-        if "Thread" not in operation:  # faulthandler's alternate stack is the main thread's
-            assert "Fatal Python error: Segmentation fault" in result.stderr
+    code = "import sys\nsys.setrecursionlimit(10**9)\n" + operation
+    result = service.execute(code, session_id=sid, timeout=GENEROUS)
+    assert not result.timed_out and not result.restarted, result.stderr[-500:]
+    assert result.exception is not None and result.exception.type == "RecursionError", result
     _next_call_works(service, sid, result)
 
 
-def test_lru_cache_recursion_ends_fast(service: PythonExecutorService) -> None:
-    code = (
-        RAISED_LIMIT + "import functools\n@functools.lru_cache(None)\n"
-        "def g(n):\n    return 0 if n == 0 else g(n - 1) + 1\ng(10**6)"
+def _in_a_thread(body: str, stack_size: int | None) -> str:
+    """``body`` run in a thread the code starts; prints what it raised."""
+    lines = "".join(f"        {line}\n" for line in body.splitlines())
+    size = "" if stack_size is None else f"threading.stack_size({stack_size})\n"
+    return (
+        f"import sys, threading\nsys.setrecursionlimit(10**9)\n{size}raised = []\n"
+        f"def run():\n    try:\n{lines}    except BaseException as exc:\n"
+        "        raised.append(type(exc).__name__)\n"
+        "t = threading.Thread(target=run)\nt.start()\nt.join()\nprint(*raised)"
     )
-    result = service.execute(code, timeout=GENEROUS)
-    assert not result.timed_out and result.exception is not None, result
-    assert result.exception.type in ("RecursionError", "InterpreterExit"), result
 
 
-def test_c_recursion_within_the_stack_still_works(service: PythonExecutorService) -> None:
-    """What a default 8 MiB stack holds on a plain interpreter works here too."""
+@pytest.mark.parametrize("stack_size", [None, 32768, 1 << 30], ids=["default", "tiny", "huge"])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        pytest.param("def f(n):\n    return f(n + 1)\nf(0)", id="python"),
+        pytest.param(NESTED + "repr(x)", id="repr-list"),
+        pytest.param(NESTED_DICT + "import json\njson.dumps(x)", id="json-dict"),
+        pytest.param(NESTED + "y = []\nfor _ in range(10**6):\n    y = [y]\nx == y", id="eq"),
+        pytest.param(NODES + "repr(x)", id="class-repr"),
+        pytest.param(NODES + "x == y", id="class-eq"),
+    ],
+)
+def test_deep_recursion_in_a_thread_ends_in_recursion_error(
+    service: PythonExecutorService, sid: str, operation: str, stack_size: int | None
+) -> None:
+    """Whatever ``threading.stack_size`` the code sets, the thread holds the cap."""
+    service.execute("kept = 1", session_id=sid)
+    code = _in_a_thread(operation, stack_size)
+    result = service.execute(code, session_id=sid, timeout=GENEROUS)
+    assert not result.timed_out and not result.restarted, result.stderr[-500:]
+    assert result.exception is None and result.stdout == "RecursionError\n", result
+    _next_call_works(service, sid, result)
+
+
+def test_c_recursion_within_the_cap_still_works(service: PythonExecutorService) -> None:
     code = (
         "import json, sys\nsys.setrecursionlimit(100_000)\nx = []\nfor _ in range(20_000):\n"
         "    x = [x]\nprint(len(repr(x)), len(json.dumps(x)), x == x)"
@@ -130,12 +166,32 @@ def test_c_recursion_within_the_stack_still_works(service: PythonExecutorService
     assert result.stdout == "40002 40002 True\n", result
 
 
-def test_threads_get_no_bigger_stack_than_the_main_thread(service: PythonExecutorService) -> None:
+def test_thread_stacks_are_clamped_between_the_default_and_the_main_stack(
+    service: PythonExecutorService,
+) -> None:
     code = (
-        "import resource, threading\nthreading.stack_size(1 << 29)\n"
-        "print(threading.stack_size() == resource.getrlimit(resource.RLIMIT_STACK)[0] == 8 << 20)"
+        "import resource, threading\nprint(resource.getrlimit(resource.RLIMIT_STACK)[0] >> 20)\n"
+        "threading.stack_size(1 << 30)\nprint(threading.stack_size(32768) >> 20)\n"
+        "print(threading.stack_size() >> 20)\nprint(threading.stack_size())"
     )
-    assert service.execute(code).stdout == "True\n"
+    assert service.execute(code).stdout == "128\n128\n32\n0\n"
+
+
+def test_a_stack_overflow_the_cap_does_not_catch_is_a_clean_restart(
+    service: PythonExecutorService, sid: str
+) -> None:
+    """``select`` keeps ~50 KB of fd tables on the stack per call: 2,600 levels fill 128 MiB."""
+    code = (
+        "import select, sys\nsys.setrecursionlimit(10**6)\nclass F:\n    def fileno(self):\n"
+        "        select.select([F()], [], [], 0)\n        return 0\nselect.select([F()], [], [], 0)"
+    )
+    service.execute("kept = 1", session_id=sid)
+    result = service.execute(code, session_id=sid, timeout=GENEROUS)
+    assert not result.timed_out and result.restarted and result.returncode == -11, result
+    assert result.exception is not None and result.exception.type == "InterpreterExit"
+    assert "C stack" in result.exception.message
+    assert "Fatal Python error: Segmentation fault" in result.stderr
+    _next_call_works(service, sid, result)
 
 
 @pytest.mark.parametrize("size", [0, 4096, (1 << 20) - 1])
@@ -146,7 +202,7 @@ def test_a_stack_too_small_for_python_is_refused_at_construction(size: int) -> N
 
 def test_the_report_lists_the_stack_and_memory_limits(service: PythonExecutorService) -> None:
     detail = service.isolation_report()["layers"]["rlimits"]["detail"]
-    assert f"STACK={8 << 20}" in detail and f"AS={2 << 30}" in detail
+    assert f"STACK={128 << 20}" in detail and f"AS={2 << 30}" in detail
 
 
 # --- memory: one address-space limit counts private and shared mappings alike -----------------

@@ -96,11 +96,12 @@ def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
     return text, bool(omitted)
 
 
-#: what a SIGSEGV in a session almost always is (the sandbox caps the C stack: sandbox.md)
+#: what a SIGSEGV in a session almost always is: the recursion cap keeps common C recursion
+#: within the stack, not C code with large frames (sandbox.md, "Deep recursion")
 _SEGV_CAUSE = (
-    " (a segmentation fault, most often the C stack overflowing: recursion through C code,"
-    " such as repr(), ==, json or pickle of a deeply nested object, deeper than the stack"
-    " limit holds)"
+    " (a segmentation fault, most often the C stack overflowing: recursion through C code"
+    " with large frames, such as select() from fileno() or sorted() from a key function in"
+    " a thread, deeper than the stack holds)"
 )
 
 
