@@ -194,6 +194,20 @@ def test_a_stack_overflow_the_cap_does_not_catch_is_a_clean_restart(
     _next_call_works(service, sid, result)
 
 
+def test_a_smaller_stack_lowers_the_cap_so_recursion_still_ends_in_recursion_error() -> None:
+    """``stack_size=8 MiB`` (the old default): the clamp follows the stack, 1,875 levels."""
+    eq_in_a_thread = _in_a_thread(NODES + "x == y", 1 << 30).replace("10**9", "10**6")
+    with PythonExecutorService(
+        pool_size=1, timeout=GENEROUS, sandbox=SandboxConfig(stack_size=8 << 20)
+    ) as svc:
+        svc.execute("kept = 1", session_id="small")
+        result = svc.execute(RAISED_LIMIT + NODES + "x == y", session_id="small")
+        assert result.exception is not None and result.exception.type == "RecursionError", result
+        assert svc.execute("print(sys.getrecursionlimit())", session_id="small").stdout == "1875\n"
+        assert svc.execute(eq_in_a_thread, session_id="small").stdout == "RecursionError\n"
+        _next_call_works(svc, "small", result)
+
+
 @pytest.mark.parametrize("size", [0, 4096, (1 << 20) - 1])
 def test_a_stack_too_small_for_python_is_refused_at_construction(size: int) -> None:
     with pytest.raises(UserError, match="stack_size"):

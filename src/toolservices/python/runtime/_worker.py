@@ -99,11 +99,24 @@ def set_default_thread_stack(size: int = THREAD_STACK) -> None:
             _libc.pthread_attr_destroy(attr)
 
 
+def recursion_cap() -> int:
+    """RECURSION_CAP, or fewer levels when a smaller ``stack_size`` cannot hold that many.
+
+    Never below CPython's default of 1,000: ordinary code must run as on a
+    plain interpreter.
+    """
+    limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if limit == resource.RLIM_INFINITY or limit >= MAIN_STACK:
+        return RECURSION_CAP
+    return max(1000, limit * RECURSION_CAP // MAIN_STACK)
+
+
 def cap_recursion_limit(cap: int = RECURSION_CAP) -> None:
     """Make ``sys.setrecursionlimit`` clamp to ``cap``: a runaway recursion ends within a second.
 
-    Code that goes out of its way to reach the original function only slows
-    down its own call (the timeout still ends it).
+    Code that goes out of its way to reach the original function (its
+    closure) gets the old behaviour back: a crash the executor reports, or
+    its timeout.
     """
     original = sys.setrecursionlimit
 
@@ -548,7 +561,7 @@ def serve_session(chan: socket.socket, *, max_output: int, busy_poll: float = 0.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full output file gives EFBIG, not death
     signal.signal(signal.SIGINT, signal.default_int_handler)
     set_subreaper(True)
-    cap_recursion_limit()
+    cap_recursion_limit(recursion_cap())
     cap_thread_stacks()
     faulthandler.enable()  # a crash still tells where: a Python traceback on stderr (fd 2)
     try:
