@@ -41,8 +41,8 @@ class SandboxConfig:
     only what is used counts as memory) and the most ``threading.stack_size``
     grants: 128 MiB holds the 30,000 levels of recursion a session allows
     (``sys.setrecursionlimit`` is clamped there), so a runaway recursion
-    raises ``RecursionError``; with less, deep recursion through C code may
-    crash the interpreter, which is then restarted (see docs/sandbox.md).
+    raises ``RecursionError``; a smaller stack lowers that clamp with it
+    (never below CPython's 1,000). See docs/sandbox.md, "Deep recursion".
     ``session_namespaces`` gives every session its own user, mount and IPC
     namespaces where the kernel allows it (any level): a private ``/tmp``,
     ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
