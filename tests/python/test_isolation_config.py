@@ -36,6 +36,7 @@ EXPECTED_LAYERS = {
     "seccomp",
     "landlock",
     "orphan_cleanup",
+    "memory_cgroup",
 }
 
 

@@ -96,7 +96,23 @@ def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
     return text, bool(omitted)
 
 
-def _describe_status(code: int | None) -> str:
+#: what a SIGSEGV in a session almost always is: the recursion cap keeps common C recursion
+#: within the stack, not C code with large frames (sandbox.md, "Deep recursion")
+_SEGV_CAUSE = (
+    " (a segmentation fault, most often the C stack overflowing: recursion through C code"
+    " with large frames, such as select() from fileno() or sorted() from a key function in"
+    " a thread, deeper than the stack holds)"
+)
+
+
+#: what a SIGKILL nobody on this side sent most likely is when sessions have memory cgroups
+_OOM_CAUSE = (
+    " (most likely the kernel's: the session's memory, shared memory and in-memory files"
+    " included, went over its memory limit)"
+)
+
+
+def _describe_status(code: int | None, *, memory_cgroup: bool = False) -> str:
     if code is None:
         return "ended"
     if code == EXIT_BROKEN:
@@ -106,6 +122,10 @@ def _describe_status(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
+        if -code == signal.SIGSEGV:
+            return f"was killed by {name}{_SEGV_CAUSE}"
+        if -code == signal.SIGKILL and memory_cgroup:
+            return f"was killed by {name}{_OOM_CAUSE}"
         return f"was killed by {name}"
     return f"exited with status {code}"
 
@@ -216,7 +236,8 @@ class ForkServerClient:
         self._errlog.seek(0, os.SEEK_END)
         size = self._errlog.tell()
         self._errlog.seek(max(0, size - limit))
-        return self._errlog.read().decode("utf-8", "replace")
+        tail: bytes = self._errlog.read()
+        return tail.decode("utf-8", "replace")
 
     def close_errlog(self) -> None:
         if self._errlog is not None:
@@ -528,7 +549,9 @@ class SessionHandle:
             note = f"TimeoutError: execution exceeded the {limit:g} s time limit and was killed."
             rc = -1
         else:
-            what = problem or f"the interpreter {_describe_status(status)}"
+            layers = self.server.report.get("layers", {})
+            memcg = bool(layers.get("memory_cgroup", {}).get("active"))
+            what = problem or f"the interpreter {_describe_status(status, memory_cgroup=memcg)}"
             exception = ExceptionInfo(type="InterpreterExit", message=what)
             note = f"InterpreterExit: {what}."
             rc = status if status is not None else -1

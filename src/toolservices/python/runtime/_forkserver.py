@@ -43,6 +43,7 @@ import traceback
 
 from ._confine import fork_confined, remove_tree
 from ._linux import set_subreaper
+from ._memcg import MemoryGroups, join
 from ._protocol import (
     Adopt,
     Config,
@@ -120,6 +121,9 @@ class ForkServer:
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
         self.selector = selectors.DefaultSelector()
+        #: one memory cgroup per lineage (a session and its fork_session copies) when the
+        #: launch plan delegated a group to us; removed with the lineage's directory
+        self.memcg = MemoryGroups.from_environ()
 
     # --- process bookkeeping -------------------------------------------------------------
 
@@ -184,7 +188,14 @@ class ForkServer:
         workdir = os.path.join(lineage, "w0")
         os.mkdir(workdir, 0o700)
         self.lineages[lineage] = {workdir}
-        pid = self._fork_session(chan_fd, lineage, workdir)
+        group = None
+        if self.memcg is not None:
+            try:
+                group = self.memcg.create(os.path.basename(lineage))
+            except OSError:
+                self._release_dir(workdir)
+                raise
+        pid = self._fork_session(chan_fd, lineage, workdir, group)
         os.close(chan_fd)
         self.sessions[workdir] = pid
         return Ok(pid=pid, workdir=workdir)
@@ -209,13 +220,17 @@ class ForkServer:
         if not members:
             del self.lineages[lineage]
             _remove(lineage)
+            if self.memcg is not None:
+                self.memcg.remove(os.path.basename(lineage))
 
-    def _fork_session(self, chan_fd: int, lineage: str, workdir: str) -> int:
+    def _fork_session(self, chan_fd: int, lineage: str, workdir: str, group: str | None) -> int:
         """Fork and confine a session (the launch plan put what the layers need in our
         environment); in the child, serve it and never return."""
         chan = socket.socket(fileno=chan_fd)
 
         def prepare() -> None:
+            if group is not None:  # first: everything the session allocates counts
+                join(group)
             os.setsid()
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, signal.SIGTERM):
@@ -326,6 +341,9 @@ class ForkServer:
         self.sessions.clear()
         self.discarding.clear()
         self.sweep()
+        if self.memcg is not None:
+            for lineage in list(self.lineages):
+                self.memcg.remove(os.path.basename(lineage))
         try:
             with os.scandir(self.base) as entries:
                 for entry in entries:
@@ -340,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", required=True, help="directory for the sessions' workdirs")
     args = parser.parse_args(argv)
     ctrl = socket.socket(fileno=args.fd)
-    set_default_thread_stack()  # before any thread: the launcher raised the main stack's limit
+    # before any thread: the launcher raised the main stack's limit (sessions set their own)
+    set_default_thread_stack(8 << 20)
     first = recv_frame(ctrl, max_body=MAX_CONTROL)
     if first.kind != Kind.CONFIG:
         sys.exit(f"expected CONFIG, got frame kind {first.kind}")

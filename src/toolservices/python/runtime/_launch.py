@@ -115,14 +115,15 @@ def _seccomp_memfd(program: bytes) -> int:
 
 
 def _raise_stack_limit() -> None:
-    """Room for the main thread's stack: deep C-level recursion raises, not crashes.
+    """Room for the main thread's stack, whatever ``stack_size`` the sessions get.
 
     The soft limit goes up to the hard one (normally unlimited), before
-    ``execve``, so that the kernel lays out the server's address space for it.
-    The stack is reserved only as it is used, so ``RLIMIT_AS`` counts just what
-    a deep recursion touches, and the worker caps ``sys.setrecursionlimit`` to
-    what ``RLIMIT_AS`` leaves room for. With an unlimited stack glibc gives
-    threads 2 MiB stacks by default; the server sets 8 MiB for the sessions'.
+    ``execve``, so that the kernel lays out the server's address space for it;
+    each session then sets its own ``RLIMIT_STACK`` (``SandboxConfig.stack_size``,
+    none with ``None``). The stack is reserved only as it is used, so
+    ``RLIMIT_AS`` counts just what a recursion touches. With an unlimited stack
+    glibc gives threads 2 MiB stacks by default; the server sets 8 MiB
+    for its own threads, each session ``THREAD_STACK`` (``_worker``).
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
     if soft != hard:

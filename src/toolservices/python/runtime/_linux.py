@@ -46,6 +46,7 @@ RLIMITS = {
     "NOFILE": resource.RLIMIT_NOFILE,
     "CORE": resource.RLIMIT_CORE,
     "NPROC": resource.RLIMIT_NPROC,
+    "STACK": resource.RLIMIT_STACK,
 }
 
 _libc: Any = None

@@ -15,6 +15,7 @@ extensions, subprocesses) are bounded by ``RLIMIT_FSIZE`` and cut by the parent.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import faulthandler
 import io
@@ -55,13 +56,20 @@ COMPILE_CACHE = 128
 #: the rest: formatting a million-frame traceback takes longer than any timeout
 TRACEBACK_FULL = 200
 TRACEBACK_TAIL = 100
-#: C stack bytes allowed per level of ``sys.setrecursionlimit``: C-level recursion (repr of
-#: a nested list, lru_cache, deepcopy) takes 0.5-2 KiB a level on 3.11
-STACK_PER_LEVEL = 2048
-#: the cap never goes below this (pure Python recursion costs no C stack on 3.11)
-MIN_RECURSION_CAP = 10_000
-#: glibc sizes thread stacks like the main thread's limit; threads get this instead
-THREAD_STACK = 8 << 20
+#: the highest ``sys.setrecursionlimit`` honoured. Python 3.11 counts Python calls and C
+#: recursion (``repr``, ``json``, ``==``, a ``__repr__`` calling ``repr``...) against this one
+#: limit, so it bounds both: ``repr`` of nested lists is quadratic in the depth (0.4 s of
+#: CPU at this cap, 0.9 s at 50,000), and the C stack it needs is this many levels of the
+#: worst transition (see MAIN_STACK and THREAD_STACK; docs/sandbox.md has the figures).
+RECURSION_CAP = 30_000
+#: the main thread's stack (``SandboxConfig.stack_size``, ``RLIMIT_STACK``): RECURSION_CAP
+#: levels at 4.4 KiB each (``sorted`` with a recursing key or ``__lt__``, the deepest
+#: measured, takes 2.5 KiB); only what a recursion touches is memory
+MAIN_STACK = 128 << 20
+#: threads' default stack: RECURSION_CAP levels at 1.1 KiB each (a Python ``__getattr__``,
+#: ``__add__`` or ``__format__`` recursing through C takes up to 730 bytes); glibc would
+#: size thread stacks like the main thread's limit, each reserving that much address space
+THREAD_STACK = 32 << 20
 _libc = libc()
 # bound once: user code that patches os (os.write = None) must not break the worker
 _write, _fstat, _dup2, _ftruncate, _lseek = os.write, os.fstat, os.dup2, os.ftruncate, os.lseek
@@ -92,24 +100,23 @@ def set_default_thread_stack(size: int = THREAD_STACK) -> None:
 
 
 def recursion_cap() -> int:
-    """The highest recursion limit the main thread's stack sustains (see STACK_PER_LEVEL).
+    """RECURSION_CAP, or fewer levels when a smaller ``stack_size`` cannot hold that many.
 
-    The stack may use its own limit or, when that is unlimited, half of the
-    address-space limit (the rest is for the heap).
+    Never below CPython's default of 1,000: ordinary code must run as on a
+    plain interpreter.
     """
-    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    space = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if stack == resource.RLIM_INFINITY:
-        stack = space // 2 if space != resource.RLIM_INFINITY else 8 << 30
-    return max(MIN_RECURSION_CAP, stack // STACK_PER_LEVEL)
+    limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if limit == resource.RLIM_INFINITY or limit >= MAIN_STACK:
+        return RECURSION_CAP
+    return max(1000, limit * RECURSION_CAP // MAIN_STACK)
 
 
-def cap_recursion_limit(cap: int) -> None:
-    """Make ``sys.setrecursionlimit`` clamp to ``cap``: deep recursion ends in RecursionError.
+def cap_recursion_limit(cap: int = RECURSION_CAP) -> None:
+    """Make ``sys.setrecursionlimit`` clamp to ``cap``: a runaway recursion ends within a second.
 
-    Beyond what the C stack holds, recursion through C code would crash the
-    interpreter with SIGSEGV instead. Code that goes out of its way to reach
-    the original function only crashes its own session.
+    Code that goes out of its way to reach the original function (its
+    closure) gets the old behaviour back: a crash the executor reports, or
+    its timeout.
     """
     original = sys.setrecursionlimit
 
@@ -118,6 +125,32 @@ def cap_recursion_limit(cap: int) -> None:
 
     setrecursionlimit.__doc__ = original.__doc__
     sys.setrecursionlimit = setrecursionlimit
+
+
+def cap_thread_stacks() -> None:
+    """Threads get THREAD_STACK by default and ``threading.stack_size`` clamps to a safe range.
+
+    Below THREAD_STACK a thread could not hold RECURSION_CAP levels of C
+    recursion and would crash instead of raising ``RecursionError``; above
+    ``RLIMIT_STACK`` it would get more stack than the main thread (the limit
+    the configuration chose). ``stack_size(0)`` still means the default.
+    """
+    limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    ceiling = None if limit == resource.RLIM_INFINITY else limit
+    floor = THREAD_STACK if ceiling is None else min(THREAD_STACK, ceiling)
+    set_default_thread_stack(floor)
+    original = _thread.stack_size
+
+    def stack_size(size: int = 0, /) -> int:
+        if isinstance(size, int) and size > 0:
+            size = max(size, floor) if ceiling is None else min(max(size, floor), ceiling)
+        return original(size)
+
+    stack_size.__doc__ = original.__doc__
+    _thread.stack_size = stack_size
+    threading = sys.modules.get("threading")
+    if threading is not None:  # it copied the function when imported
+        threading.stack_size = stack_size  # type: ignore[attr-defined]
 
 
 class _CappedFd(io.RawIOBase):
@@ -485,15 +518,20 @@ def _adopted_by(server: int) -> None:
 
 
 def _format_traceback(exc: BaseException, tb: types.TracebackType | None) -> str:
-    """The traceback text; a deep one (a runaway recursion) shows only its innermost frames."""
-    depth, walk = 0, tb
-    while walk is not None and depth <= TRACEBACK_FULL:
-        depth, walk = depth + 1, walk.tb_next
-    if depth <= TRACEBACK_FULL:
-        return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback text; a deep one (a runaway recursion) shows only its innermost frames.
+
+    Only those frames are handed to ``traceback``: it looks up the source
+    position of every frame it is given, even with a negative ``limit``
+    (about 1.5 us a frame, 1.5 s for a million).
+    """
+    depth, tail, walk = 0, tb, tb
     while walk is not None:
         depth, walk = depth + 1, walk.tb_next
-    lines = traceback.format_exception(type(exc), exc, tb, limit=-TRACEBACK_TAIL)
+        if depth > TRACEBACK_TAIL and tail is not None:
+            tail = tail.tb_next  # stays TRACEBACK_TAIL frames behind the end
+    if depth <= TRACEBACK_FULL:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    lines = traceback.format_exception(type(exc), exc, tail)
     note = f"  [... {depth - TRACEBACK_TAIL} earlier frames not shown ...]\n"
     for index, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
@@ -524,6 +562,7 @@ def serve_session(chan: socket.socket, *, max_output: int, busy_poll: float = 0.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     set_subreaper(True)
     cap_recursion_limit(recursion_cap())
+    cap_thread_stacks()
     faulthandler.enable()  # a crash still tells where: a Python traceback on stderr (fd 2)
     try:
         _Worker(chan, max_output, busy_poll).serve()

@@ -37,17 +37,28 @@ class SandboxConfig:
     (``multiprocessing`` locks need it; files there outlive the session and
     only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
     ``nproc`` is each session's budget of processes and threads.
+    ``stack_size`` is the C stack of a session's main thread (``RLIMIT_STACK``;
+    only what is used counts as memory) and the most ``threading.stack_size``
+    grants: 128 MiB holds the 30,000 levels of recursion a session allows
+    (``sys.setrecursionlimit`` is clamped there), so a runaway recursion
+    raises ``RecursionError``; a smaller stack lowers that clamp with it
+    (never below CPython's 1,000). See docs/sandbox.md, "Deep recursion".
     ``session_namespaces`` gives every session its own user, mount and IPC
     namespaces where the kernel allows it (any level): a private ``/tmp``,
     ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
-    the report says whether it worked and why not.
+    the report says whether it worked and why not. ``memory_cgroup`` puts
+    each session (with its ``fork_session`` copies) in a memory cgroup of its
+    own limited to ``memory_limit``, where the host allows it (as root, with
+    the cgroup v1 memory controller): shared memory, tmpfs and memfd pages
+    then count too; the report says whether it is on.
     """
 
-    memory_limit: int | None = 4 * _GiB
+    memory_limit: int | None = 2 * _GiB
     cpu_seconds: int | None = 600
     file_size: int | None = 64 * _MiB
     open_files: int | None = 256
     nproc: int | None = 64
+    stack_size: int | None = 128 * _MiB
     network: bool = False
     tmp_size: int = 64 * _MiB
     allow_unsafe: bool = False
@@ -63,13 +74,25 @@ class SandboxConfig:
     base_dir: str | None = None
     host_shm: bool = False
     session_namespaces: bool = True
+    memory_cgroup: bool = True
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for name in ("memory_limit", "cpu_seconds", "file_size", "open_files", "nproc"):
+        for name in (
+            "memory_limit",
+            "cpu_seconds",
+            "file_size",
+            "open_files",
+            "nproc",
+            "stack_size",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 problems.append(f"{name} must be a positive int or None, got {value!r}")
+        if isinstance(self.stack_size, int) and 0 < self.stack_size < _MiB:
+            problems.append(
+                f"stack_size must be at least 1 MiB (Python needs it), got {self.stack_size}"
+            )
         if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
             problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
         if self.min_level is not None and self.min_level not in LEVELS:

@@ -39,7 +39,7 @@ def isolation_report(
     with _report_lock:
         cached = _report_cache.get(key)
     if cached is not None:
-        return json.loads(json.dumps(cached))
+        return _copy(cached)
     relaxed = dataclasses.replace(config, min_level=None, allow_unsafe=True)
     plan = build_plan(relaxed, python=python, argv=["-c", "pass"])
     try:
@@ -54,7 +54,13 @@ def isolation_report(
         report["meets_min_level"] = False
     with _report_lock:
         _report_cache[key] = report
-    return json.loads(json.dumps(report))
+    return _copy(report)
+
+
+def _copy(report: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy the caller may change without touching the cache."""
+    copied: dict[str, Any] = json.loads(json.dumps(report))
+    return copied
 
 
 def format_isolation_report(report: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolservices.python.runtime._confine import remove_tree
+from toolservices.python.sandbox import _memcg
 from toolservices.python.sandbox import _probe as probe_mod
 from toolservices.python.sandbox._config import SandboxConfig
 from toolservices.python.sandbox._report import config_rlimits
@@ -56,6 +57,8 @@ class LaunchPlan:
     host_workdir_base: str
     uid: int | None
     _slot_fd: int | None = field(default=None, repr=False)
+    #: the executor's memory cgroup (host path), removed by close()
+    memcg_dir: str | None = None
     _closed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -75,7 +78,7 @@ class LaunchPlan:
                 return
             self._closed = True
             _open_plans.discard(self)
-        release(self.uid, self.host_workdir_base, self._slot_fd)
+        release(self.uid, self.host_workdir_base, self._slot_fd, self.memcg_dir)
 
     def __enter__(self) -> LaunchPlan:
         return self
@@ -94,13 +97,18 @@ def _close_open_plans() -> None:
         plan.close()
 
 
-def release(uid: int | None, host_base: str, slot_fd: int | None) -> None:
-    """Free what a plan holds: sweep ``uid`` (if any), delete the base, free the uid slot."""
+def release(
+    uid: int | None, host_base: str, slot_fd: int | None, memcg_dir: str | None = None
+) -> None:
+    """Free what a plan holds: sweep ``uid`` (if any), delete the base and the memory
+    cgroup, free the uid slot."""
     try:
         if uid is not None:
             kill_uid(uid)
         remove_tree(host_base)
     finally:
+        if memcg_dir is not None:
+            _memcg.remove(memcg_dir)  # empty now; a stale one goes at the next plan's sweep
         if slot_fd is not None:
             os.close(slot_fd)  # releases the flock
 

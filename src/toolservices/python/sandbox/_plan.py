@@ -29,6 +29,7 @@ from toolservices.errors import SandboxUnavailableError
 from toolservices.python import runtime
 from toolservices.python.runtime._confine import STATE_ENV, landlock_abi, remove_tree
 from toolservices.python.runtime._confine import uid_tasks as _uid_tasks_here
+from toolservices.python.sandbox import _memcg
 from toolservices.python.sandbox import _probe as probe_mod
 from toolservices.python.sandbox._config import LEVELS, SandboxConfig
 from toolservices.python.sandbox._launch_plan import (
@@ -115,6 +116,7 @@ def _bwrap_args(
     command: list[str],
     seccomp: bool,
     session_ns: bool = False,
+    memcg_dir: str | None = None,
 ) -> list[str]:
     args = [bwrap, "--unshare-all", "--unshare-user"]
     if config.network:
@@ -145,6 +147,8 @@ def _bwrap_args(
         if real != path and os.path.islink(path):  # e.g. /etc/localtime -> zoneinfo
             args += ["--symlink", os.readlink(path), path]
     args += ["--bind", host_base, _INSIDE_BASE, "--chdir", _INSIDE_BASE]
+    if memcg_dir is not None:  # the fork server makes the sessions' groups in it
+        args += ["--bind", memcg_dir, _memcg.INSIDE]
     if seccomp:
         args += ["--seccomp", "@SECCOMP_FD@"]
     return [*args, "--", *command]
@@ -276,10 +280,12 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
         uid, slot_fd = _claim_uid_slot(config)
     _sweep_stale_bases(config.base_dir or tempfile.gettempdir())
     host_base = tempfile.mkdtemp(prefix=f"{_BASE_PREFIX}{os.getpid()}-", dir=config.base_dir)
+    memcg: tuple[str | None, str] = (None, "")
     try:
         os.chmod(host_base, 0o700)
         if uid is not None:
             os.chown(host_base, uid, uid)
+        memcg = _memory_group(config, uid)
         plan = _choose(
             config,
             python=python,
@@ -288,11 +294,24 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
             uid=uid,
             host_base=host_base,
             slot_fd=slot_fd,
+            memcg=memcg,
         )
     except BaseException:
-        release(None, host_base, slot_fd)  # no process ran under the slot's uid yet
+        # no process ran under the slot's uid yet
+        release(None, host_base, slot_fd, memcg[0])
         raise
     return plan
+
+
+def _memory_group(config: SandboxConfig, uid: int | None) -> tuple[str | None, str]:
+    """The executor's memory cgroup (host path), or (None, why there is none)."""
+    if not config.memory_cgroup:
+        return None, "disabled by SandboxConfig(memory_cgroup=False)"
+    if config.memory_limit is None:
+        return None, "no memory_limit (SandboxConfig(memory_limit=None))"
+    if uid is None:
+        return None, "needs root (to hand a memory cgroup to the sessions' dedicated uid)"
+    return _memcg.create(uid)
 
 
 #: Session base directories are named ``<prefix><owner pid>-<random>``.
@@ -336,8 +355,10 @@ def _choose(
     uid: int | None,
     host_base: str,
     slot_fd: int | None,
+    memcg: tuple[str | None, str],
 ) -> LaunchPlan:
     fallbacks: list[dict[str, str]] = []
+    memcg_dir, memcg_why = memcg
     skipped: dict[str, str] = {}
     ro_paths = _ro_paths(config, paths)
     # RLIMIT_NPROC counts every task of the uid, so each session gets "tasks of the uid when
@@ -360,9 +381,13 @@ def _choose(
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
+        run_memcg = memcg_dir if run_uid is not None else None  # L0 keeps root: no group
+        if run_memcg is not None and config.memory_limit is not None:
+            inside = _memcg.INSIDE if attempt.bwrap else run_memcg
+            env[_memcg.ENV] = _memcg.env_value(inside, config.memory_limit)
         server_argv = [inside_base if a == WORKDIR_BASE_PLACEHOLDER else a for a in argv]
         spec_argv, reach = _spec_command(
-            attempt, config, ro_paths, host_base, env, [python, *server_argv], run_uid
+            attempt, config, ro_paths, host_base, env, [python, *server_argv], run_uid, run_memcg
         )
         spec = _spec(attempt, config, run_uid, reach, spec_argv, env)
         probe_argv, _ = _spec_command(
@@ -373,6 +398,7 @@ def _choose(
             env,
             [python, "-I", "-S", _PROBE_PY, "--probe"],
             run_uid,
+            run_memcg,
         )
         key = (
             attempt.level,
@@ -410,6 +436,14 @@ def _choose(
             python=python,
             bwrap=attempt.bwrap,
         )
+        report["layers"]["memory_cgroup"] = layer = _memcg_layer(
+            config, run_memcg, memcg_why, attempt
+        )
+        if not layer["active"]:
+            report["not_protected"].append(
+                "memory in files that are not mapped (memfds, the workdir on tmpfs) beyond each "
+                "file's cap, and memory summed over a session's processes (no memory cgroup)"
+            )
         _enforce(config, report)
         return LaunchPlan(
             argv=_launcher_argv(spec),
@@ -419,9 +453,25 @@ def _choose(
             host_workdir_base=host_base,
             uid=run_uid,
             _slot_fd=slot_fd,
+            memcg_dir=memcg_dir,
         )
     reasons = "; ".join(f"{f['level']}: {f['error']}" for f in fallbacks)
     raise SandboxUnavailableError(f"no isolation level could be started here ({reasons})")
+
+
+def _memcg_layer(
+    config: SandboxConfig, memcg_dir: str | None, why: str, attempt: _Attempt
+) -> dict[str, Any]:
+    if memcg_dir is None or config.memory_limit is None:
+        return {"active": False, "why": why or "level L0 keeps root's uid: no group"}
+    detail = (
+        f"each session with its fork_session copies: memory.limit_in_bytes={config.memory_limit} "
+        "(cgroup v1): anonymous, shared, tmpfs and memfd pages count; over it the kernel "
+        "kills a process of the session"
+    )
+    if attempt.landlock is None:
+        detail += "; without Landlock a session could raise its group's limit or leave it"
+    return {"active": True, "detail": detail}
 
 
 def _cached_probe(key: tuple[Any, ...], probe_spec: dict[str, Any]) -> dict[str, Any]:
@@ -458,6 +508,7 @@ def _spec_command(
     env: dict[str, str],
     command: list[str],
     uid: int | None,
+    memcg_dir: str | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     needed = [(p, True) for p in ro_paths] + [(host_base, False)]
     if attempt.bwrap is not None:
@@ -472,6 +523,7 @@ def _spec_command(
             command,
             seccomp=attempt.seccomp_hex is not None and not attempt.session_ns,
             session_ns=attempt.session_ns,
+            memcg_dir=memcg_dir,
         )
     else:
         argv = command

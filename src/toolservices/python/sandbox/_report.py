@@ -16,7 +16,6 @@ LEVEL_MEANING = {
 NOT_PROTECTED = {
     "L3": [
         "kernel bugs (the kernel is shared; use gVisor or a microVM for that)",
-        "memory of the private /tmp and /dev/shm beyond their --size cap (no memory cgroup)",
         "copies made by fork_session share their source's /tmp, /dev/shm (read-only to them) "
         "and process budget",
         "CPU share between sessions (no cgroup; RLIMIT_CPU and the wall timeout only)",
@@ -43,6 +42,7 @@ def config_rlimits(config: Any) -> dict[str, int | None]:
         "CPU": config.cpu_seconds,
         "FSIZE": config.file_size,
         "NOFILE": config.open_files,
+        "STACK": config.stack_size,
         "CORE": 0,
     }
 

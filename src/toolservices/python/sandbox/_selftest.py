@@ -6,7 +6,8 @@ with the given settings, each snippet in a fresh interpreter forked by its
 fork server) and says whether each layer *held*. Limits
 are lowered for the run (512 MiB address space, 8 MiB files, 32 extra tasks)
 so that a failing layer cannot hurt the machine: the memory bomb asks for
-1 GiB, the fork loop stops at 100, the disk fill at 32 MiB.
+1 GiB, the memfds hold 768 MiB, the fork loop stops at 100, the disk fill at
+32 MiB.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class _Check:
     layer: str
     code: str
     verdict: Callable[[str], bool]
+    #: a SandboxConfig field that turns the check off when None (e.g. memory_limit)
+    setting: str = ""
 
 
 def _checks(secret_file: str, open_dir: str, port: int, allowed_env: set[str]) -> list[_Check]:
@@ -93,6 +96,20 @@ def _checks(secret_file: str, open_dir: str, port: int, allowed_env: set[str]) -
             "try:\n    b = bytearray(1 << 30)\n    print('ALLOCATED')\n"
             "except MemoryError:\n    print('MEMORYERROR')",
             lambda out: "MEMORYERROR" in out,
+        ),
+        _Check(
+            "memory in memfds (768 MiB against 512 MiB)",
+            "memory_cgroup",
+            "import os\nfds = []\nfor _ in range(128):\n    fds.append(os.memfd_create('m'))\n"
+            "    for _ in range(6):\n        os.write(fds[-1], b'x' * (1 << 20))\nprint('KEPT')",
+            lambda out: "KEPT" not in out and "SIGKILL" in out,
+        ),
+        _Check(
+            "deep C recursion (repr of a 200,000-deep list)",
+            "rlimits",
+            "import sys\nsys.setrecursionlimit(10**6)\nx = []\nfor _ in range(200_000):\n"
+            "    x = [x]\nrepr(x)\nprint('DONE')",
+            lambda out: "RecursionError" in out and "SIGSEGV" not in out,
         ),
         _Check(
             "disk fill (32 MiB against 8 MiB)",
@@ -143,13 +160,16 @@ def self_test(config: SandboxConfig | None = None) -> dict[str, Any]:
         listener.listen(4)
         allowed = _FIXED | set(config.env_allowlist) | set(config.extra_env)
         checks = _checks(secret_file, open_dir, listener.getsockname()[1], allowed)
-        report, outputs = _run_checks(config, checks)
+        wanted = [c for c in checks if not (c.setting and getattr(config, c.setting) is None)]
+        report, outputs = _run_checks(config, wanted)
         outcome = []
         for check in checks:
             layer: Mapping[str, Any] = report["layers"][check.layer]
-            out = outputs[check.name]
+            out = outputs.get(check.name, "")
             if not layer["active"]:
                 status, detail = "skipped", f"layer {check.layer} off: {layer.get('why')}"
+            elif check.setting and getattr(config, check.setting) is None:
+                status, detail = "skipped", f"SandboxConfig({check.setting}=None)"
             elif check.verdict(out):
                 status, detail = "held", check.layer
             else:
