@@ -154,7 +154,7 @@ def test_remove_tree_is_iterative_and_never_follows_symlinks(tmp_path: os.PathLi
 @pytest.mark.parametrize("overrides", [{}, {"bwrap": False}], ids=["auto", "no-bwrap"])
 def test_self_test_every_active_layer_holds(overrides: dict[str, object]) -> None:
     """The live self-test behind `toolservices sandbox-check --self-test`."""
-    from toolservices.python.sandbox._selftest import format_self_test, self_test
+    from toolservices.python import format_self_test, self_test
 
     result = self_test(SandboxConfig(**overrides))  # type: ignore[arg-type]
     text = format_self_test(result)

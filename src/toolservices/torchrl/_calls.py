@@ -16,8 +16,7 @@ from typing import Any
 from toolservices.dispatch import call_id_of
 from toolservices.errors import ToolDefinitionError, UserError
 from toolservices.parsing.base import ParseError, ParseResult, ToolCall
-from toolservices.tools import FunctionTool, Tool, ToolRegistry
-from toolservices.tools._function_schema import STATE_PARAMETER
+from toolservices.tools import STATE_PARAMETER, FunctionTool, Tool, ToolRegistry
 
 __all__ = [
     "ParserLike",

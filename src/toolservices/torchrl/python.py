@@ -29,7 +29,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import ItemResult
-from toolservices.env._python_tool import exec_result_text
+from toolservices.env import exec_result_text
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PersistentPythonProcess, PythonExecutorService
 from toolservices.tools import Tool, ToolRegistry
