@@ -3,9 +3,11 @@ both execution routes pass one admission."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import json
+import os
 import subprocess
 import sys
 
@@ -95,3 +97,28 @@ def test_runtime_entry_modules_are_started_by_path(name: str) -> None:
     assert (
         "import _bootstrap" in source and "from toolservices" not in source.split("if __name__")[1]
     )
+
+
+def test_runtime_modules_import_only_the_standard_library_and_each_other() -> None:
+    """Every import in runtime/, at any depth (lazy ones too), is relative or of a
+    standard-library module: the processes it runs in carry nothing else. (The import
+    contract in pyproject.toml checks the same for toolservices' own packages.)"""
+    foreign = []
+    for name in sorted(os.listdir(RUNTIME_DIR)):
+        if not name.endswith(".py"):
+            continue
+        path = os.path.join(RUNTIME_DIR, name)
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "_bootstrap":
+                    foreign.append(f"{name}:{node.lineno}: {module}")
+    assert foreign == []
