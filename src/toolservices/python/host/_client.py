@@ -216,7 +216,8 @@ class ForkServerClient:
         self._errlog.seek(0, os.SEEK_END)
         size = self._errlog.tell()
         self._errlog.seek(max(0, size - limit))
-        return self._errlog.read().decode("utf-8", "replace")
+        tail: bytes = self._errlog.read()
+        return tail.decode("utf-8", "replace")
 
     def close_errlog(self) -> None:
         if self._errlog is not None:

@@ -39,7 +39,8 @@ def isolation_report(
     with _report_lock:
         cached = _report_cache.get(key)
     if cached is not None:
-        return json.loads(json.dumps(cached))
+        copy: dict[str, Any] = json.loads(json.dumps(cached))
+        return copy
     relaxed = dataclasses.replace(config, min_level=None, allow_unsafe=True)
     plan = build_plan(relaxed, python=python, argv=["-c", "pass"])
     try:
@@ -54,7 +55,8 @@ def isolation_report(
         report["meets_min_level"] = False
     with _report_lock:
         _report_cache[key] = report
-    return json.loads(json.dumps(report))
+    fresh: dict[str, Any] = json.loads(json.dumps(report))
+    return fresh
 
 
 def format_isolation_report(report: Mapping[str, Any]) -> str:
