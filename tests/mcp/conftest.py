@@ -12,7 +12,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.mcp._serve_util import CLI, descendants, kill_group, start_server
+
+# The MCP SDK (and its HTTP client) come with the `mcp` extra (or the dev extra's
+# mcp-server-time): without them these tests skip, they do not fail to import.
+pytest.importorskip("mcp")
+pytest.importorskip("httpx2")
+
+from tests.mcp._serve_util import CLI, descendants, kill_group, start_server  # noqa: E402
 
 SERVERS = Path(__file__).parent / "servers"
 DEMO = str(SERVERS / "demo_server.py")

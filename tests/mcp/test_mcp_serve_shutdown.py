@@ -31,8 +31,6 @@ from tests.mcp._serve_util import (
     wait_until,
 )
 
-pytest.importorskip("toolservices.python")
-
 # Each snippet marks its interpreter with a niceness the test can see (a kernel fact, so a
 # rendezvous without sleeps): the call is running when the marker shows up.
 QUICK = "import os, time; os.nice(7); time.sleep(1.0); print('quick done')"
