@@ -13,6 +13,7 @@ import sys
 
 import anyio
 import pytest
+from tests._wait import until
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError
@@ -63,11 +64,9 @@ def test_a_direct_call_is_refused_like_any_other_when_the_queue_is_full() -> Non
 
     async def scenario(svc: PythonExecutorService) -> list[object]:
         first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(2)", "busy", None))
-        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds a slot
-            await asyncio.sleep(0)
+        await until(lambda: svc._limiter.in_use >= 1)  # it holds a slot
         second = asyncio.ensure_future(svc._execute("print('second')", "busy", None))
-        while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
-            await asyncio.sleep(0)
+        await until(lambda: svc.stats()["queued"] >= 1)  # it is queued
         direct = functools.partial(svc.execute, "print('idle')", session_id="idle")
         try:
             third: object = await anyio.to_thread.run_sync(direct)
