@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     from openai import AsyncOpenAI
     from verifiers.clients import OpenAIChatCompletionsClient
 
-    from toolservices import PythonExecutorService, tool
+    from toolservices import tool
     from toolservices.env import python_tool
     from toolservices.trainers.verifiers import EPISODE_KEY, ToolservicesEnv, mcp_rollout_url
 
@@ -49,13 +49,6 @@ def lookup(query: str) -> str:
         query: The word.
     """
     return query.upper()
-
-
-@pytest.fixture
-def executor():
-    with PythonExecutorService(pool_size=2, timeout=2.0) as ex:
-        yield ex
-        assert ex.stats()["sessions"] == 0, "a rollout leaked a Python session"
 
 
 @pytest.fixture(scope="module")
