@@ -193,6 +193,7 @@ def test_names_trl_would_misread_are_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # trains a tiny model for a few GRPO steps (~30 s on a busy machine)
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_grpo_trainer_drives_the_environment(executor, tmp_path, monkeypatch):
