@@ -263,6 +263,9 @@ def test_l0_only_with_allow_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
     def unreachable(paths: object, uid: int) -> list[dict[str, object]]:
         return [{"ancestor": "/nonexistent-toolservices-test", "paths": []}]
 
+    # the levels this machine reaches without the fault (no bubblewrap: from L2 down)
+    reached = isolation_report(SandboxConfig())["level"]
+    tried = ["L3", "L2", "L1"][["L3", "L2", "L1"].index(reached) :]
     monkeypatch.setattr(_sandbox_plan.probe_mod, "reach_groups", unreachable)
     config = SandboxConfig(tmp_size=(64 << 20) + 4096)  # a configuration no probe has cached
     with pytest.raises(SandboxUnavailableError, match="no isolation level"):
@@ -272,7 +275,7 @@ def test_l0_only_with_allow_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     try:
         assert plan.level == "L0"
-        assert [f["level"] for f in plan.report["fallbacks"]] == ["L3", "L2", "L1"]
+        assert [f["level"] for f in plan.report["fallbacks"]] == tried
         assert "allow_unsafe" in plan.report["layers"]["uid_drop"]["why"]
     finally:
         plan.close()
