@@ -36,6 +36,7 @@ def test_run_sync_refuses_to_deadlock_on_its_own_loop() -> None:
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
 )
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 @pytest.mark.parametrize("round_", range(5))
 def test_an_interrupted_sync_call_cancels_its_coroutine(round_: int) -> None:
     """Ctrl-C while a sync caller waits must not leave the coroutine running on the loop,

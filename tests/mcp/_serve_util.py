@@ -100,12 +100,21 @@ async def run(
 MARK = "import os; os.nice(11)"
 
 
+def raised_niceness(increment: int) -> int:
+    """The niceness a process started from this one has after ``os.nice(increment)``.
+
+    Relative to the niceness the test run inherited (``nice pytest`` starts at 10),
+    capped at 19 as the kernel caps it.
+    """
+    return min(19, os.nice(0) + increment)
+
+
 def marked(pid: int) -> int:
     """How many of the server's processes carry the session mark."""
     count = 0
     for child in descendants(pid):
         try:
-            count += psutil.Process(child).nice() == 11
+            count += psutil.Process(child).nice() == raised_niceness(11)
         except psutil.NoSuchProcess:
             continue
     return count

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.mcp._serve_util import CLI, descendants, kill_group, start_server
+from tests._extras import missing, skip_every_module
+
+# The MCP SDK and its HTTP client come with the `mcp` extra (or the dev extra's
+# mcp-server-time): without them every test here skips, and nothing needing them loads.
+REASON = missing("mcp", "httpx2")
+if REASON is not None:
+    pytest_pycollect_makemodule = skip_every_module(REASON)
+else:
+    from tests.mcp._serve_util import CLI, descendants, kill_group, start_server
 
 SERVERS = Path(__file__).parent / "servers"
 DEMO = str(SERVERS / "demo_server.py")
@@ -171,8 +179,8 @@ def announced_server() -> Iterator[Callable[..., Announced]]:
                 proc.stderr.close()
 
 
-#: ``serve --mcp`` over HTTP on a free port, two interpreters at once.
-SERVE_HTTP = [CLI, "serve", "--mcp", "--transport", "http", "--port", "0", "--pool-size", "2"]
+#: ``serve --mcp`` over HTTP on a free port, two interpreters at once (after the CLI's path).
+SERVE_HTTP = ["serve", "--mcp", "--transport", "http", "--port", "0", "--pool-size", "2"]
 
 
 @pytest.fixture
@@ -181,7 +189,7 @@ def serve() -> Iterator[Callable[..., tuple[int, str]]]:
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> tuple[int, str]:
-        proc, url = start_server([*SERVE_HTTP, *args])
+        proc, url = start_server([CLI, *SERVE_HTTP, *args])
         started.append(proc)
         return proc.pid, url
 

@@ -18,8 +18,6 @@ from tests.mcp._serve_util import (
     stdio_session,
 )
 
-pytest.importorskip("toolservices.python")
-
 RAISE = "raise ValueError(chr(0xd800))"
 
 

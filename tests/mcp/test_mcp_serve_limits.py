@@ -23,8 +23,6 @@ from tests.mcp._serve_util import (
     start_server,
 )
 
-pytest.importorskip("toolservices.python")
-
 LIMIT = 64 * 1024
 
 

@@ -29,8 +29,6 @@ from tests.mcp._serve_util import (
     wait_unmarked,
 )
 
-pytest.importorskip("toolservices.python")
-
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
 

@@ -15,8 +15,6 @@ import pytest
 
 from toolservices.mcp import HttpServer, MCPToolset, StdioServer
 
-pytest.importorskip("toolservices.python")
-
 CLI = str(Path(sys.executable).parent / "toolservices")
 WAIT = 30.0
 

@@ -12,7 +12,6 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
-import pytest
 from tests.mcp._serve_util import (
     CLI,
     MARK,
@@ -23,8 +22,6 @@ from tests.mcp._serve_util import (
     stdio_session,
     wait_unmarked,
 )
-
-pytest.importorskip("toolservices.python")
 
 
 async def test_two_clients_with_one_session_id_are_kept_apart(serve: Any) -> None:

@@ -26,12 +26,11 @@ from tests.mcp._serve_util import (
     descendants,
     http_session,
     kill_group,
+    raised_niceness,
     start_server,
     stdio_session,
     wait_until,
 )
-
-pytest.importorskip("toolservices.python")
 
 # Each snippet marks its interpreter with a niceness the test can see (a kernel fact, so a
 # rendezvous without sleeps): the call is running when the marker shows up.
@@ -47,7 +46,7 @@ def _niceness_seen(server: int, *values: int) -> bool:
             seen.add(psutil.Process(pid).nice())
         except psutil.NoSuchProcess:
             continue
-    return set(values) <= seen
+    return {raised_niceness(v) for v in values} <= seen
 
 
 async def _two_calls(session: Any, results: dict[str, Any]) -> None:

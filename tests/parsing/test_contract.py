@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,8 +17,6 @@ from toolservices.parsing import (
     XMLBlockParser,
     get_parser,
 )
-
-torchrl_tools = pytest.importorskip("torchrl.envs.llm.transforms.tools")
 
 XML_INPUTS: list[Any] = [
     'hi <tool name="add" tag="A">{"a": 1, "b": 2}</tool> bye',
@@ -49,7 +48,7 @@ def _as_tuples(calls: list[Any]) -> list[tuple[Any, Any, Any]]:
 
 
 @pytest.mark.parametrize("response", XML_INPUTS)
-def test_xml_block_matches_torchrl(response: Any) -> None:
+def test_xml_block_matches_torchrl(response: Any, torchrl_tools: ModuleType) -> None:
     ours = XMLBlockParser()(response)
     theirs = torchrl_tools.XMLBlockParser()(response)
     assert ours["text"] == theirs["text"]
@@ -61,7 +60,9 @@ def test_xml_block_matches_torchrl(response: Any) -> None:
     ("body", "torchrl_args"),
     [("[1, 2]", [1, 2]), ("5", 5), ('"plain"', "plain"), ("null", None)],
 )
-def test_xml_block_non_object_json_is_fixed(body: str, torchrl_args: Any) -> None:
+def test_xml_block_non_object_json_is_fixed(
+    body: str, torchrl_args: Any, torchrl_tools: ModuleType
+) -> None:
     """TorchRL passes non-object JSON as ``args`` (the call then crashes); we keep an object."""
     response = f'<tool name="x">{body}</tool>'
     assert torchrl_tools.XMLBlockParser()(response)["calls"][0].args == torchrl_args
@@ -105,7 +106,7 @@ JSON_INPUTS: list[Any] = [
 
 
 @pytest.mark.parametrize("response", JSON_INPUTS)
-def test_json_envelope_matches_torchrl(response: Any) -> None:
+def test_json_envelope_matches_torchrl(response: Any, torchrl_tools: ModuleType) -> None:
     ours = JSONCallParser()(response)
     theirs = torchrl_tools.JSONCallParser()(response)
     assert ours["text"] == theirs["text"]
@@ -163,7 +164,9 @@ def test_json_envelope_reads_chat_message_dicts() -> None:
         "```python\nprint(1)",  # unterminated
     ],
 )
-def test_python_block_finds_the_blocks_torchrl_runs(response: str) -> None:
+def test_python_block_finds_the_blocks_torchrl_runs(
+    response: str, torchrl_tools: ModuleType
+) -> None:
     interpreter = torchrl_tools.PythonInterpreter()
     try:
         expected = interpreter._extract_python_code(response)
@@ -204,7 +207,7 @@ SIMPLE_INPUTS = [
 
 
 @pytest.mark.parametrize("response", SIMPLE_INPUTS)
-def test_simple_tool_matches_torchrl_extraction(response: str) -> None:
+def test_simple_tool_matches_torchrl_extraction(response: str, torchrl_tools: ModuleType) -> None:
     transform = torchrl_tools.SimpleToolTransform(tools={"add": lambda a, b: a + b})
     extracted = transform._extract_tool_calls(response)
     result = SimpleToolParser()(response)

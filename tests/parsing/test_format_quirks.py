@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -180,8 +181,6 @@ def test_mistral_v11_forms_are_unchanged() -> None:
 
 # --- xml_block: a superset of TorchRL's XMLBlockParser ------------------------------
 
-torchrl_tools = pytest.importorskip("torchrl.envs.llm.transforms.tools")
-
 _NAME = st.text(st.sampled_from("abcxyz_.-/ 19"), min_size=1, max_size=8).filter(str.strip)
 _TAG = st.none() | _NAME
 _JSON_VALUE = st.recursive(
@@ -229,7 +228,9 @@ def _block(draw: Any) -> tuple[str, bool, tuple[str, Any, str | None]]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(_PROSE, _block()), max_size=4), _PROSE)
 def test_xml_block_accepts_everything_torchrl_accepts(
-    pieces: list[tuple[str, tuple[str, bool, tuple[str, Any, str | None]]]], tail: str
+    torchrl_tools: ModuleType,
+    pieces: list[tuple[str, tuple[str, bool, tuple[str, Any, str | None]]]],
+    tail: str,
 ) -> None:
     response = "".join(prose + block[0] for prose, block in pieces) + tail
     ours = get_parser("xml_block")(response)

@@ -171,6 +171,7 @@ def test_sync_execute_from_the_loop_thread_is_refused(service: PythonExecutorSer
     service.close_session("loop-thread")
 
 
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_an_interrupted_call_makes_the_next_one_say_the_state_is_lost(
     service: PythonExecutorService, sid: str
 ) -> None:

@@ -9,6 +9,7 @@ from functools import partial
 import anyio
 import psutil
 import pytest
+from tests._wait import until
 
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
@@ -34,8 +35,8 @@ def test_cancelled_session_calls_leave_the_queue_count_at_zero(
 
 def test_max_queue_still_holds_after_cancelled_calls(sid: str) -> None:
     async def settle(svc: PythonExecutorService) -> None:
-        while svc.stats()["busy_sessions"] > 0 or svc.stats()["queued"] > 0:  # noqa: ASYNC110
-            await anyio.sleep(0.01)  # until cancellations have reached the service's loop
+        # until cancellations have reached the service's loop
+        await until(lambda: svc.stats()["busy_sessions"] == 0 == svc.stats()["queued"], step=0.01)
 
     async def scenario(svc: PythonExecutorService) -> BaseException | None:
         for _ in range(3):  # each cancelled call used to leave the count one lower
@@ -48,11 +49,12 @@ def test_max_queue_still_holds_after_cancelled_calls(sid: str) -> None:
             tg.start_soon(
                 partial(svc.aexecute, "import time\ntime.sleep(60)", session_id=f"{sid}-a")
             )
-            while svc.stats()["busy_sessions"] < 1 or svc.stats()["queued"] > 0:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+            await until(
+                lambda: svc.stats()["busy_sessions"] >= 1 and svc.stats()["queued"] == 0,
+                step=0.01,
+            )
             tg.start_soon(partial(svc.aexecute, "pass", session_id=f"{sid}-b"))
-            while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
-                await anyio.sleep(0.01)
+            await until(lambda: svc.stats()["queued"] >= 1, step=0.01)  # it is queued
             try:
                 await svc.aexecute("pass", session_id=f"{sid}-c")
             except Exception as exc:  # noqa: BLE001 - returned for the assertion

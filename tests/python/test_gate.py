@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+from tests._wait import until
 
 from toolservices.python.host._gate import Gate
 
@@ -21,8 +22,7 @@ async def test_tasks_get_the_token_in_arrival_order() -> None:
             await asyncio.sleep(0)
 
     tasks = [asyncio.create_task(take(k)) for k in range(5)]
-    while gate.waiting < 5:  # noqa: ASYNC110 - let every task queue up
-        await asyncio.sleep(0)
+    await until(lambda: gate.waiting == 5)  # every task has queued up
     gate.release()
     await asyncio.gather(*tasks)
     assert order == [0, 1, 2, 3, 4]
@@ -33,8 +33,7 @@ async def test_a_thread_cannot_barge_ahead_of_a_queued_task() -> None:
     gate = Gate(1)
     await gate.acquire()
     waiter = asyncio.create_task(gate.acquire())
-    while gate.waiting < 1:  # noqa: ASYNC110
-        await asyncio.sleep(0)
+    await until(lambda: gate.waiting == 1)
     gate.release()  # handed to the queued task, not made free
     barged = await asyncio.to_thread(gate.try_acquire)
     await waiter
@@ -47,8 +46,7 @@ async def test_release_from_a_thread_wakes_the_loop_waiter() -> None:
     gate = Gate(2)
     assert gate.try_acquire() and gate.try_acquire()
     waiter = asyncio.create_task(gate.acquire())
-    while gate.waiting < 1:  # noqa: ASYNC110
-        await asyncio.sleep(0)
+    await until(lambda: gate.waiting == 1)
     thread = threading.Thread(target=gate.release)
     thread.start()
     await asyncio.wait_for(waiter, 5)
@@ -61,8 +59,7 @@ async def test_a_cancelled_waiter_gives_nothing_up_and_passes_a_grant_on() -> No
     await gate.acquire()
     first = asyncio.create_task(gate.acquire())
     second = asyncio.create_task(gate.acquire())
-    while gate.waiting < 2:  # noqa: ASYNC110
-        await asyncio.sleep(0)
+    await until(lambda: gate.waiting == 2)
     # granted to `first` by the release, then cancelled before it ran: `second` gets it
     gate.release()
     first.cancel()
@@ -72,8 +69,7 @@ async def test_a_cancelled_waiter_gives_nothing_up_and_passes_a_grant_on() -> No
     assert gate.in_use == 1 and gate.waiting == 0
     # cancelled while still queued: removed from the queue, the token stays where it is
     third = asyncio.create_task(gate.acquire())
-    while gate.waiting < 1:  # noqa: ASYNC110
-        await asyncio.sleep(0)
+    await until(lambda: gate.waiting == 1)
     third.cancel()
     with pytest.raises(asyncio.CancelledError):
         await third

@@ -28,7 +28,7 @@ from tests.python.conftest import wait_until_gone
 from toolservices.python.runtime._launch import __file__ as LAUNCHER
 from toolservices.python.sandbox import SandboxConfig
 from toolservices.python.sandbox._probe import pids_of_uid
-from toolservices.python.sandbox._snippets import SELFTEST_PY, run_snippets
+from toolservices.python.sandbox._snippets import run_snippets
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -279,7 +279,7 @@ def _run_unprivileged(
         "gid": UNPRIVILEGED_UID,
         "reach": reach,
         "env": env,
-        "argv": [sys.executable, SELFTEST_PY, "--driver"],
+        "argv": [sys.executable, "-m", "toolservices.python.sandbox._snippets"],
     }
     argv = _launcher_argv(spec)
     assert argv[3] == LAUNCHER.replace(".pyc", ".py")

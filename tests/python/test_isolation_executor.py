@@ -14,15 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tests.python.conftest import wait_until_gone
 
-python_pkg = pytest.importorskip("toolservices.python")
-if not hasattr(python_pkg, "PythonExecutorService"):
-    pytest.skip("PythonExecutorService is not available yet", allow_module_level=True)
-
-from tests.python.conftest import wait_until_gone  # noqa: E402
-
-from toolservices.python import PythonExecutorService  # noqa: E402
-from toolservices.python.sandbox import SandboxConfig  # noqa: E402
+from toolservices.python import PythonExecutorService
+from toolservices.python.sandbox import SandboxConfig
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -3,14 +3,17 @@ both execution routes pass one admission."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import json
+import os
 import subprocess
 import sys
 
 import anyio
 import pytest
+from tests._wait import until
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError
@@ -61,11 +64,9 @@ def test_a_direct_call_is_refused_like_any_other_when_the_queue_is_full() -> Non
 
     async def scenario(svc: PythonExecutorService) -> list[object]:
         first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(2)", "busy", None))
-        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds a slot
-            await asyncio.sleep(0)
+        await until(lambda: svc._limiter.in_use >= 1)  # it holds a slot
         second = asyncio.ensure_future(svc._execute("print('second')", "busy", None))
-        while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
-            await asyncio.sleep(0)
+        await until(lambda: svc.stats()["queued"] >= 1)  # it is queued
         direct = functools.partial(svc.execute, "print('idle')", session_id="idle")
         try:
             third: object = await anyio.to_thread.run_sync(direct)
@@ -95,3 +96,28 @@ def test_runtime_entry_modules_are_started_by_path(name: str) -> None:
     assert (
         "import _bootstrap" in source and "from toolservices" not in source.split("if __name__")[1]
     )
+
+
+def test_runtime_modules_import_only_the_standard_library_and_each_other() -> None:
+    """Every import in runtime/, at any depth (lazy ones too), is relative or of a
+    standard-library module: the processes it runs in carry nothing else. (The import
+    contract in pyproject.toml checks the same for toolservices' own packages.)"""
+    foreign = []
+    for name in sorted(os.listdir(RUNTIME_DIR)):
+        if not name.endswith(".py"):
+            continue
+        path = os.path.join(RUNTIME_DIR, name)
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "_bootstrap":
+                    foreign.append(f"{name}:{node.lineno}: {module}")
+    assert foreign == []

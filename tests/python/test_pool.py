@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import gc
 import os
 import pickle
@@ -14,6 +15,7 @@ import time
 import anyio
 import psutil
 import pytest
+from tests._wait import until, wait_until
 
 from toolservices import _portal
 from toolservices.errors import ExecutorBusyError, UserError
@@ -78,11 +80,9 @@ def test_queue_full_is_a_clear_error() -> None:
     async def scenario(svc: PythonExecutorService) -> list[object]:
         await svc._execute("pass", None, None)
         first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(1)", "q1", None))
-        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds the slot
-            await asyncio.sleep(0)
+        await until(lambda: svc._limiter.in_use >= 1)  # it holds the slot
         second = asyncio.ensure_future(svc._execute("print('second')", "q2", None))
-        while svc.stats()["queued"] < 1:  # noqa: ASYNC110 - yield until it is queued
-            await asyncio.sleep(0)
+        await until(lambda: svc.stats()["queued"] >= 1)  # it is queued
         third = await asyncio.gather(
             svc._execute("print('third')", "q3", None), return_exceptions=True
         )
@@ -100,8 +100,7 @@ def test_all_sessions_busy_is_a_clear_error() -> None:
     async def scenario(svc: PythonExecutorService) -> list[object]:
         await svc._execute("pass", None, None)
         first = asyncio.ensure_future(svc._execute("import time\ntime.sleep(0.5)", "busy", None))
-        while svc._limiter.in_use < 1:  # noqa: ASYNC110 - yield until it holds the slot
-            await asyncio.sleep(0)
+        await until(lambda: svc._limiter.in_use >= 1)  # it holds the slot
         second = await asyncio.gather(
             svc._execute("print(1)", "other", None), return_exceptions=True
         )
@@ -345,7 +344,6 @@ def test_two_slots_give_more_throughput_on_cpu_bound_snippets() -> None:
     code = "s = 0\nfor i in range(600_000):\n    s += i * i"
 
     def elapsed(svc: PythonExecutorService) -> float:
-        import time
 
         started = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -434,8 +432,9 @@ def test_a_service_dropped_without_close_stops_its_fork_server(sid: str) -> None
     svc = PythonExecutorService(pool_size=1, timeout=5)
     svc.execute("x = 1", session_id=sid)
     svc.execute("print(x)", session_id=sid)  # the direct route has used the session too
-    while svc.stats()["spares"] < svc.spares:  # background refills hold the service meanwhile
-        time.sleep(0.005)
+    # background refills hold the service meanwhile
+    # (through an argument: a closure over `svc` would keep it alive past the `del` below)
+    wait_until(functools.partial(lambda s: s.stats()["spares"] >= s.spares, svc))
     server = svc._server
     assert server is not None and server.proc is not None
     proc = server.proc

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
+from tests._extras import missing, skip_every_module
 
-pytest.importorskip("openai")
-pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
+REASON = missing("openai", "uvicorn", "starlette")
+if REASON is not None:
+    pytest_pycollect_makemodule = skip_every_module(REASON)

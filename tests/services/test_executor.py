@@ -7,10 +7,8 @@ from typing import Any
 
 import pytest
 
+from toolservices.python import PythonExecutorService
 from toolservices.services import ServiceRegistry, get_services
-
-python = pytest.importorskip("toolservices.python")
-PythonExecutorService = python.PythonExecutorService
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,6 +11,8 @@ import pytest
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.py"))
 
 
+# a fresh interpreter per example (the Ray one starts a cluster): its own 300 s bound
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script: Path) -> None:
     proc = subprocess.run(

@@ -21,6 +21,10 @@ import pytest
 
 pytest.importorskip("verifiers")
 
+# Run in a venv of their own (.ci/run), where their durations were not measured
+# against the suite's 60 s: they keep the bound they had.
+pytestmark = pytest.mark.timeout(300)
+
 import httpx  # noqa: E402  (verifiers brings it; the main venv has httpx2 only)
 
 with warnings.catch_warnings():
@@ -30,7 +34,7 @@ with warnings.catch_warnings():
     from openai import AsyncOpenAI
     from verifiers.clients import OpenAIChatCompletionsClient
 
-    from toolservices import PythonExecutorService, tool
+    from toolservices import tool
     from toolservices.env import python_tool
     from toolservices.trainers.verifiers import EPISODE_KEY, ToolservicesEnv, mcp_rollout_url
 
@@ -49,13 +53,6 @@ def lookup(query: str) -> str:
         query: The word.
     """
     return query.upper()
-
-
-@pytest.fixture
-def executor():
-    with PythonExecutorService(pool_size=2, timeout=2.0) as ex:
-        yield ex
-        assert ex.stats()["sessions"] == 0, "a rollout leaked a Python session"
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
@@ -12,7 +13,7 @@ from toolservices.tools import FunctionTool, tool
 
 __all__ = ["DEMO_TOOLS"]
 
-_OPS: dict[type, Any] = {
+_OPS: dict[type, Callable[..., float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -64,7 +65,9 @@ _WEATHER = {
 
 
 @tool
-async def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> dict:
+async def get_weather(
+    city: str, unit: Literal["celsius", "fahrenheit"] = "celsius"
+) -> dict[str, Any]:
     """Current weather for a city (a bundled table; simulates 50 ms of latency).
 
     Args:
@@ -90,7 +93,7 @@ _DOCS = [
 
 
 @tool
-def search_docs(query: str, top_k: int = 2) -> list[dict]:
+def search_docs(query: str, top_k: int = 2) -> list[dict[str, Any]]:
     """Search the bundled documentation snippets by keyword overlap.
 
     Args:

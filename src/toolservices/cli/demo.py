@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 
@@ -69,7 +69,7 @@ async def _run_format(fmt: str, repeats: int, first_episode: int) -> list[Episod
 
 
 def _check(
-    scenario: Scenario, messages: list[dict], reason: str | None, first_failed: bool
+    scenario: Scenario, messages: list[dict[str, Any]], reason: str | None, first_failed: bool
 ) -> str | None:
     if reason != "answered":
         return f"ended with {reason!r} instead of an answer"

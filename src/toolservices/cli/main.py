@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report, indent=2) if args.json else format_isolation_report(report))
         if not args.self_test:
             return 0
-        from toolservices.python.sandbox._selftest import format_self_test, self_test
+        from toolservices.python import format_self_test, self_test
 
         result = self_test()
         print(json.dumps(result, indent=2) if args.json else "\n" + format_self_test(result))

@@ -38,7 +38,7 @@ from toolservices.errors import (
     describe_exception,
 )
 from toolservices.parsing.base import ParseResult, ToolCall, make_call_id
-from toolservices.tools._function_schema import STATE_PARAMETER
+from toolservices.tools import STATE_PARAMETER
 from toolservices.tools.registry import ToolRegistry
 
 __all__ = ["DEFAULT_MAX_ABANDONED_THREADS", "DispatchItem", "Dispatcher", "call_id_of"]

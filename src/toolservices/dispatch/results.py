@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 from toolservices.dispatch._guard import is_real_cancellation
 from toolservices.errors import ErrorKind, describe_exception
@@ -31,7 +31,7 @@ def value_text(value: Any) -> str:
     """
     kind = type(value)
     if kind is str:
-        return value
+        return cast(str, value)
     if isinstance(value, str):  # a subclass: its own __str__ may misbehave
         return str.__str__(value)
     if kind is int:

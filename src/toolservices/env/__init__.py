@@ -3,7 +3,7 @@ trajectory, :class:`ToolEnv` for batches stepped in lockstep, and the
 :class:`EpisodeSpec` every driver (ToolEnv, rollouts, trainer adapters)
 makes its episodes from."""
 
-from toolservices.env._python_tool import PythonRender, PythonTool, python_tool
+from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
 from toolservices.env._spec import EpisodeSpec, check_episode_options
 from toolservices.env.chat import EnvStep, ToolEnv
 from toolservices.env.episode import Episode
@@ -16,5 +16,6 @@ __all__ = [
     "PythonTool",
     "ToolEnv",
     "check_episode_options",
+    "exec_result_text",
     "python_tool",
 ]

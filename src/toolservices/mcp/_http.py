@@ -19,7 +19,7 @@ on HTTP:
   session each request belongs to);
 * with ``tokens``, every request must carry a valid bearer token (else 401
   with a JSON-RPC error saying what to send); the namespace it proves is put
-  in the ASGI scope for the tools (see :func:`~toolservices.mcp._server.current_namespace`).
+  in the ASGI scope for the tools (see :func:`~toolservices.mcp.current_namespace`).
 
 uvicorn runs without its own signal handlers: :func:`serve_http` handles
 SIGINT/SIGTERM itself. It drains the calls in flight first (new calls are
@@ -47,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from toolservices.mcp._auth import AuthFailure, Tokens, header_value
 from toolservices.mcp._events import MemoryEventStore, SessionRef, current_session_ref
 from toolservices.mcp._jsonrpc import check_message, error_body
-from toolservices.mcp._server import NAMESPACE_SCOPE_KEY, _Calls, wait_for_signals
+from toolservices.mcp._serving import NAMESPACE_SCOPE_KEY, _Calls, wait_for_signals
 
 __all__ = ["HttpFront", "serve_http"]
 

@@ -32,7 +32,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from toolservices.mcp._jsonrpc import check_message, rejection
-from toolservices.mcp._server import (
+from toolservices.mcp._serving import (
     _CONNECTION,
     CANCEL_SETTLE_TIMEOUT,
     _Calls,

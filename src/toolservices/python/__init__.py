@@ -5,7 +5,8 @@
 * :class:`PersistentPythonProcess`: one persistent interpreter (the contract);
 * :class:`ExecResult`: a typed result that reads as the contract's dict;
 * :class:`SandboxConfig`: the isolation settings (limits, network, levels);
-* :func:`isolation_report`: which isolation layers are active, and why others are not.
+* :func:`isolation_report`: which isolation layers are active, and why others are not;
+* :func:`self_test`: hostile snippets through a real executor, to show each layer holds.
 
 How it works: the parent starts one fork server per executor (a separate, lean
 interpreter that has imported ``preload``; never a fork of the caller). Each
@@ -42,11 +43,19 @@ from __future__ import annotations
 from typing import Any
 
 from toolservices.python import sandbox as _sandbox
-from toolservices.python.host._persistent import PersistentPythonProcess
-from toolservices.python.host._result import ExceptionInfo, ExecResult
-from toolservices.python.host._service import PythonExecutorService
-from toolservices.python.sandbox import SandboxConfig, format_isolation_report
-from toolservices.python.sandbox._config import check_config
+from toolservices.python.host import (
+    ExceptionInfo,
+    ExecResult,
+    PersistentPythonProcess,
+    PythonExecutorService,
+    self_test,
+)
+from toolservices.python.sandbox import (
+    SandboxConfig,
+    check_config,
+    format_isolation_report,
+    format_self_test,
+)
 
 __all__ = [
     "ExceptionInfo",
@@ -55,7 +64,9 @@ __all__ = [
     "PythonExecutorService",
     "SandboxConfig",
     "format_isolation_report",
+    "format_self_test",
     "isolation_report",
+    "self_test",
 ]
 
 

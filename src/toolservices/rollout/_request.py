@@ -51,7 +51,7 @@ class RetryPolicy:
         """Seconds to wait before retry number ``retry`` (1-based)."""
         if retry_after is not None and 0 <= retry_after <= self.max_backoff:
             return retry_after
-        base = min(self.max_backoff, self.backoff * 2 ** (retry - 1))
+        base = min(self.max_backoff, self.backoff * 2.0 ** (retry - 1))
         return base * random.uniform(0.5, 1.0)
 
 

@@ -298,7 +298,7 @@ class ToolTransformBase(Transform):
 
     def clone(self) -> ToolTransformBase:
         """A copy for another environment: same tools, its own sessions and counters."""
-        twin = super().clone()
+        twin: ToolTransformBase = super().clone()
         twin.env_key = uuid.uuid4().hex[:12]
         twin._episodes = []
         return twin

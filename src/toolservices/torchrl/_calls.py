@@ -16,8 +16,7 @@ from typing import Any
 from toolservices.errors import ToolDefinitionError, UserError
 from toolservices.parsing import ParserLike, as_parser
 from toolservices.parsing.base import ParseResult
-from toolservices.tools import FunctionTool, Tool, ToolRegistry
-from toolservices.tools._function_schema import STATE_PARAMETER
+from toolservices.tools import STATE_PARAMETER, FunctionTool, Tool, ToolRegistry
 
 __all__ = [
     "ParserLike",

@@ -7,5 +7,21 @@
   :class:`SessionHandle` per interpreter;
 * ``_channel``: the parent's end of a framed channel and its request/reply;
 * ``_forking``: ``fork_session``'s parent side;
-* ``_persistent``, ``_result``: the contract's faces.
+* ``_persistent``, ``_result``: the contract's faces;
+* ``_selftest``: the sandbox's self-test, run through an executor.
 """
+
+from __future__ import annotations
+
+from toolservices.python.host._persistent import PersistentPythonProcess
+from toolservices.python.host._result import ExceptionInfo, ExecResult
+from toolservices.python.host._selftest import self_test
+from toolservices.python.host._service import PythonExecutorService
+
+__all__ = [
+    "ExceptionInfo",
+    "ExecResult",
+    "PersistentPythonProcess",
+    "PythonExecutorService",
+    "self_test",
+]

@@ -31,7 +31,7 @@ import time
 import anyio
 
 from toolservices.python.host._gate import on_loop
-from toolservices.python.runtime._protocol import (
+from toolservices.python.runtime import (
     ANC_SPACE,
     HEADER,
     Frame,

@@ -32,8 +32,7 @@ from toolservices.errors import InfrastructureError
 from toolservices.python import runtime
 from toolservices.python.host._channel import Channel, check_reply
 from toolservices.python.host._result import ExceptionInfo, ExecResult
-from toolservices.python.runtime._confine import remove_tree
-from toolservices.python.runtime._protocol import (
+from toolservices.python.runtime import (
     EXIT_BROKEN,
     Config,
     Discard,
@@ -50,8 +49,9 @@ from toolservices.python.runtime._protocol import (
     Ready,
     Result,
     Spawn,
+    remove_tree,
 )
-from toolservices.python.sandbox._config import fast_tmp_dir
+from toolservices.python.sandbox import fast_tmp_dir
 
 __all__ = ["ForkServerClient", "SessionHandle", "SessionLost"]
 

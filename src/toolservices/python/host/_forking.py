@@ -18,7 +18,7 @@ import anyio
 from toolservices.errors import InfrastructureError
 from toolservices.python.host._channel import Channel
 from toolservices.python.host._client import MAX_META, ForkServerClient, SessionHandle
-from toolservices.python.runtime._protocol import (
+from toolservices.python.runtime import (
     Adopt,
     Error,
     Fork,

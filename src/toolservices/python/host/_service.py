@@ -47,7 +47,7 @@ from toolservices.python.host._client import ForkServerClient, SessionHandle, Se
 from toolservices.python.host._forking import fork_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
-from toolservices.python.sandbox._config import check_config, default_config
+from toolservices.python.sandbox import check_config, default_config
 
 __all__ = ["PythonExecutorService"]
 

@@ -7,13 +7,91 @@ start it one way: by the path of an entry module (:func:`script`), whose
 first lines load this directory as the package ``_toolservices_runtime``
 (see ``_bootstrap``). The parent imports the same modules as
 ``toolservices.python.runtime``.
+
+The names the host and the sandbox use (the channel's frames, the session's
+confinement) are exported here for the parent only: the runtime processes
+load this file too, under ``_toolservices_runtime``, and skip those imports,
+so a launch pays for nothing it does not run.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["RUNTIME_DIR", "script"]
+if __name__ == "toolservices.python.runtime":  # the parent's import, not a runtime process's
+    from ._confine import (
+        STATE_ENV,
+        SessionSetupError,
+        enter_session,
+        landlock_abi,
+        remove_tree,
+        uid_tasks,
+    )
+    from ._memcg import ENV as MEMCG_ENV
+    from ._protocol import (
+        ANC_SPACE,
+        EXIT_BROKEN,
+        HEADER,
+        Adopt,
+        Config,
+        Discard,
+        Error,
+        Exec,
+        Fork,
+        Frame,
+        Hello,
+        Kill,
+        Kind,
+        Message,
+        Mkdirs,
+        Ok,
+        PeerClosed,
+        ProtocolViolation,
+        Ready,
+        Release,
+        Result,
+        Spawn,
+        ancillary,
+        fds_from_ancdata,
+        new_seq,
+    )
+
+__all__ = [
+    "ANC_SPACE",
+    "EXIT_BROKEN",
+    "HEADER",
+    "MEMCG_ENV",
+    "RUNTIME_DIR",
+    "STATE_ENV",
+    "Adopt",
+    "Config",
+    "Discard",
+    "Error",
+    "Exec",
+    "Fork",
+    "Frame",
+    "Hello",
+    "Kill",
+    "Kind",
+    "Message",
+    "Mkdirs",
+    "Ok",
+    "PeerClosed",
+    "ProtocolViolation",
+    "Ready",
+    "Release",
+    "Result",
+    "SessionSetupError",
+    "Spawn",
+    "ancillary",
+    "enter_session",
+    "fds_from_ancdata",
+    "landlock_abi",
+    "new_seq",
+    "remove_tree",
+    "script",
+    "uid_tasks",
+]
 
 RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -315,28 +315,27 @@ def _load_state() -> dict[str, Any] | None:
     return _state_cache
 
 
-def enter_session(config: Any = None, *, workdir: str) -> None:
+def enter_session(state: dict[str, Any] | None = None, *, workdir: str) -> None:
     """Confine the calling process (a freshly forked session) before it runs user code.
 
     In order: own session (``setsid``), no_new_privs, rlimits with hard =
     soft, the working directory and ``HOME``/``TMPDIR``, Landlock (writes only
     in the workdir and the private ``/tmp``, ``/dev/shm``; TCP and signal
     scoping), and seccomp when the launcher could not apply it. The layer
-    list comes from the server's launch state; ``config`` is only needed when
-    the server was not started through ``plan_server_launch``.
+    list comes from the server's launch state; ``state`` is only needed when
+    the server was not started through ``plan_server_launch`` (the sandbox's
+    ``enter_session`` builds it from a ``SandboxConfig``).
     """
     global last_enter_seconds
     started = time.perf_counter()
-    state = _load_state()
+    env_state = _load_state()
+    if env_state is not None:
+        state = env_state
     if state is None:
-        if config is None:
-            raise SessionSetupError(
-                f"no {STATE_ENV} in the environment: start the server with plan_server_launch() "
-                "or pass a SandboxConfig"
-            )
-        from toolservices.python.sandbox._launch_plan import session_state
-
-        state = session_state(config, nproc=getattr(config, "nproc", None))
+        raise SessionSetupError(
+            f"no {STATE_ENV} in the environment: start the server with plan_server_launch() "
+            "or pass a SandboxConfig"
+        )
     os.environ.pop(STATE_ENV, None)
     if os.getsid(0) != os.getpid():
         try:

@@ -110,12 +110,4 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--driver"]:  # parent side in a separate (e.g. unprivileged) process
-        from toolservices.python.sandbox._config import SandboxConfig
-        from toolservices.python.sandbox._snippets import run_snippets
-
-        job = json.loads(sys.stdin.read())
-        report, results = run_snippets(SandboxConfig(**job["config"]), job["snippets"])
-        sys.stdout.write(json.dumps({"report": report, "results": results}))
-    else:
-        serve()
+    serve()

@@ -17,28 +17,42 @@ gives. What the sandbox applies inside the server and the sessions lives in
 from __future__ import annotations
 
 from toolservices.errors import SandboxUnavailableError
-from toolservices.python.runtime._confine import enter_session, remove_tree
-from toolservices.python.sandbox._config import LEVELS, SandboxConfig
+from toolservices.python.runtime import remove_tree
+from toolservices.python.sandbox._config import (
+    LEVELS,
+    SandboxConfig,
+    check_config,
+    default_config,
+    fast_tmp_dir,
+)
 from toolservices.python.sandbox._isolation import format_isolation_report, isolation_report
 from toolservices.python.sandbox._launch_plan import (
     WORKDIR_BASE_PLACEHOLDER,
     LaunchPlan,
+    enter_session,
     kill_uid,
     session_state,
 )
 from toolservices.python.sandbox._plan import plan_server_launch
+from toolservices.python.sandbox._selftest import CheckRunner, format_self_test, self_test
 
 __all__ = [
     "LEVELS",
+    "CheckRunner",
     "WORKDIR_BASE_PLACEHOLDER",
     "LaunchPlan",
     "SandboxConfig",
     "SandboxUnavailableError",
+    "check_config",
+    "default_config",
     "enter_session",
+    "fast_tmp_dir",
     "format_isolation_report",
+    "format_self_test",
     "isolation_report",
     "kill_uid",
     "plan_server_launch",
     "remove_tree",
+    "self_test",
     "session_state",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolservices.errors import UserError
-from toolservices.python.runtime._confine import STATE_ENV
+from toolservices.python.runtime import STATE_ENV
 
 __all__ = ["LEVELS", "SandboxConfig", "check_config", "default_config", "fast_tmp_dir"]
 

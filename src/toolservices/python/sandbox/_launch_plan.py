@@ -16,7 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolservices.python.runtime._confine import remove_tree
+from toolservices.python import runtime
+from toolservices.python.runtime import remove_tree
 from toolservices.python.sandbox import _memcg
 from toolservices.python.sandbox import _probe as probe_mod
 from toolservices.python.sandbox._config import SandboxConfig
@@ -25,6 +26,7 @@ from toolservices.python.sandbox._report import config_rlimits
 __all__ = [
     "WORKDIR_BASE_PLACEHOLDER",
     "LaunchPlan",
+    "enter_session",
     "kill_uid",
     "session_state",
 ]
@@ -161,3 +163,14 @@ def session_state(
         "landlock": landlock_paths,
         "seccomp_program": seccomp_hex,
     }
+
+
+def enter_session(config: SandboxConfig | None = None, *, workdir: str) -> None:
+    """Confine this process as a session (the runtime's ``enter_session``).
+
+    The state comes from the server's environment when it was started
+    through ``plan_server_launch``; otherwise it is built here from ``config``
+    (the runtime itself takes only the plain state: it imports no sandbox).
+    """
+    state = None if config is None else session_state(config, nproc=config.nproc)
+    runtime.enter_session(state, workdir=workdir)

@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 
-from toolservices.python.runtime._memcg import ENV
+from toolservices.python.runtime import MEMCG_ENV as ENV
 
 __all__ = ["ENV", "INSIDE", "create", "env_value", "remove", "sweep_stale"]
 

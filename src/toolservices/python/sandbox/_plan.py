@@ -27,8 +27,8 @@ from typing import Any
 
 from toolservices.errors import SandboxUnavailableError
 from toolservices.python import runtime
-from toolservices.python.runtime._confine import STATE_ENV, landlock_abi, remove_tree
-from toolservices.python.runtime._confine import uid_tasks as _uid_tasks_here
+from toolservices.python.runtime import STATE_ENV, landlock_abi, remove_tree
+from toolservices.python.runtime import uid_tasks as _uid_tasks_here
 from toolservices.python.sandbox import _memcg
 from toolservices.python.sandbox import _probe as probe_mod
 from toolservices.python.sandbox._config import LEVELS, SandboxConfig

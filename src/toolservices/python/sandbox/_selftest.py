@@ -8,6 +8,10 @@ are lowered for the run (512 MiB address space, 8 MiB files, 32 extra tasks)
 so that a failing layer cannot hurt the machine: the memory bomb asks for
 1 GiB, the memfds hold 768 MiB, the fork loop stops at 100, the disk fill at
 32 MiB.
+
+The sandbox sits below the executor, so the caller passes the function that
+runs the snippets (``run_checks``); ``toolservices.python.self_test`` passes
+the executor's (``host/_selftest.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,13 @@ from typing import Any
 from toolservices.python.sandbox._config import SandboxConfig
 from toolservices.python.sandbox._plan import _FIXED_ENV
 
-__all__ = ["format_self_test", "self_test"]
+__all__ = ["CheckRunner", "format_self_test", "self_test"]
+
+#: runs each named snippet in a fresh sandboxed interpreter under the given settings;
+#: returns (the isolation report of that run, each snippet's stdout + stderr by name)
+CheckRunner = Callable[
+    [SandboxConfig, Mapping[str, str], float], tuple[dict[str, Any], dict[str, str]]
+]
 
 #: per snippet: the fork loop's children sleep 2 s, a cold start under load takes a few
 CHECK_TIMEOUT = 60.0
@@ -139,7 +149,7 @@ def _checks(secret_file: str, open_dir: str, port: int, allowed_env: set[str]) -
     ]
 
 
-def self_test(config: SandboxConfig | None = None) -> dict[str, Any]:
+def self_test(config: SandboxConfig | None = None, *, run_checks: CheckRunner) -> dict[str, Any]:
     """Run the bounded hostile checks; each is "held", "FAILED" or "skipped" (layer off)."""
     base = config or SandboxConfig()
     config = dataclasses.replace(
@@ -161,7 +171,9 @@ def self_test(config: SandboxConfig | None = None) -> dict[str, Any]:
         allowed = _FIXED | set(config.env_allowlist) | set(config.extra_env)
         checks = _checks(secret_file, open_dir, listener.getsockname()[1], allowed)
         wanted = [c for c in checks if not (c.setting and getattr(config, c.setting) is None)]
-        report, outputs = _run_checks(config, wanted)
+        report, outputs = run_checks(
+            config, {check.name: check.code for check in wanted}, CHECK_TIMEOUT
+        )
         outcome = []
         for check in checks:
             layer: Mapping[str, Any] = report["layers"][check.layer]
@@ -183,21 +195,6 @@ def self_test(config: SandboxConfig | None = None) -> dict[str, Any]:
     finally:
         listener.close()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _run_checks(
-    config: SandboxConfig, checks: list[_Check]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Each check's code in a fresh interpreter of a real executor: (its report, outputs)."""
-    from toolservices.python.host._service import PythonExecutorService
-
-    outputs: dict[str, str] = {}
-    with PythonExecutorService(pool_size=1, sandbox=config, spares=0) as service:
-        for check in checks:
-            result = service.execute(check.code, timeout=CHECK_TIMEOUT)
-            outputs[check.name] = result.stdout + result.stderr
-        report = service.isolation_report()
-    return report, outputs
 
 
 def format_self_test(result: Mapping[str, Any]) -> str:

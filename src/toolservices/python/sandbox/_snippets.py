@@ -4,6 +4,10 @@ Starts the runtime's snippet runner (``runtime/_snippets.py``) under a real
 :func:`plan_server_launch` plan. The isolation tests use it to check each
 layer with nothing of the executor's machinery in the way;
 ``toolservices sandbox-check --self-test`` goes through the executor itself.
+
+``python -m toolservices.python.sandbox._snippets`` is this side in a process
+of its own (the tests run it as an unprivileged uid): a JSON job
+``{"config", "snippets"}`` on stdin, ``{"report", "results"}`` on stdout.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 from typing import Any
 
 from toolservices.python import runtime
+from toolservices.python.sandbox._config import SandboxConfig
 from toolservices.python.sandbox._plan import plan_server_launch
 
 __all__ = ["SELFTEST_PY", "run_snippets"]
@@ -62,3 +67,13 @@ def run_snippets(
         return plan.report, json.loads(out)
     finally:
         plan.close()
+
+
+def _drive() -> None:
+    job = json.loads(sys.stdin.read())
+    report, results = run_snippets(SandboxConfig(**job["config"]), job["snippets"])
+    sys.stdout.write(json.dumps({"report": report, "results": results}))
+
+
+if __name__ == "__main__":
+    _drive()
