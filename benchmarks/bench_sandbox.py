@@ -108,7 +108,7 @@ def _fork_samples(repeat: int, enter: bool, workdir: str) -> tuple[list[float], 
 
 
 def bench_enter(repeat: int) -> None:
-    from toolservices.python.sandbox._plan import _DEVICES
+    from toolservices.python.sandbox._planner import _DEVICES
 
     workdir = tempfile.mkdtemp(prefix="bench-sbx-")
     ro = ["/usr", "/etc/ld.so.cache", sys.base_prefix, sys.prefix, "/proc"]

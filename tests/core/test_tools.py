@@ -16,7 +16,7 @@ from toolservices import (
 )
 from toolservices.tools import ServiceTool, function_schema
 from toolservices.tools._function_schema import parse_docstring
-from toolservices.tools._jsonschema import coerce_text, schema_errors
+from toolservices.tools.jsonschema import coerce_text, schema_errors
 
 
 @tool

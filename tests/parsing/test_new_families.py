@@ -18,8 +18,10 @@ import pytest
 
 import toolservices
 from toolservices.parsing import ParseResult, ToolCall, get_parser
-from toolservices.parsing.newer_families import DeepSeekV4Parser, Gemma4Parser, Lfm2Parser
+from toolservices.parsing.gemma import Gemma4Parser
+from toolservices.parsing.pythonic import Lfm2Parser
 from toolservices.parsing.registry import ALIASES, PARSERS
+from toolservices.parsing.xml_families import DeepSeekV4Parser
 
 S = '<|"|>'  # Gemma 4's string delimiter token
 D = "｜DSML｜"  # DeepSeek's DSML marker (fullwidth bars)

@@ -262,7 +262,7 @@ def _run_unprivileged(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the driver as a plain uid, through the sandbox launcher (reaches the venv)."""
     from toolservices.python.sandbox import _probe as probe_mod
-    from toolservices.python.sandbox._plan import _launcher_argv
+    from toolservices.python.sandbox._planner import _launcher_argv
 
     paths = probe_mod.python_paths(sys.executable)
     reach = probe_mod.reach_groups([(p, True) for p in paths.read_paths], UNPRIVILEGED_UID)

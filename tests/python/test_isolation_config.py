@@ -175,7 +175,7 @@ def test_broken_bwrap_falls_back_with_its_error() -> None:
 
 def test_missing_libseccomp_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: libseccomp cannot be removed from this machine for real."""
-    from toolservices.python.sandbox import _plan as _sandbox_plan
+    from toolservices.python.sandbox import _planner as _sandbox_plan
     from toolservices.python.sandbox._seccomp import SeccompUnavailable
 
     def unavailable(*, network: bool) -> bytes:
@@ -259,7 +259,7 @@ def test_self_test_server_reports_timeouts_exits_and_lingering_writers() -> None
 def test_l0_only_with_allow_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: make every launch under the dedicated uid fail (as if the interpreter
     could not be made reachable); only allow_unsafe=True may then run user code as root."""
-    from toolservices.python.sandbox import _plan as _sandbox_plan
+    from toolservices.python.sandbox import _planner as _sandbox_plan
 
     def unreachable(paths: object, uid: int) -> list[dict[str, object]]:
         return [{"ancestor": "/nonexistent-toolservices-test", "paths": []}]

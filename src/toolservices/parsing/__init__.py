@@ -19,13 +19,6 @@ from toolservices.parsing.base import (
     make_call_id,
     response_text,
 )
-from toolservices.parsing.contract import (
-    JSONCallParser,
-    PythonBlockParser,
-    RegexParser,
-    SimpleToolParser,
-    XMLBlockParser,
-)
 from toolservices.parsing.json_families import (
     HermesParser,
     Llama3JSONParser,
@@ -34,6 +27,13 @@ from toolservices.parsing.json_families import (
 from toolservices.parsing.pythonic import PythonicParser
 from toolservices.parsing.registry import available_parsers, get_parser
 from toolservices.parsing.special_tokens import DeepSeekV3Parser
+from toolservices.parsing.torchrl_formats import (
+    JSONCallParser,
+    PythonBlockParser,
+    RegexParser,
+    SimpleToolParser,
+    XMLBlockParser,
+)
 from toolservices.parsing.xml_families import Qwen3CoderParser
 
 __all__ = [

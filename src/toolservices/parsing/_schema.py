@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolservices.tools._jsonschema import coerce_text
+from toolservices.tools.jsonschema import coerce_text
 
 __all__ = ["TYPE_ALIASES", "ToolSchemas", "normalise_types"]
 

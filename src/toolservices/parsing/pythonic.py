@@ -16,8 +16,15 @@ from typing import Any
 from toolservices.parsing._common import Collector, SyntaxParser, after_text, iter_blocks
 from toolservices.parsing._json import ArgumentsError
 from toolservices.parsing.base import ToolCall
+from toolservices.parsing.json_families import read_calls
 
-__all__ = ["Llama4PythonicParser", "Olmo3Parser", "PythonicParser", "python_literal"]
+__all__ = [
+    "Lfm2Parser",
+    "Llama4PythonicParser",
+    "Olmo3Parser",
+    "PythonicParser",
+    "python_literal",
+]
 
 
 def _problem(message: str) -> ArgumentsError:
@@ -287,3 +294,63 @@ class Olmo3Parser(SyntaxParser):
         lines = "\n".join(_render_call(c) for c in calls)
         out = f"<function_calls>\n{lines}\n</function_calls>"
         return after_text(text, out)
+
+
+# --- lfm2 -----------------------------------------------------------------------------
+
+_LFM_START = "<|tool_call_start|>"
+_LFM_END = "<|tool_call_end|>"
+
+
+def _lfm2_calls(body: str) -> list[tuple[str, dict[str, Any]]]:
+    """The calls of one block: a JSON array of call objects, or a Python list of calls."""
+    stripped = body.strip()
+    if not stripped:
+        raise ArgumentsError("the block is empty: write a list of calls", kind="invalid_syntax")
+    if stripped.startswith("{") or (
+        stripped.startswith("[") and stripped[1:].lstrip().startswith("{")
+    ):
+        return [(name, args) for name, args, _ in read_calls(stripped)]
+    calls = list_calls(stripped)
+    if not calls:
+        raise ArgumentsError("the list of calls is empty", kind="invalid_syntax")
+    return calls
+
+
+class Lfm2Parser(SyntaxParser):
+    """Liquid LFM2 / LFM2.5: ``<|tool_call_start|>[f(a='x')]<|tool_call_end|>``.
+
+    The list is Python literals only (JSON's ``true``/``false``/``null`` too);
+    a JSON array of ``{"name", "arguments"}`` objects is read as well. A
+    complete list whose end token never came is accepted.
+    """
+
+    name = "lfm2"
+    syntax = f"{_LFM_START}[tool_name(arg='value', n=1), other_tool()]{_LFM_END}"
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, _LFM_START, _LFM_END):
+            raw = text[block.start : block.end]
+            try:
+                calls = _lfm2_calls(block.body(text))
+            except ArgumentsError as error:
+                if not block.closed:
+                    error = ArgumentsError(
+                        f"the call list is never closed with {_LFM_END} (truncated?): "
+                        f"{error.message}",
+                        truncated=True,
+                    )
+                found.arguments_error(error, raw)
+                continue
+            for name, args in calls:
+                found.call(name, args, raw=raw)
+            found.cut(block.start, block.end)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        rendered = ", ".join(
+            f"{call.tool}("
+            + ", ".join(f"{k}={python_literal(v)}" for k, v in call.args.items())
+            + ")"
+            for call in calls
+        )
+        return after_text(text, f"{_LFM_START}[{rendered}]{_LFM_END}")

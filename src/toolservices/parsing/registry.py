@@ -6,12 +6,7 @@ from typing import Any
 
 from toolservices.errors import UserError
 from toolservices.parsing.base import DEFAULT_MAX_CHARS, ToolParser, check_max_chars
-from toolservices.parsing.contract import (
-    JSONCallParser,
-    PythonBlockParser,
-    SimpleToolParser,
-    XMLBlockParser,
-)
+from toolservices.parsing.gemma import FunctionGemmaParser, Gemma4Parser
 from toolservices.parsing.json_families import (
     ErnieParser,
     GigaChat3Parser,
@@ -28,17 +23,27 @@ from toolservices.parsing.json_families import (
     Phi4MiniParser,
     XLAMParser,
 )
-from toolservices.parsing.newer_families import DeepSeekV4Parser, Gemma4Parser, Lfm2Parser
-from toolservices.parsing.pythonic import Llama4PythonicParser, Olmo3Parser, PythonicParser
+from toolservices.parsing.pythonic import (
+    Lfm2Parser,
+    Llama4PythonicParser,
+    Olmo3Parser,
+    PythonicParser,
+)
 from toolservices.parsing.special_tokens import (
     DeepSeekV3Parser,
     DeepSeekV31Parser,
     HarmonyParser,
     KimiK2Parser,
 )
+from toolservices.parsing.torchrl_formats import (
+    JSONCallParser,
+    PythonBlockParser,
+    SimpleToolParser,
+    XMLBlockParser,
+)
 from toolservices.parsing.xml_families import (
+    DeepSeekV4Parser,
     DeepSeekV32Parser,
-    FunctionGemmaParser,
     Glm45Parser,
     MiniMaxM2Parser,
     Qwen3CoderParser,

@@ -10,7 +10,8 @@ marks each value ``string="true|false"`` itself: non-strings are JSON.
 * invoke style: ``<invoke name="N"><parameter name="K">V</parameter></invoke>``
   (``minimax_m2``, ``deepseek_v32``, ``step3``);
 * ``glm45``: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>``;
-* ``functiongemma``: ``call:NAME{k:<escape>v<escape>,...}``.
+* ``deepseek_v4``: the DeepSeek-V3.2 DSML grammar inside ``<｜DSML｜tool_calls>``; an
+  invoke body may instead be one JSON object of arguments.
 
 Missing ``</parameter>`` / ``</function>`` tags inside a closed block are
 tolerated (Qwen3-Coder drops them); a block cut off before its function or
@@ -33,12 +34,12 @@ from toolservices.parsing._common import (
     segments,
     xml_params,
 )
-from toolservices.parsing._json import ArgumentsError, dumps
+from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
 from toolservices.parsing.base import ToolCall
 
 __all__ = [
     "DeepSeekV32Parser",
-    "FunctionGemmaParser",
+    "DeepSeekV4Parser",
     "Glm45Parser",
     "MiniMaxM2Parser",
     "Qwen3CoderParser",
@@ -388,132 +389,76 @@ class Glm45Parser(SyntaxParser):
         return after_text(text, "\n".join(blocks))
 
 
-# --- functiongemma ------------------------------------------------------------------
+# --- deepseek_v4 ----------------------------------------------------------------------
 
-_ESC = "<escape>"
-_FG_START = "<start_function_call>"
-_FG_END = "<end_function_call>"
+_DSML = "｜DSML｜"
 
 
-class _GemmaReader:
-    """Recursive reader of FunctionGemma's ``{k:<escape>v<escape>,k2:5}`` values."""
+class DeepSeekV4Parser(DeepSeekV32Parser):
+    """DeepSeek-V4: V3.2's DSML invokes inside ``<｜DSML｜tool_calls>``.
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
+    An invoke holds ``<｜DSML｜parameter name="K" string="true|false">`` elements
+    (``"false"`` values are JSON) or one JSON object of arguments.
+    """
 
-    def _skip(self, chars: str = " \t\r\n") -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in chars:
-            self.pos += 1
+    name = "deepseek_v4"
+    open_tag = f"<{_DSML}tool_calls>"
+    close_tag = f"</{_DSML}tool_calls>"
+    syntax = (
+        f'<{_DSML}tool_calls>\n<{_DSML}invoke name="TOOL_NAME">\n'
+        f'<{_DSML}parameter name="ARG" string="true">text</{_DSML}parameter>\n'
+        f'<{_DSML}parameter name="N" string="false">5</{_DSML}parameter>\n'
+        f"</{_DSML}invoke>\n</{_DSML}tool_calls>"
+    )
 
-    def value(self) -> Any:
-        self._skip()
-        text = self.text
-        if text.startswith(_ESC, self.pos):
-            end = text.find(_ESC, self.pos + len(_ESC))
-            if end == -1:
-                raise ArgumentsError(
-                    "a value opened with <escape> is never closed (truncated?)", truncated=True
-                )
-            value = text[self.pos + len(_ESC) : end]
-            self.pos = end + len(_ESC)
-            return value
-        if text.startswith("{", self.pos):
-            return self.obj()
-        if text.startswith("[", self.pos):
-            self.pos += 1
-            items: list[Any] = []
-            while True:
-                self._skip(" \t\r\n,")
-                if self.pos >= len(text):
-                    raise ArgumentsError(
-                        "a list is never closed with ']' (truncated?)", truncated=True
-                    )
-                if text[self.pos] == "]":
-                    self.pos += 1
-                    return items
-                items.append(self.value())
-        match = re.compile(r"[^,}\]]*").match(text, self.pos)
-        assert match is not None
-        self.pos = match.end()
-        token = match.group(0).strip()
-        try:
-            return json.loads(token)
-        except json.JSONDecodeError:
-            return token
-
-    def obj(self) -> dict[str, Any]:
-        self.pos += 1  # the "{"
-        result: dict[str, Any] = {}
-        while True:
-            self._skip(" \t\r\n,")
-            if self.pos >= len(self.text):
-                raise ArgumentsError(
-                    "the arguments are never closed with '}' (truncated?)", truncated=True
-                )
-            if self.text[self.pos] == "}":
-                self.pos += 1
-                return result
-            colon = self.text.find(":", self.pos)
-            if colon == -1:
-                raise ArgumentsError(
-                    "each argument must be written key:value", kind="invalid_syntax"
-                )
-            key = self.text[self.pos : colon].strip()
-            self.pos = colon + 1
-            result[key] = self.value()
-
-
-class FunctionGemmaParser(SyntaxParser):
-    """FunctionGemma: ``<start_function_call>call:NAME{k:<escape>v<escape>}<end_function_call>``."""
-
-    name = "functiongemma"
-    syntax = f"{_FG_START}call:TOOL_NAME{{arg:{_ESC}text{_ESC},n:5}}{_FG_END}"
-
-    def near_miss_markers(self) -> tuple[str, ...]:
-        return (_FG_START, _FG_END)
+    def _arguments(self, tool: str, inner: str) -> dict[str, Any]:
+        stripped = inner.strip()
+        if stripped.startswith("{"):
+            try:
+                return arguments_from_text(stripped)
+            except ArgumentsError as error:
+                # The invoke is closed: a missing bracket is bad JSON, not a cut-off.
+                kind = "invalid_json" if error.truncated else error.kind
+                raise ArgumentsError(f"tool {tool!r}: {error.message}", kind=kind) from None
+        pairs = xml_params(inner, self.param_re, self.param_close, stops=(self.section_close,))
+        if not pairs and stripped:
+            raise ArgumentsError(
+                f"tool {tool!r}: write its arguments as <{_DSML}parameter> elements "
+                "or as one JSON object",
+                kind="invalid_syntax",
+            )
+        return {match.group(1).strip(): self._value(tool, match, value) for match, value in pairs}
 
     def _scan(self, text: str, found: Collector) -> None:
-        for block in iter_blocks(text, _FG_START, _FG_END):
+        for block in iter_blocks(text, self.open_tag, self.close_tag):
             raw = text[block.start : block.end]
-            body = block.body(text).strip()
-            brace = body.find("{")
-            if not body.startswith("call:") or brace == -1:
-                kind = "truncated" if not block.closed else "invalid_syntax"
-                found.error("write call:TOOL_NAME{arg:<escape>value<escape>}", raw, kind=kind)
-                continue
-            name = body[5:brace].strip()
-            reader = _GemmaReader(body[brace:])
-            try:
-                args = reader.obj()
-            except ArgumentsError as error:
-                found.arguments_error(error, raw, tool=name)
-                continue
-            if not block.closed:
+            sections: list[tuple[str, str, bool]] = []
+            for match, inner in segments(block.body(text), self.section_re):
+                end = inner.find(self.section_close)
+                sections.append(
+                    (match.group(1).strip(), inner[:end] if end != -1 else inner, end != -1)
+                )
+            if not sections or (not block.closed and not sections[-1][2]):
+                truncated = not block.closed
+                what = f"inside {self.open_tag} write {self.inner_hint}"
+                if truncated:
+                    what = f"the call is cut off before {self.section_close} (truncated?)"
+                tool = sections[-1][0] if sections else None
                 found.error(
-                    f"the call is never closed with {_FG_END} (truncated?)",
+                    what,
                     raw,
-                    kind="truncated",
-                    tool=name,
+                    kind="truncated" if truncated else "invalid_syntax",
+                    tool=tool or None,
                 )
                 continue
-            found.call(name, args, raw=raw)
+            if any(not name for name, _, _ in sections):
+                found.error(f"a tool name is missing: write {self.inner_hint}", raw)
+                continue
+            try:
+                calls = [(name, self._arguments(name, inner)) for name, inner, _ in sections]
+            except ArgumentsError as error:
+                found.arguments_error(error, raw)
+                continue
+            for name, args in calls:
+                found.call(name, args, raw=raw)
             found.cut(block.start, block.end)
-
-    @staticmethod
-    def _write(value: Any) -> str:
-        if isinstance(value, str):
-            return f"{_ESC}{value}{_ESC}"
-        if isinstance(value, dict):
-            return (
-                "{"
-                + ",".join(f"{k}:{FunctionGemmaParser._write(v)}" for k, v in value.items())
-                + "}"
-            )
-        if isinstance(value, list):
-            return "[" + ",".join(FunctionGemmaParser._write(v) for v in value) + "]"
-        return dumps(value)
-
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        out = "".join(f"{_FG_START}call:{c.tool}{self._write(c.args)}{_FG_END}" for c in calls)
-        return after_text(text, out)

@@ -23,7 +23,7 @@ from toolservices.errors import (
     describe_exception,
 )
 from toolservices.tools._function_schema import STATE_PARAMETER, function_schema
-from toolservices.tools._jsonschema import schema_errors
+from toolservices.tools.jsonschema import schema_errors
 
 __all__ = ["FunctionTool", "ServiceTool", "Tool", "ToolService", "as_tool", "tool"]
 

@@ -1,6 +1,6 @@
 """The probe launch: what a planned server would really get (``python -I -S _probe.py``).
 
-The planner (``sandbox/_plan.py``) starts this module in place of the fork
+The planner (``sandbox/_planner.py``) starts this module in place of the fork
 server, through the very launcher, bubblewrap and environment it plans; it
 prints one JSON report of the layers it observes from inside, including those
 of one session forked and confined exactly as the fork server forks them.

@@ -6,7 +6,7 @@ gives. What the sandbox applies inside the server and the sessions lives in
 :mod:`toolservices.python.runtime` (``_launch``, ``_confine``, ``_probe``).
 
 * :class:`SandboxConfig` (``_config``): the settings;
-* :func:`plan_server_launch` (``_plan``): the best level that really works
+* :func:`plan_server_launch` (``_planner``): the best level that really works
   here, as a :class:`LaunchPlan` (``_launch_plan``);
 * :func:`isolation_report` / :func:`format_isolation_report` (``_isolation``,
   built by ``_report`` from a probe launch, ``_probe``);
@@ -33,7 +33,7 @@ from toolservices.python.sandbox._launch_plan import (
     kill_uid,
     session_state,
 )
-from toolservices.python.sandbox._plan import plan_server_launch
+from toolservices.python.sandbox._planner import plan_server_launch
 from toolservices.python.sandbox._selftest import CheckRunner, format_self_test, self_test
 
 __all__ = [

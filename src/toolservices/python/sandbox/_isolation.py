@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolservices.python.sandbox._config import LEVELS, SandboxConfig
-from toolservices.python.sandbox._plan import build_plan
+from toolservices.python.sandbox._planner import build_plan
 
 __all__ = ["format_isolation_report", "isolation_report"]
 

@@ -1,6 +1,6 @@
 """A fork server's launch plan (:class:`LaunchPlan`) and what each session applies.
 
-Host side. :func:`~toolservices.python.sandbox._plan.build_plan` makes the
+Host side. :func:`~toolservices.python.sandbox._planner.build_plan` makes the
 plans; a plan owns the dedicated uid's slot and the host directory the
 sessions' working directories go in, until :meth:`LaunchPlan.close`.
 :func:`session_state` is what each session applies to itself

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolservices.python.sandbox._config import SandboxConfig
-from toolservices.python.sandbox._plan import _FIXED_ENV
+from toolservices.python.sandbox._planner import _FIXED_ENV
 
 __all__ = ["CheckRunner", "format_self_test", "self_test"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from toolservices.python import runtime
 from toolservices.python.sandbox._config import SandboxConfig
-from toolservices.python.sandbox._plan import plan_server_launch
+from toolservices.python.sandbox._planner import plan_server_launch
 
 __all__ = ["SELFTEST_PY", "run_snippets"]
 

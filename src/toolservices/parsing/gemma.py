@@ -1,22 +1,16 @@
-"""Families of the 2026 model generations: Gemma 4, DeepSeek-V4, Liquid LFM2/LFM2.5.
+"""The Gemma families: FunctionGemma and Gemma 4.
 
+* ``functiongemma``: ``<start_function_call>call:NAME{k:<escape>v<escape>,...}<end_function_call>``;
+  string values are delimited by ``<escape>``.
 * ``gemma4``: ``<|tool_call>call:NAME{key:VALUE,...}<tool_call|>``, one block
   per call, back to back. Strings are delimited by the ``<|"|>`` token; keys,
   numbers, booleans and ``null`` are bare; objects ``{k:v}`` and lists
   ``[a,b]`` nest. Values carry their own type, so no schema is needed.
-* ``deepseek_v4``: the DeepSeek-V3.2 DSML grammar inside ``<｜DSML｜tool_calls>``
-  (``string="true|false"`` per parameter); an invoke body may instead be one
-  JSON object of arguments.
-* ``lfm2``: ``<|tool_call_start|>[f(a='x'), g(n=1)]<|tool_call_end|>``, a
-  Python list of keyword calls read as literals (nothing is evaluated), or a
-  JSON array of ``{"name", "arguments"}`` when the model was asked for JSON.
-
-Nemotron 3 and Qwen3.5/3.6 write the Qwen3-Coder XML format: they are aliases
-of ``qwen3_coder`` in the registry, not families of their own.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -26,16 +20,142 @@ from toolservices.parsing._common import (
     SyntaxParser,
     after_text,
     iter_blocks,
-    segments,
-    xml_params,
 )
-from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
+from toolservices.parsing._json import ArgumentsError, dumps
 from toolservices.parsing.base import ToolCall
-from toolservices.parsing.json_families import read_calls
-from toolservices.parsing.pythonic import list_calls, python_literal
-from toolservices.parsing.xml_families import DeepSeekV32Parser
 
-__all__ = ["DeepSeekV4Parser", "Gemma4Parser", "Lfm2Parser"]
+__all__ = ["FunctionGemmaParser", "Gemma4Parser"]
+
+
+# --- functiongemma ------------------------------------------------------------------
+
+_ESC = "<escape>"
+_FG_START = "<start_function_call>"
+_FG_END = "<end_function_call>"
+
+
+class _GemmaReader:
+    """Recursive reader of FunctionGemma's ``{k:<escape>v<escape>,k2:5}`` values."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def _skip(self, chars: str = " \t\r\n") -> None:
+        while self.pos < len(self.text) and self.text[self.pos] in chars:
+            self.pos += 1
+
+    def value(self) -> Any:
+        self._skip()
+        text = self.text
+        if text.startswith(_ESC, self.pos):
+            end = text.find(_ESC, self.pos + len(_ESC))
+            if end == -1:
+                raise ArgumentsError(
+                    "a value opened with <escape> is never closed (truncated?)", truncated=True
+                )
+            value = text[self.pos + len(_ESC) : end]
+            self.pos = end + len(_ESC)
+            return value
+        if text.startswith("{", self.pos):
+            return self.obj()
+        if text.startswith("[", self.pos):
+            self.pos += 1
+            items: list[Any] = []
+            while True:
+                self._skip(" \t\r\n,")
+                if self.pos >= len(text):
+                    raise ArgumentsError(
+                        "a list is never closed with ']' (truncated?)", truncated=True
+                    )
+                if text[self.pos] == "]":
+                    self.pos += 1
+                    return items
+                items.append(self.value())
+        match = re.compile(r"[^,}\]]*").match(text, self.pos)
+        assert match is not None
+        self.pos = match.end()
+        token = match.group(0).strip()
+        try:
+            return json.loads(token)
+        except json.JSONDecodeError:
+            return token
+
+    def obj(self) -> dict[str, Any]:
+        self.pos += 1  # the "{"
+        result: dict[str, Any] = {}
+        while True:
+            self._skip(" \t\r\n,")
+            if self.pos >= len(self.text):
+                raise ArgumentsError(
+                    "the arguments are never closed with '}' (truncated?)", truncated=True
+                )
+            if self.text[self.pos] == "}":
+                self.pos += 1
+                return result
+            colon = self.text.find(":", self.pos)
+            if colon == -1:
+                raise ArgumentsError(
+                    "each argument must be written key:value", kind="invalid_syntax"
+                )
+            key = self.text[self.pos : colon].strip()
+            self.pos = colon + 1
+            result[key] = self.value()
+
+
+class FunctionGemmaParser(SyntaxParser):
+    """FunctionGemma: ``<start_function_call>call:NAME{k:<escape>v<escape>}<end_function_call>``."""
+
+    name = "functiongemma"
+    syntax = f"{_FG_START}call:TOOL_NAME{{arg:{_ESC}text{_ESC},n:5}}{_FG_END}"
+
+    def near_miss_markers(self) -> tuple[str, ...]:
+        return (_FG_START, _FG_END)
+
+    def _scan(self, text: str, found: Collector) -> None:
+        for block in iter_blocks(text, _FG_START, _FG_END):
+            raw = text[block.start : block.end]
+            body = block.body(text).strip()
+            brace = body.find("{")
+            if not body.startswith("call:") or brace == -1:
+                kind = "truncated" if not block.closed else "invalid_syntax"
+                found.error("write call:TOOL_NAME{arg:<escape>value<escape>}", raw, kind=kind)
+                continue
+            name = body[5:brace].strip()
+            reader = _GemmaReader(body[brace:])
+            try:
+                args = reader.obj()
+            except ArgumentsError as error:
+                found.arguments_error(error, raw, tool=name)
+                continue
+            if not block.closed:
+                found.error(
+                    f"the call is never closed with {_FG_END} (truncated?)",
+                    raw,
+                    kind="truncated",
+                    tool=name,
+                )
+                continue
+            found.call(name, args, raw=raw)
+            found.cut(block.start, block.end)
+
+    @staticmethod
+    def _write(value: Any) -> str:
+        if isinstance(value, str):
+            return f"{_ESC}{value}{_ESC}"
+        if isinstance(value, dict):
+            return (
+                "{"
+                + ",".join(f"{k}:{FunctionGemmaParser._write(v)}" for k, v in value.items())
+                + "}"
+            )
+        if isinstance(value, list):
+            return "[" + ",".join(FunctionGemmaParser._write(v) for v in value) + "]"
+        return dumps(value)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        out = "".join(f"{_FG_START}call:{c.tool}{self._write(c.args)}{_FG_END}" for c in calls)
+        return after_text(text, out)
 
 
 # --- gemma4 ---------------------------------------------------------------------------
@@ -205,138 +325,3 @@ class Gemma4Parser(SyntaxParser):
             f"{_G4_START}call:{call.tool}{_gemma4_value(call.args)}{_G4_END}" for call in calls
         )
         return after_text(text, out)
-
-
-# --- deepseek_v4 ----------------------------------------------------------------------
-
-_DSML = "｜DSML｜"
-
-
-class DeepSeekV4Parser(DeepSeekV32Parser):
-    """DeepSeek-V4: V3.2's DSML invokes inside ``<｜DSML｜tool_calls>``.
-
-    An invoke holds ``<｜DSML｜parameter name="K" string="true|false">`` elements
-    (``"false"`` values are JSON) or one JSON object of arguments.
-    """
-
-    name = "deepseek_v4"
-    open_tag = f"<{_DSML}tool_calls>"
-    close_tag = f"</{_DSML}tool_calls>"
-    syntax = (
-        f'<{_DSML}tool_calls>\n<{_DSML}invoke name="TOOL_NAME">\n'
-        f'<{_DSML}parameter name="ARG" string="true">text</{_DSML}parameter>\n'
-        f'<{_DSML}parameter name="N" string="false">5</{_DSML}parameter>\n'
-        f"</{_DSML}invoke>\n</{_DSML}tool_calls>"
-    )
-
-    def _arguments(self, tool: str, inner: str) -> dict[str, Any]:
-        stripped = inner.strip()
-        if stripped.startswith("{"):
-            try:
-                return arguments_from_text(stripped)
-            except ArgumentsError as error:
-                # The invoke is closed: a missing bracket is bad JSON, not a cut-off.
-                kind = "invalid_json" if error.truncated else error.kind
-                raise ArgumentsError(f"tool {tool!r}: {error.message}", kind=kind) from None
-        pairs = xml_params(inner, self.param_re, self.param_close, stops=(self.section_close,))
-        if not pairs and stripped:
-            raise ArgumentsError(
-                f"tool {tool!r}: write its arguments as <{_DSML}parameter> elements "
-                "or as one JSON object",
-                kind="invalid_syntax",
-            )
-        return {match.group(1).strip(): self._value(tool, match, value) for match, value in pairs}
-
-    def _scan(self, text: str, found: Collector) -> None:
-        for block in iter_blocks(text, self.open_tag, self.close_tag):
-            raw = text[block.start : block.end]
-            sections: list[tuple[str, str, bool]] = []
-            for match, inner in segments(block.body(text), self.section_re):
-                end = inner.find(self.section_close)
-                sections.append(
-                    (match.group(1).strip(), inner[:end] if end != -1 else inner, end != -1)
-                )
-            if not sections or (not block.closed and not sections[-1][2]):
-                truncated = not block.closed
-                what = f"inside {self.open_tag} write {self.inner_hint}"
-                if truncated:
-                    what = f"the call is cut off before {self.section_close} (truncated?)"
-                tool = sections[-1][0] if sections else None
-                found.error(
-                    what,
-                    raw,
-                    kind="truncated" if truncated else "invalid_syntax",
-                    tool=tool or None,
-                )
-                continue
-            if any(not name for name, _, _ in sections):
-                found.error(f"a tool name is missing: write {self.inner_hint}", raw)
-                continue
-            try:
-                calls = [(name, self._arguments(name, inner)) for name, inner, _ in sections]
-            except ArgumentsError as error:
-                found.arguments_error(error, raw)
-                continue
-            for name, args in calls:
-                found.call(name, args, raw=raw)
-            found.cut(block.start, block.end)
-
-
-# --- lfm2 -----------------------------------------------------------------------------
-
-_LFM_START = "<|tool_call_start|>"
-_LFM_END = "<|tool_call_end|>"
-
-
-def _lfm2_calls(body: str) -> list[tuple[str, dict[str, Any]]]:
-    """The calls of one block: a JSON array of call objects, or a Python list of calls."""
-    stripped = body.strip()
-    if not stripped:
-        raise ArgumentsError("the block is empty: write a list of calls", kind="invalid_syntax")
-    if stripped.startswith("{") or (
-        stripped.startswith("[") and stripped[1:].lstrip().startswith("{")
-    ):
-        return [(name, args) for name, args, _ in read_calls(stripped)]
-    calls = list_calls(stripped)
-    if not calls:
-        raise ArgumentsError("the list of calls is empty", kind="invalid_syntax")
-    return calls
-
-
-class Lfm2Parser(SyntaxParser):
-    """Liquid LFM2 / LFM2.5: ``<|tool_call_start|>[f(a='x')]<|tool_call_end|>``.
-
-    The list is Python literals only (JSON's ``true``/``false``/``null`` too);
-    a JSON array of ``{"name", "arguments"}`` objects is read as well. A
-    complete list whose end token never came is accepted.
-    """
-
-    name = "lfm2"
-    syntax = f"{_LFM_START}[tool_name(arg='value', n=1), other_tool()]{_LFM_END}"
-
-    def _scan(self, text: str, found: Collector) -> None:
-        for block in iter_blocks(text, _LFM_START, _LFM_END):
-            raw = text[block.start : block.end]
-            try:
-                calls = _lfm2_calls(block.body(text))
-            except ArgumentsError as error:
-                if not block.closed:
-                    error = ArgumentsError(
-                        f"the call list is never closed with {_LFM_END} (truncated?): "
-                        f"{error.message}",
-                        truncated=True,
-                    )
-                found.arguments_error(error, raw)
-                continue
-            for name, args in calls:
-                found.call(name, args, raw=raw)
-            found.cut(block.start, block.end)
-
-    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
-        rendered = ", ".join(
-            f"{call.tool}("
-            + ", ".join(f"{k}={python_literal(v)}" for k, v in call.args.items())
-            + ")"
-            for call in calls
-        )
-        return after_text(text, f"{_LFM_START}[{rendered}]{_LFM_END}")
