@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import threading
@@ -13,12 +14,15 @@ from typing import Any
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python.host._result import ExecResult
 from toolservices.python.host._service import PythonExecutorService
+from toolservices.python.sandbox._config import check_config, default_config
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
 
 #: seconds the supervisor gets beyond a command's own limit to kill its tree and report
 _GRACE = 5.0
+#: the default size cap of a session's workspace (shared with its fork_session copies)
+DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
 _SOURCE = (Path(__file__).with_name("_supervisor.py")).read_text(encoding="utf-8")
@@ -74,6 +78,9 @@ class ShellService:
       calls allowed to wait before :class:`~toolservices.ExecutorBusyError`.
     * ``max_output``: bytes kept of stdout and of stderr per command.
     * ``max_file_size``: the largest file ``read_file``/``write_file`` move.
+    * ``disk_quota``: bytes a session's workspace may hold (with its copies);
+      ``None`` keeps ``sandbox.disk_quota``. Needs session namespaces (see
+      ``isolation_report()``); without them only ``file_size`` caps each file.
     * ``sandbox``: a :class:`~toolservices.python.SandboxConfig`.
     """
 
@@ -87,6 +94,7 @@ class ShellService:
         max_output: int = 128 * 1024,
         max_file_size: int = 16 * 1024 * 1024,
         max_list: int = 10_000,
+        disk_quota: int | None = DEFAULT_DISK_QUOTA,
         sandbox: Any = None,
         spares: int = 2,
     ) -> None:
@@ -98,6 +106,11 @@ class ShellService:
         self.max_list = int(max_list)
         # The supervisor's JSON reply travels as the session's stdout: room for both streams
         # (base64) or one file, plus the envelope.
+        config = default_config() if sandbox is None else check_config(sandbox)
+        if disk_quota is not None:
+            if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
+                raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
+            config = dataclasses.replace(config, disk_quota=disk_quota)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
         self._python = PythonExecutorService(
             pool_size=pool_size,
@@ -105,7 +118,7 @@ class ShellService:
             max_sessions=max_sessions,
             max_queue=max_queue,
             max_output=reply + 64 * 1024,
-            sandbox=sandbox,
+            sandbox=config,
             spares=spares,
         )
         self.pool_size = pool_size
@@ -437,6 +450,7 @@ class ShellService:
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
             "sandbox": self.sandbox,
+            "disk_quota": None,
         }
 
 
