@@ -46,28 +46,47 @@ _SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 # The script every bash runs: restore the state (fd 3), then run the command ($1)
 # with an EXIT trap that saves the new state into fd 4.
 _PRELUDE = r"""
+__ts_opts() {
+  builtin local __ts_o
+  builtin local -a __ts_l
+  IFS=: builtin read -r -a __ts_l <<<"$SHELLOPTS"
+  for __ts_o in "${__ts_l[@]}"; do
+    [[ :$1: == *":$__ts_o:"* ]] || builtin set +o "$__ts_o" 2>/dev/null
+  done
+  IFS=: builtin read -r -a __ts_l <<<"$1"
+  for __ts_o in "${__ts_l[@]}"; do builtin set -o "$__ts_o" 2>/dev/null; done
+  IFS=: builtin read -r -a __ts_l <<<"$BASHOPTS"
+  for __ts_o in "${__ts_l[@]}"; do
+    [[ :$2: == *":$__ts_o:"* ]] || builtin shopt -u "$__ts_o" 2>/dev/null
+  done
+  IFS=: builtin read -r -a __ts_l <<<"$2"
+  for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
+}
 __ts_save() {
-  local __ts_v; local -a __ts_names=() __ts_funcs=()
-  for __ts_v in $(builtin compgen -v); do
+  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS __ts_v
+  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
+  local -a __ts_l=() __ts_n=() __ts_f=()
+  builtin compgen -v >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
+  for __ts_v in "${__ts_l[@]}"; do
     case $__ts_v in
       BASH|BASHOPTS|BASHPID|BASH_*|EUID|PPID|SHELLOPTS|UID|FUNCNAME|GROUPS) continue ;;
       LINENO|RANDOM|SECONDS|SRANDOM|EPOCHREALTIME|EPOCHSECONDS|_|PIPESTATUS) continue ;;
-      DIRSTACK|COMP_*|OPTIND|OPTARG) continue ;;
-      HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|SHLVL|HISTCMD|PWD|__ts_*) continue ;;
+      DIRSTACK|COMP_*|OPTIND|OPTARG|HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|SHLVL) continue ;;
+      HISTCMD|PWD|__ts_*) continue ;;
     esac
-    [[ ${!__ts_v@a} == *r* ]] && continue
-    __ts_names+=("$__ts_v")
+    [[ ${!__ts_v@a} == *r* ]] || __ts_n+=("$__ts_v")
   done
-  for __ts_v in $(builtin compgen -A function); do
-    [[ $__ts_v == __ts_* ]] || __ts_funcs+=("$__ts_v")
+  __ts_l=()
+  builtin compgen -A function >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
+  for __ts_v in "${__ts_l[@]}"; do
+    [[ $__ts_v == __ts_* ]] || __ts_f+=("$__ts_v")
   done
   {
-    builtin declare -p "${__ts_names[@]}"
-    ((${#__ts_funcs[@]})) && builtin declare -f "${__ts_funcs[@]}"
+    ((${#__ts_n[@]})) && builtin declare -p "${__ts_n[@]}"
+    ((${#__ts_f[@]})) && builtin declare -f "${__ts_f[@]}"
     builtin alias -p
-    builtin shopt -p
-    builtin set +o
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
+    builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
@@ -132,8 +151,8 @@ class Shell:
         try:
             os.write(state_in, self.state.encode())
             os.lseek(state_in, 0, os.SEEK_SET)
-            before = _descendants(self.pid)
             pid = self._spawn(command, state_in, state_out, out_w, err_w, in_r)
+            born = _start_time(pid)
         except BaseException:
             for fd in (state_in, state_out, out_r, out_w, err_r, err_w, in_r, in_w):
                 if fd >= 0:
@@ -152,7 +171,7 @@ class Shell:
                     except OSError:
                         pass
         if timed_out:
-            _kill_new(self.pid, before, pid)
+            _kill_tree(self.pid, born)
         saved = _read_all(state_out)
         os.close(state_out)
         text = saved.decode("utf-8", "surrogateescape")
@@ -407,48 +426,47 @@ def _killpg(pid: int) -> None:
         pass
 
 
-def _children() -> dict[int, int]:
-    """pid -> parent pid of every process this /proc shows."""
-    parents = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            parents[int(name)] = int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return parents
+def _stat(pid: int | str) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()
 
 
-def _descendants(root: int) -> set[int]:
-    parents = _children()
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= frontier
-    return found
+def _start_time(pid: int) -> int:
+    try:
+        return int(_stat(pid)[19])  # field 22: start time in clock ticks since boot
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
-def _kill_new(root: int, before: set[int], pgid: int) -> None:
-    """Kill the command's tree: its group and every descendant born since it started."""
-    for _ in range(8):
-        _killpg(pgid)
-        new = _descendants(root) - before
-        alive = False
-        for pid in new:
+def _kill_tree(root: int, born: int) -> None:
+    """Kill the timed-out command's tree: what descends from ``root`` and started with it or later.
+
+    Orphans come back to ``root`` (a subreaper), so ``setsid`` and double forks
+    are found too; background jobs of earlier commands started before and stay.
+    """
+    for _ in range(16):
+        parents: dict[int, tuple[int, int, bytes]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    fields = _stat(name)
+                    parents[int(name)] = (int(fields[1]), int(fields[19]), fields[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+        tree: set[int] = set()
+        frontier = {root}
+        while frontier:
+            frontier = {p for p, (pp, _, _) in parents.items() if pp in frontier} - tree
+            tree |= frontier
+        victims = [p for p in tree if parents[p][1] >= born and parents[p][2] != b"Z"]
+        for pid in victims:
             try:
-                with open(f"/proc/{pid}/stat", "rb") as fh:
-                    if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
                 os.kill(pid, signal.SIGKILL)
-                alive = True
             except OSError:
                 continue
         _reap()
-        if not alive:
+        if not victims:
             return
 
 
