@@ -229,6 +229,11 @@ class ShellService:
         cap = self.max_output
         out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
         err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
+        if reply["timed_out"]:
+            err += (
+                f"\n[timed out after {reply['limit']:g} s: the command and every process it "
+                "started were killed]\n"
+            )
         restarted = bool(reply["restarted"]) or lost
         if session_id is None:
             restarted = False  # a fresh shell has no state to lose
@@ -251,6 +256,16 @@ class ShellService:
             session_id=session_id,
         )
 
+    def _refused(self, session_id: str | None) -> ShellResult:
+        self._bump(commands=1, failures=1)
+        return ShellResult(
+            success=False,
+            stdout="",
+            stderr="bash: the command contains a NUL byte; nothing was run\n",
+            returncode=2,
+            session_id=session_id,
+        )
+
     def run(
         self,
         command: str,
@@ -265,6 +280,8 @@ class ShellService:
         the queue is full and ``InfrastructureError`` when the machinery fails.
         """
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
+        if "\x00" in command:
+            return self._refused(session)
         res, lost = self._request("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -277,6 +294,8 @@ class ShellService:
     ) -> ShellResult:
         """Async :meth:`run`."""
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
+        if "\x00" in command:
+            return self._refused(session)
         res, lost = await self._arequest("run", args, session, limit)
         return self._result(res, lost, session)
 

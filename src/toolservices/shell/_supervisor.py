@@ -197,6 +197,7 @@ class Shell:
             "stdout_total": outs[0][1],
             "stderr_total": outs[1][1],
             "duration": time.monotonic() - started,
+            "limit": timeout,
         }
 
     def _spawn(
