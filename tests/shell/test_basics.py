@@ -60,6 +60,14 @@ def test_exit_keeps_the_state_before_it(shell: ShellService, sid: str) -> None:
     assert shell.run('echo "$KEEP $LATER"', session_id=sid).stdout == "1 2\n"
 
 
+def test_a_later_command_can_signal_an_earlier_background_job(
+    shell: ShellService, sid: str
+) -> None:
+    shell.run("sleep 60 & echo $! > job.pid", session_id=sid)
+    res = shell.run("kill $(cat job.pid) && echo killed; wait; echo $?", session_id=sid)
+    assert res.stdout.startswith("killed\n"), res
+
+
 def test_timeout_kills_the_command_and_files_survive(shell: ShellService, sid: str) -> None:
     shell.run("export KEEP=1; echo data > kept.txt", session_id=sid)
     res = shell.run("export LOST=1; sleep 30", session_id=sid, timeout=0.5)

@@ -113,7 +113,10 @@ def no_secret(res: ShellResult) -> bool:
 
 def disk_full(res: ShellResult) -> bool:
     """Stopped by the size cap of the mount (ENOSPC) or of one file (EFBIG), whichever is lower."""
-    return "No space left on device" in res.stderr or "File too large" in res.stderr
+    return any(
+        text in res.stderr
+        for text in ("No space left on device", "File too large", "File size limit exceeded")
+    )
 
 
 def clean_end(res: ShellResult) -> bool:
@@ -229,7 +232,12 @@ CASES: dict[str, Case] = {
         "if then fi (", lambda r: r.returncode == 2 and "syntax error" in r.stderr
     ),
     # signals: the supervisor, the server, other processes
-    "kill-supervisor": Case("kill -9 $PPID", lambda r: "not permitted" in r.stderr),
+    # bash's parent once started: the session's supervisor, outside the commands' domain
+    "kill-supervisor": Case("kill -9 $(ps -o ppid= $$)", lambda r: "not permitted" in r.stderr),
+    "kill-earlier-job": Case(
+        "sleep 60 & echo $! > ../job.pid; kill $(cat ../job.pid) && echo killed",
+        lambda r: r.stdout == "killed\n",
+    ),
     "kill-fork-server": Case("kill -9 1 2 2>&1", lambda r: "not permitted" in r.stdout),
     "kill-everything": Case("kill -9 -1; echo survived", lambda r: r.returncode == -9 or r.success),
     # pkill -f also matches this very shell (its argv holds the command): -9 or done

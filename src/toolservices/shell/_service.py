@@ -25,16 +25,21 @@ _GRACE = 5.0
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
-_SOURCE = (Path(__file__).with_name("_supervisor.py")).read_text(encoding="utf-8")
+_HERE = Path(__file__).parent
+_SOURCES = {
+    "_toolservices_shell_spawner": (_HERE / "_spawner.py").read_text(encoding="utf-8"),
+    "_toolservices_shell": (_HERE / "_supervisor.py").read_text(encoding="utf-8"),
+}
 # Idempotent: loading it again in a live session keeps its shell state.
 _BOOTSTRAP = (
     f"if {_ENTRY!r} not in globals():\n"
     "    import sys as _s, types as _t\n"
-    "    _m = _t.ModuleType('_toolservices_shell')\n"
-    f"    exec(compile({_SOURCE!r}, '<toolservices-shell>', 'exec'), _m.__dict__)\n"
-    "    _s.modules['_toolservices_shell'] = _m\n"
+    f"    for _n, _src in {_SOURCES!r}.items():\n"
+    "        _m = _t.ModuleType(_n)\n"
+    "        _s.modules[_n] = _m\n"
+    "        exec(compile(_src, '<' + _n + '>', 'exec'), _m.__dict__)\n"
     f"    {_ENTRY} = _m.call\n"
-    "    del _s, _t, _m\n"
+    "    del _s, _t, _m, _n, _src\n"
 )
 
 
