@@ -13,8 +13,9 @@ and on exit writes the new state into a private memfd. So:
 * ``exit``, ``exec``, ``kill -9 $$`` end only that bash; the next command gets
   a fresh one, restored from the last state saved (``restarted`` says when
   this command's changes could not be saved);
-* each bash runs in its own process group and in a nested Landlock domain
-  scoped for signals, so it cannot signal this supervisor;
+* each bash runs in its own process group, started by the session's spawner
+  (``_spawner``) in a nested Landlock domain scoped for signals: commands can
+  signal each other's processes, never this supervisor;
 * the result travels back as one JSON line on the session's own stdout,
   which no child can reach (this process is made non-dumpable, so its
   ``/proc/<pid>/fd`` stays closed to the commands).
