@@ -228,6 +228,12 @@ class Shell:
                 self._drop_spawner()
                 continue
             self.pending = None
+            if _parent(spare.pid) != os.getpid():
+                # started while we were not a subreaper (fork_session clears it for a moment):
+                # someone else reaps it, so we could not learn its status. Use another.
+                _killpg(spare.pid)
+                spare.close()
+                continue
             return spare
         raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
 
@@ -482,6 +488,13 @@ def _stat(pid: int | str) -> list[bytes]:
     """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         return fh.read().rsplit(b")", 1)[1].split()
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_stat(pid)[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _start_time(pid: int) -> int:
