@@ -70,27 +70,11 @@ __ts_opts() {
   for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
 }
 __ts_save() {
-  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS __ts_v
+  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
   builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
-  local -a __ts_l=() __ts_n=() __ts_f=()
-  builtin compgen -v >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
-  for __ts_v in "${__ts_l[@]}"; do
-    case $__ts_v in
-      BASH|BASHOPTS|BASHPID|BASH_*|EUID|PPID|SHELLOPTS|UID|FUNCNAME|GROUPS) continue ;;
-      LINENO|RANDOM|SECONDS|SRANDOM|EPOCHREALTIME|EPOCHSECONDS|_|PIPESTATUS) continue ;;
-      DIRSTACK|COMP_*|OPTIND|OPTARG|HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|SHLVL) continue ;;
-      HISTCMD|PWD|__ts_*) continue ;;
-    esac
-    [[ ${!__ts_v@a} == *r* ]] || __ts_n+=("$__ts_v")
-  done
-  __ts_l=()
-  builtin compgen -A function >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
-  for __ts_v in "${__ts_l[@]}"; do
-    [[ $__ts_v == __ts_* ]] || __ts_f+=("$__ts_v")
-  done
   {
-    ((${#__ts_n[@]})) && builtin declare -p "${__ts_n[@]}"
-    ((${#__ts_f[@]})) && builtin declare -f "${__ts_f[@]}"
+    builtin declare -p
+    builtin declare -f
     builtin alias -p
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
     builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
@@ -99,6 +83,7 @@ __ts_save() {
 }
 builtin trap __ts_save EXIT
 builtin source /dev/fd/3 2>/dev/null
+RANDOM=$SRANDOM
 builtin exec 3<&-
 builtin eval "$__ts_cmd"
 """
