@@ -175,3 +175,14 @@ async def test_busy_service_raises_executor_busy() -> None:
                 tg.start_soon(call, i)
         busy = [o for o in outcomes if isinstance(o, ExecutorBusyError)]
         assert busy and all(b.retryable for b in busy)
+
+
+def test_closing_copies_frees_their_share_of_the_quota() -> None:
+    """Copies live in their source's quota: closing one gives its space back at once."""
+    with ShellService(pool_size=1, timeout=20.0, disk_quota=24 << 20) as small:
+        assert small.run("head -c 8M /dev/zero > blob && echo ok", session_id="src").success
+        for _ in range(4):  # 4 x 8 MB of copies would not fit in 24 MB without the wipe
+            (copy,) = small.fork_session("src", 1)
+            assert small.run("ls", session_id=copy).stdout == "blob\n"
+            assert small.close_session(copy) is True
+        assert small.close_session("never-was") is False

@@ -146,6 +146,9 @@ class ShellService:
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
         self._booted: set[str] = set()
+        # sessions sharing a disk quota with others (forked, or copies): closing one of them
+        # must empty its workspace, which the lineage's tmpfs would otherwise keep
+        self._shared: set[str] = set()
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
     # --- requests ------------------------------------------------------------------
@@ -428,7 +431,9 @@ class ShellService:
         _check_session(src, required=True)
         if src not in self._booted:  # a copy must carry a loaded supervisor
             self._ensure_booted(src)
-        return self._python.fork_session(src, n)
+        copies = self._python.fork_session(src, n)
+        self._share(src, copies)
+        return copies
 
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
         """Async :meth:`fork_session`."""
@@ -436,22 +441,45 @@ class ShellService:
         if src not in self._booted:
             res, _ = await self._arequest("workspace", {}, src, self._file_limit())
             self._reply(res)
-        return await self._python.afork_session(src, n)
+        copies = await self._python.afork_session(src, n)
+        self._share(src, copies)
+        return copies
+
+    def _share(self, src: str, copies: list[str]) -> None:
+        if len(self._shared) > 4 * self.max_sessions:
+            self._shared.clear()  # forgetting only leaves a closed copy's files to its lineage
+        self._shared.update((src, *copies))
 
     def _ensure_booted(self, src: str) -> None:
         res, _ = self._request("workspace", {}, src, self._file_limit())
         self._reply(res)
 
+    def _live(self, session_id: str) -> bool:
+        # a request to a session that is gone would create it: only wipe live ones
+        return session_id in self._python._slots
+
     def close_session(self, session_id: str) -> bool:
         """Kill every process the session started and free its files; False: no such session."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        if session_id in self._shared and self._live(session_id):
+            self._shared.discard(session_id)
+            try:
+                self._request("wipe", {}, session_id, self._file_limit())
+            except InfrastructureError:
+                pass  # closing kills it anyway; only its share of the quota stays taken
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        if session_id in self._shared and self._live(session_id):
+            self._shared.discard(session_id)
+            try:
+                await self._arequest("wipe", {}, session_id, self._file_limit())
+            except InfrastructureError:
+                pass
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:

@@ -402,6 +402,15 @@ class Shell:
             return _error(exc)
         return {"ok": True, "data": base64.b64encode(b"".join(chunks)).decode()}
 
+    def wipe(self) -> dict[str, Any]:
+        """Empty the workspace: a closing copy's files share the lineage's disk quota."""
+        self._adopt_fork()
+        try:
+            _wipe_tree(self.workspace)
+        except OSError as exc:
+            return _error(exc)
+        return {"ok": True}
+
     def list_files(self, path: str, limit: int) -> dict[str, Any]:
         full = self._path(path)
         entries: list[list[Any]] = []
@@ -428,6 +437,23 @@ class Shell:
             return _error(exc)
         entries.sort()
         return {"ok": True, "entries": entries}
+
+
+def _wipe_tree(top: str) -> None:
+    """Delete what is inside ``top``, never following symlinks (shutil's fd-based walk)."""
+    import shutil
+
+    with os.scandir(top) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        path = os.path.join(top, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _error(exc: OSError) -> dict[str, Any]:
@@ -549,6 +575,8 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.read_file(args["path"])
     elif op == "list":
         reply = shell.list_files(args["path"], args["limit"])
+    elif op == "wipe":
+        reply = shell.wipe()
     elif op == "workspace":
         shell._adopt_fork()
         reply = {"ok": True, "workspace": shell.workspace}
