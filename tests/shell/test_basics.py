@@ -186,3 +186,13 @@ def test_closing_copies_frees_their_share_of_the_quota() -> None:
             assert small.run("ls", session_id=copy).stdout == "blob\n"
             assert small.close_session(copy) is True
         assert small.close_session("never-was") is False
+
+
+def test_background_job_printing_later_is_not_killed(shell: ShellService, sid: str) -> None:
+    """Its command's pipes stay open (drained): no SIGPIPE when it prints after returning."""
+    shell.run(
+        "(until [ -e go ]; do sleep 0.02; done; seq 2000; echo err >&2; touch printed) &",
+        session_id=sid,
+    )
+    res = shell.run("touch go; until [ -e printed ]; do sleep 0.02; done; echo ok", session_id=sid)
+    assert res.stdout == "ok\n" and not res.timed_out, res

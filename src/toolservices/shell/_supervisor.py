@@ -47,6 +47,7 @@ else:  # on the host (tests)
 
 BASH = "/bin/bash"
 _STATE_END = "#toolservices-state-end"
+_MAX_LINGERING = 64
 _PR_SET_DUMPABLE = 4
 
 # The script every bash runs: wait for the state and the command (the pipe on fd 3,
@@ -145,6 +146,9 @@ class Shell:
         _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         self.spawner: Spawner | None = None
         self.pending: _Spare | None = None
+        # stdout/stderr pipes of finished commands that background jobs still hold: kept
+        # open and drained, so that a job printing later is not killed by SIGPIPE
+        self.lingering: list[int] = []
 
     # --- commands ------------------------------------------------------------------
 
@@ -167,6 +171,28 @@ class Shell:
         if self.spawner is not None:
             self.spawner.close()
             self.spawner = None
+        for fd in self.lingering:
+            os.close(fd)
+        self.lingering = []
+
+    def _drain_lingering(self, keep: tuple[int, ...] = ()) -> None:
+        """Discard what background jobs printed since; close the pipes nobody writes anymore."""
+        alive = []
+        for fd in [*self.lingering, *keep]:
+            while True:
+                try:
+                    if os.read(fd, 65536):
+                        continue
+                except BlockingIOError:
+                    alive.append(fd)
+                    break
+                except OSError:
+                    pass
+                os.close(fd)  # end of file: every writer is gone
+                break
+        while len(alive) > _MAX_LINGERING:  # a bound on descriptors; the oldest go
+            os.close(alive.pop(0))
+        self.lingering = alive
 
     def _request_spare(self) -> None:
         """Ask the spawner for the next command's bash; it starts while we reply."""
@@ -225,6 +251,7 @@ class Shell:
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
         self._adopt_fork()
         started = time.monotonic()
+        self._drain_lingering()
         spare = self._take_spare()
         pid = spare.pid
         born = _start_time(pid)
@@ -246,6 +273,9 @@ class Shell:
             if timed_out:
                 _kill_tree(self.pid, born)
             saved = _read_all(spare.state_out)
+            kept = (spare.out_r, spare.err_r)
+            spare.out_r = spare.err_r = -1
+            self._drain_lingering(kept)
         finally:
             spare.close()
         try:
