@@ -196,3 +196,10 @@ def test_background_job_printing_later_is_not_killed(shell: ShellService, sid: s
     )
     res = shell.run("touch go; until [ -e printed ]; do sleep 0.02; done; echo ok", session_id=sid)
     assert res.stdout == "ok\n" and not res.timed_out, res
+
+
+def test_isolation_report_has_the_shell_layers(shell: ShellService) -> None:
+    layers = shell.isolation_report()["layers"]
+    assert {"disk_quota", "command_scope", "seccomp", "landlock"} <= set(layers)
+    if layers["session_namespaces"]["active"]:
+        assert layers["disk_quota"]["active"]

@@ -54,6 +54,12 @@ _BOOTSTRAP = (
 )
 
 
+def _landlock_abi() -> int:
+    from toolservices.python.runtime._confine import landlock_abi
+
+    return landlock_abi()
+
+
 def _check_timeout(value: object, name: str = "timeout") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -483,8 +489,33 @@ class ShellService:
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:
-        """The isolation the sessions get (the Python executor's report: the same layers)."""
-        return self._python.isolation_report()
+        """The isolation the sessions get: the Python executor's report, plus two shell layers.
+
+        ``disk_quota`` (the workspace tmpfs, which needs session namespaces) and
+        ``command_scope`` (commands cannot signal their session's supervisor:
+        Landlock ABI >= 6, i.e. the report's ``landlock`` layer with scoping).
+        """
+        report = dict(self._python.isolation_report())
+        layers = dict(report.get("layers", {}))
+        own_ns = bool(layers.get("session_namespaces", {}).get("active"))
+        quota = self.sandbox.disk_quota
+        layers["disk_quota"] = {
+            "active": own_ns and quota is not None,
+            "detail": f"each session's workspace is a private tmpfs of {quota} bytes"
+            if own_ns and quota is not None
+            else "off: needs session namespaces and a disk_quota; only file_size caps a file",
+        }
+        abi = _landlock_abi()
+        layers["command_scope"] = {
+            "active": abi >= 6,
+            "detail": "commands run in a nested Landlock domain scoped for signals: "
+            "they cannot signal their session's supervisor"
+            if abi >= 6
+            else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
+            "its session's supervisor, which loses the session",
+        }
+        report["layers"] = layers
+        return report
 
     def stats(self) -> dict[str, Any]:
         """The executor's counters (sessions, queue, slots) plus the shell's own."""
