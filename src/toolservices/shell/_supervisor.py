@@ -271,7 +271,8 @@ class Shell:
                 pid, spare.out_r, spare.err_r, in_w, stdin, timeout
             )
             if timed_out:
-                _kill_tree(self.pid, born)
+                spawner = 0 if self.spawner is None else self.spawner.pid
+                _kill_tree(self.pid, pid, born, spawner)
             saved = _read_all(spare.state_out)
             kept = (spare.out_r, spare.err_r)
             spare.out_r = spare.err_r = -1
@@ -545,27 +546,35 @@ def _start_time(pid: int) -> int:
         return 0
 
 
-def _kill_tree(root: int, born: int) -> None:
-    """Kill the timed-out command's tree: what descends from ``root`` and started with it or later.
+def _kill_tree(root: int, bash: int, born: int, spared: int) -> None:
+    """Kill the timed-out command's tree, and nothing of the commands before it.
 
-    Orphans come back to ``root`` (a subreaper), so ``setsid`` and double forks
-    are found too; background jobs of earlier commands started before and stay.
+    Orphans come back to ``root`` (a subreaper). Among its children, the
+    command's are those in its process group (``bash``'s pid) or started after
+    its bash (a higher pid and a start time not before ``born``: ``setsid``,
+    double forks); everything below them goes too. Background jobs of earlier
+    commands are older and in older groups, and so are the processes they
+    start later; ``spared`` (the spawner) stays.
     """
     for _ in range(16):
-        parents: dict[int, tuple[int, int, bytes]] = {}
+        info: dict[int, tuple[int, int, int, bytes]] = {}  # pid -> ppid, pgid, start, state
         for name in os.listdir("/proc"):
             if name.isdigit():
                 try:
                     fields = _stat(name)
-                    parents[int(name)] = (int(fields[1]), int(fields[19]), fields[0])
+                    info[int(name)] = (int(fields[1]), int(fields[2]), int(fields[19]), fields[0])
                 except (OSError, ValueError, IndexError):
                     continue
+        frontier = {
+            pid
+            for pid, (ppid, pgid, start, _state) in info.items()
+            if ppid == root and pid != spared and (pgid == bash or (pid >= bash and start >= born))
+        }
         tree: set[int] = set()
-        frontier = {root}
         while frontier:
-            frontier = {p for p, (pp, _, _) in parents.items() if pp in frontier} - tree
             tree |= frontier
-        victims = [p for p in tree if parents[p][1] >= born and parents[p][2] != b"Z"]
+            frontier = {p for p, row in info.items() if row[0] in frontier} - tree
+        victims = [p for p in tree if info[p][3] != b"Z"]
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
