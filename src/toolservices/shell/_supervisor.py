@@ -607,7 +607,21 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     shell = _shell
     if op == "run":
         stdin = None if args["stdin"] is None else base64.b64decode(args["stdin"])
-        reply = shell.run(args["command"], args["timeout"], stdin)
+        try:
+            reply = shell.run(args["command"], args["timeout"], stdin)
+        except OSError as exc:  # no bash could start: the process budget, most likely
+            message = f"bash: cannot start the command: {exc.strerror or exc}\n".encode()
+            reply = {
+                "returncode": 126,
+                "timed_out": False,
+                "restarted": False,
+                "stdout": "",
+                "stderr": base64.b64encode(message).decode(),
+                "stdout_total": 0,
+                "stderr_total": len(message),
+                "duration": 0.0,
+                "limit": args["timeout"],
+            }
     elif op == "write":
         reply = shell.write_file(args["path"], args["data"], args.get("mode", 0o644))
     elif op == "read":
