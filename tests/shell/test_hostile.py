@@ -101,6 +101,9 @@ class Case:
     check: Callable[[ShellResult], bool]
     timeout: float = 5.0
     stdin: str | None = None
+    #: the command leaves its own session unable to start anything (a live fork bomb):
+    #: the next command must then say so clearly instead of working
+    exhausts_session: bool = False
 
 
 def fails(res: ShellResult) -> bool:
@@ -151,7 +154,7 @@ CASES: dict[str, Case] = {
     ),
     # fork bombs and process budgets
     # the bomb returns at once and runs on in the background, inside the session's budget
-    "fork-bomb": Case(":(){ :|:& };:", no_secret, timeout=3),
+    "fork-bomb": Case(":(){ :|:& };:", no_secret, timeout=3, exhausts_session=True),
     "fork-bomb-waited": Case(":(){ :|:& };:; wait; sleep 5", lambda r: r.timed_out, timeout=2),
     "many-sleepers": Case(
         "for i in $(seq 100); do sleep 3 & done 2>&1 | tail -1; wait",
@@ -293,7 +296,10 @@ def test_hostile_command(shell: ShellService, name: str) -> None:
     assert case.check(res), res
     # the same session still answers, whatever the command did to its shell
     again = shell.run("echo next", session_id=sid, timeout=8)
-    assert again.stdout == "next\n", again
+    if case.exhausts_session and again.returncode == 126:
+        assert "cannot start the command" in again.stderr, again
+    else:
+        assert again.stdout == "next\n", again
     assert shell.close_session(sid)
 
 

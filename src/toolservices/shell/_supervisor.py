@@ -255,6 +255,10 @@ class Shell:
         spare = self._take_spare()
         pid = spare.pid
         born = _start_time(pid)
+        try:  # the next command's bash starts while this one runs
+            self._request_spare()
+        except OSError:
+            pass  # asked again (and reported) by the next command
         try:
             script = self.state.encode("utf-8", "surrogateescape")
             script += b"\n__ts_cmd=" + _quote(command) + b"\n"
@@ -279,10 +283,6 @@ class Shell:
             self._drain_lingering(kept)
         finally:
             spare.close()
-        try:
-            self._request_spare()  # the next command's bash starts while this reply travels
-        except OSError:
-            pass  # asked again (and reported) by the next command
         text = saved.decode("utf-8", "surrogateescape")
         restarted = True
         if not timed_out and text.endswith(_STATE_END + "\n"):
