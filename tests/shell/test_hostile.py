@@ -540,3 +540,22 @@ def test_close_session_frees_the_disk(shell: ShellService) -> None:
     shell.close_session(sid)
     again = shell.run("ls", session_id=sid)
     assert again.stdout == ""
+
+
+def test_stopped_spare_shell_cannot_hang_the_session(shell: ShellService) -> None:
+    """A command stops the bash waiting for the next command while the state is large (> a pipe)."""
+    sid = new_sid()
+    shell.run("echo kept > f; BIG=$(head -c 200000 /dev/zero | tr '\\0' x)", session_id=sid)
+    # the spare: a bash whose parent is the supervisor (our own parent), other than us
+    stop = (
+        "sup=$(ps -o ppid= $$ | tr -d ' '); "
+        "until spare=$(ps -eo pid=,ppid=,comm= | "
+        "awk -v s=$sup -v me=$$ '$2 == s && $3 == \"bash\" && $1 != me {print $1}'); "
+        '[ -n "$spare" ]; do sleep 0.01; done; kill -STOP $spare && echo stopped'
+    )
+    assert shell.run(stop, session_id=sid).stdout == "stopped\n"
+    res = shell.run("echo never", session_id=sid, timeout=1)
+    assert res.timed_out and "did not answer" not in res.stderr, res
+    after = shell.run('echo "${#BIG}"; cat f', session_id=sid)
+    assert after.stdout == "200000\nkept\n", after
+    shell.close_session(sid)

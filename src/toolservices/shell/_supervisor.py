@@ -262,18 +262,10 @@ class Shell:
         try:
             script = self.state.encode("utf-8", "surrogateescape")
             script += b"\n__ts_cmd=" + _quote(command) + b"\n"
-            try:
-                view = memoryview(script)
-                while view:
-                    view = view[os.write(spare.cmd_w, view) :]
-            except BrokenPipeError:
-                pass  # bash is gone already: its status says how
-            os.close(spare.cmd_w)
-            spare.cmd_w = -1
-            in_w, spare.in_w = spare.in_w, -1
-            status, outs, timed_out = self._collect(
-                pid, spare.out_r, spare.err_r, in_w, stdin, timeout
-            )
+            # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
+            writes = {spare.cmd_w: script, spare.in_w: stdin or b""}
+            spare.cmd_w = spare.in_w = -1
+            status, outs, timed_out = self._collect(pid, spare.out_r, spare.err_r, writes, timeout)
             if timed_out:
                 spawner = 0 if self.spawner is None else self.spawner.pid
                 _kill_tree(self.pid, pid, born, spawner)
@@ -310,29 +302,31 @@ class Shell:
         }
 
     def _collect(
-        self, pid: int, out_r: int, err_r: int, in_w: int, stdin: bytes | None, timeout: float
+        self, pid: int, out_r: int, err_r: int, writes: dict[int, bytes], timeout: float
     ) -> tuple[int, list[tuple[bytes, int]], bool]:
-        """Read both streams until bash exits (not until EOF: background jobs may hold them)."""
+        """Feed ``writes`` (fd: data, closed once written) and read both streams until bash exits.
+
+        Not until EOF: background jobs may hold the streams open.
+        """
         cap = self.max_output
         bufs = [bytearray(), bytearray()]
         totals = [0, 0]
         fds = {out_r: 0, err_r: 1}
+        pending: dict[int, memoryview] = {}
+        poller = select.poll()
         for fd in fds:
             os.set_blocking(fd, False)
-        pending = memoryview(stdin or b"")
-        if in_w >= 0:
-            os.set_blocking(in_w, False)
-            if not pending:
-                os.close(in_w)
-                in_w = -1
+            poller.register(fd, select.POLLIN)
+        for fd, data in writes.items():
+            if data:
+                os.set_blocking(fd, False)
+                pending[fd] = memoryview(data)
+                poller.register(fd, select.POLLOUT)
+            else:
+                os.close(fd)  # end of file at once: stdin without input
         deadline = time.monotonic() + timeout
         status: int | None = None
         timed_out = False
-        poller = select.poll()
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-        if in_w >= 0:
-            poller.register(in_w, select.POLLOUT)
         # pidfd: wake up when bash exits, not only when it writes.
         pidfd = os.pidfd_open(pid)
         poller.register(pidfd, select.POLLIN)
@@ -349,26 +343,27 @@ class Shell:
                         done, st = os.waitpid(pid, os.WNOHANG)
                         if done:
                             status = st
-                    elif fd == in_w:
+                    elif fd in pending:
+                        view = pending[fd]
                         try:
-                            n = os.write(in_w, pending[:65536])
-                            pending = pending[n:]
+                            view = view[os.write(fd, view[:65536]) :]
                         except BlockingIOError:
-                            n = 0
-                        except OSError:  # the command closed its stdin
-                            pending = pending[:0]
-                        if not pending:
-                            poller.unregister(in_w)
-                            os.close(in_w)
-                            in_w = -1
+                            pass
+                        except OSError:  # the reader is gone (closed its stdin, exited)
+                            view = view[:0]
+                        pending[fd] = view
+                        if not view:
+                            poller.unregister(fd)
+                            os.close(fd)
+                            del pending[fd]
                     elif fd in fds and not _drain(fd, bufs[fds[fd]], totals, fds[fd], cap):
                         poller.unregister(fd)
             for fd, index in fds.items():  # what the command wrote before it exited
                 _drain(fd, bufs[index], totals, index, cap)
         finally:
             os.close(pidfd)
-            if in_w >= 0:
-                os.close(in_w)
+            for fd in pending:
+                os.close(fd)
         return status, [(bytes(bufs[0]), totals[0]), (bytes(bufs[1]), totals[1])], timed_out
 
     # --- files ---------------------------------------------------------------------
