@@ -559,3 +559,17 @@ def test_stopped_spare_shell_cannot_hang_the_session(shell: ShellService) -> Non
     after = shell.run('echo "${#BIG}"; cat f', session_id=sid)
     assert after.stdout == "200000\nkept\n", after
     shell.close_session(sid)
+
+
+def test_stopped_spawner_is_replaced(shell: ShellService) -> None:
+    """A command stops every other process it can reach (the spawner too): the session goes on."""
+    sid = new_sid()
+    shell.run("echo kept > f", session_id=sid)
+    res = shell.run(
+        "pkill -STOP python; pkill -STOP -x bash -P 1 2>/dev/null; echo sent", session_id=sid
+    )
+    assert "sent" in res.stdout or res.returncode < 0, res
+    for _ in range(2):  # the second one needs a bash from the stopped spawner
+        after = shell.run("cat f", session_id=sid, timeout=8)
+        assert after.stdout == "kept\n", after
+    shell.close_session(sid)

@@ -29,6 +29,8 @@ _SYS_LANDLOCK_RESTRICT_SELF = 446
 _SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 _PID = struct.Struct("<q")
 _NFDS = 5
+#: seconds to wait for a bash to be started before the spawner is replaced
+_REPLY_WAIT = 5.0
 #: signals Python ignores and bash must get back at their defaults
 _DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
 
@@ -67,6 +69,8 @@ class Spawner:
             finally:
                 os._exit(0)
         theirs.close()
+        # a spawner stopped or wedged by a command (kill -STOP) must not hang the session
+        ours.settimeout(_REPLY_WAIT)
         self.sock, self.pid = ours, pid
 
     def request(self, fds: list[int]) -> None:
@@ -74,7 +78,10 @@ class Spawner:
         self.sock.sendmsg([b"S"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
     def reply(self) -> int:
-        """The pid of the bash asked for (re-parented to us by now); OSError if the spawner died."""
+        """The pid of the bash asked for (re-parented to us by now).
+
+        OSError if the spawner died or did not answer within ``_REPLY_WAIT``.
+        """
         data = b""
         while len(data) < _PID.size:
             chunk = self.sock.recv(_PID.size - len(data))
@@ -89,6 +96,14 @@ class Spawner:
     def close(self) -> None:
         """Forget it (its process ends when the socket closes; a fork's copy never kills it)."""
         self.sock.close()
+
+    def kill(self) -> None:
+        """Kill it (it may be stopped, when closing its socket would not end it) and forget it."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.close()
 
 
 def _serve(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str) -> None:

@@ -220,7 +220,7 @@ class Shell:
 
     def _drop_spawner(self) -> None:
         if self.spawner is not None:
-            self.spawner.close()
+            self.spawner.kill()
             self.spawner = None
         _reap()
 
