@@ -51,6 +51,9 @@ class SandboxConfig:
     own limited to ``memory_limit``, where the host allows it (as root, with
     the cgroup v1 memory controller): shared memory, tmpfs and memfd pages
     then count too; the report says whether it is on.
+    ``disk_quota`` (bytes; needs session namespaces) mounts a private tmpfs of
+    that size over each session's directory, shared with its fork_session
+    copies: a full disk is ENOSPC for the session, never the host's.
     """
 
     memory_limit: int | None = 2 * _GiB
@@ -75,6 +78,7 @@ class SandboxConfig:
     host_shm: bool = False
     session_namespaces: bool = True
     memory_cgroup: bool = True
+    disk_quota: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -93,6 +97,10 @@ class SandboxConfig:
             problems.append(
                 f"stack_size must be at least 1 MiB (Python needs it), got {self.stack_size}"
             )
+        if self.disk_quota is not None and (
+            not isinstance(self.disk_quota, int) or self.disk_quota <= 0
+        ):
+            problems.append(f"disk_quota must be a positive int or None, got {self.disk_quota!r}")
         if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
             problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
         if self.min_level is not None and self.min_level not in LEVELS:

@@ -1,0 +1,633 @@
+"""The shell supervisor: runs inside a sandboxed Python session, standard library only.
+
+The host never imports this module: it sends its source once to each session
+(``ShellService`` execs it there), so it runs with exactly the session's
+rights (uid, rlimits, namespaces, Landlock, seccomp). It holds the shell state
+of one session (a bash script that restores variables, functions, aliases,
+options and the working directory) and, for each command, starts a fresh
+``bash`` as its child that first restores that state, then runs the command,
+and on exit writes the new state into a private memfd. So:
+
+* the exit status is bash's own exit status, seen by ``waitpid``: nothing the
+  command prints, closes or redirects can end it early or fake it;
+* ``exit``, ``exec``, ``kill -9 $$`` end only that bash; the next command gets
+  a fresh one, restored from the last state saved (``restarted`` says when
+  this command's changes could not be saved);
+* each bash runs in its own process group, started by the session's spawner
+  (``_spawner``) in a nested Landlock domain scoped for signals: commands can
+  signal each other's processes, never this supervisor;
+* the result travels back as one JSON line on the session's own stdout,
+  which no child can reach (this process is made non-dumpable, so its
+  ``/proc/<pid>/fd`` stays closed to the commands).
+
+File operations (``write_file``, ``read_file``, ``list_files``) run here too:
+they act with the session's rights and no more.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import errno
+import json
+import os
+import select
+import signal
+import stat
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolservices.shell._spawner import Spawner
+elif "_toolservices_shell_spawner" in sys.modules:  # in a session: loaded just before this one
+    Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
+else:  # on the host (tests)
+    from toolservices.shell._spawner import Spawner
+
+BASH = "/bin/bash"
+_STATE_END = "#toolservices-state-end"
+_MAX_LINGERING = 64
+_PR_SET_DUMPABLE = 4
+
+# The script every bash runs: wait for the state and the command (the pipe on fd 3,
+# read to its end), then run the command with an EXIT trap that saves the new state
+# into the memfd on fd 4.
+_PRELUDE = r"""
+__ts_opts() {
+  builtin local __ts_o
+  builtin local -a __ts_l
+  IFS=: builtin read -r -a __ts_l <<<"$SHELLOPTS"
+  for __ts_o in "${__ts_l[@]}"; do
+    [[ :$1: == *":$__ts_o:"* ]] || builtin set +o "$__ts_o" 2>/dev/null
+  done
+  IFS=: builtin read -r -a __ts_l <<<"$1"
+  for __ts_o in "${__ts_l[@]}"; do builtin set -o "$__ts_o" 2>/dev/null; done
+  IFS=: builtin read -r -a __ts_l <<<"$BASHOPTS"
+  for __ts_o in "${__ts_l[@]}"; do
+    [[ :$2: == *":$__ts_o:"* ]] || builtin shopt -u "$__ts_o" 2>/dev/null
+  done
+  IFS=: builtin read -r -a __ts_l <<<"$2"
+  for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
+}
+__ts_save() {
+  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
+  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
+  {
+    builtin declare -p
+    builtin declare -f
+    builtin alias -p
+    builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
+    builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
+    builtin printf '%s\n' '#toolservices-state-end'
+  } >/dev/fd/4 2>/dev/null
+}
+builtin trap __ts_save EXIT
+builtin source /dev/fd/3 2>/dev/null
+RANDOM=$SRANDOM
+exec 3<&-  # "builtin exec" would close it for that one command only
+builtin eval "$__ts_cmd"
+"""
+
+_libc: Any = None
+
+
+def _lib() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _quote(text: str) -> bytes:
+    """``text`` as one bash ``$'...'`` word (every byte outside printable ASCII escaped)."""
+    out = bytearray(b"$'")
+    for byte in text.encode("utf-8", "surrogateescape"):
+        if byte < 0x20 or byte >= 0x7F or byte in (0x27, 0x5C):
+            out += b"\\x%02x" % byte
+        else:
+            out.append(byte)
+    out += b"'"
+    return bytes(out)
+
+
+class _Spare:
+    """A bash started ahead of need, blocked reading its state and command."""
+
+    def __init__(self, cmd_w: int, out_r: int, err_r: int, in_w: int, state_out: int) -> None:
+        self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out = (
+            cmd_w,
+            out_r,
+            err_r,
+            in_w,
+            state_out,
+        )
+        self.pid = 0
+
+    def close(self) -> None:
+        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = -1
+
+
+class Shell:
+    """One session's shell: its saved state, its workspace, its spawner and spare bash."""
+
+    def __init__(self, workspace: str, *, max_output: int, max_file: int) -> None:
+        self.workspace = workspace
+        self.max_output = max_output
+        self.max_file = max_file
+        self.state = ""
+        self.pid = os.getpid()
+        _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        self.spawner: Spawner | None = None
+        self.pending: _Spare | None = None
+        # stdout/stderr pipes of finished commands that background jobs still hold: kept
+        # open and drained, so that a job printing later is not killed by SIGPIPE
+        self.lingering: list[int] = []
+
+    # --- commands ------------------------------------------------------------------
+
+    def _adopt_fork(self) -> None:
+        """A copy made by fork_session: rewrite the source's workspace path to ours.
+
+        The spawner and the spare bash belong to the source: forget them (never kill).
+        """
+        if os.getpid() == self.pid:
+            return
+        self.pid = os.getpid()
+        here = os.getcwd()
+        if here != self.workspace:
+            self.state = self.state.replace(self.workspace, here)
+            self.workspace = here
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = here
+        if self.pending is not None:
+            self.pending.close()
+            self.pending = None
+        if self.spawner is not None:
+            self.spawner.close()
+            self.spawner = None
+        for fd in self.lingering:
+            os.close(fd)
+        self.lingering = []
+
+    def _drain_lingering(self, keep: tuple[int, ...] = ()) -> None:
+        """Discard what background jobs printed since; close the pipes nobody writes anymore."""
+        alive = []
+        for fd in [*self.lingering, *keep]:
+            while True:
+                try:
+                    if os.read(fd, 65536):
+                        continue
+                except BlockingIOError:
+                    alive.append(fd)
+                    break
+                except OSError:
+                    pass
+                os.close(fd)  # end of file: every writer is gone
+                break
+        while len(alive) > _MAX_LINGERING:  # a bound on descriptors; the oldest go
+            os.close(alive.pop(0))
+        self.lingering = alive
+
+    def _request_spare(self) -> None:
+        """Ask the spawner for the next command's bash; it starts while we reply."""
+        if self.spawner is None:
+            env = dict(os.environ)
+            env.pop("PWD", None)
+            argv = [BASH, "--noprofile", "--norc", "-c", _PRELUDE, "bash"]
+            self.spawner = Spawner(argv, env, self.workspace)
+        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
+        spare = _Spare(cmd_w, out_r, err_r, in_w, state_out)
+        try:
+            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out])
+        except OSError:
+            spare.close()
+            self._drop_spawner()
+            raise
+        finally:
+            for fd in (cmd_r, out_w, err_w, in_r):
+                os.close(fd)
+        self.pending = spare
+
+    def _drop_spawner(self) -> None:
+        if self.spawner is not None:
+            self.spawner.kill()
+            self.spawner = None
+        _reap()
+
+    def _take_spare(self) -> _Spare:
+        for _attempt in range(3):
+            try:
+                if self.pending is None:
+                    self._request_spare()
+                spare = self.pending
+                assert spare is not None and self.spawner is not None
+                spare.pid = self.spawner.reply()
+            except OSError:  # the spawner died (a command may kill it): start another
+                if self.pending is not None:
+                    self.pending.close()
+                    self.pending = None
+                self._drop_spawner()
+                continue
+            self.pending = None
+            if _parent(spare.pid) != os.getpid():
+                # started while we were not a subreaper (fork_session clears it for a moment):
+                # someone else reaps it, so we could not learn its status. Use another.
+                _killpg(spare.pid)
+                spare.close()
+                continue
+            return spare
+        raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
+
+    def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
+        self._adopt_fork()
+        started = time.monotonic()
+        self._drain_lingering()
+        spare = self._take_spare()
+        pid = spare.pid
+        born = _start_time(pid)
+        try:  # the next command's bash starts while this one runs
+            self._request_spare()
+        except OSError:
+            pass  # asked again (and reported) by the next command
+        try:
+            script = self.state.encode("utf-8", "surrogateescape")
+            script += b"\n__ts_cmd=" + _quote(command) + b"\n"
+            # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
+            writes = {spare.cmd_w: script, spare.in_w: stdin or b""}
+            spare.cmd_w = spare.in_w = -1
+            status, outs, timed_out = self._collect(pid, spare.out_r, spare.err_r, writes, timeout)
+            if timed_out:
+                spawner = 0 if self.spawner is None else self.spawner.pid
+                _kill_tree(self.pid, pid, born, spawner)
+            saved = _read_all(spare.state_out)
+            kept = (spare.out_r, spare.err_r)
+            spare.out_r = spare.err_r = -1
+            self._drain_lingering(kept)
+        finally:
+            spare.close()
+        text = saved.decode("utf-8", "surrogateescape")
+        restarted = True
+        if not timed_out and text.endswith(_STATE_END + "\n"):
+            self.state = text
+            restarted = False
+        _reap()
+        if os.WIFEXITED(status):
+            code = os.WEXITSTATUS(status)
+        elif os.WIFSIGNALED(status):
+            code = -os.WTERMSIG(status)
+        else:
+            code = -1
+        if timed_out:
+            code = -1
+        return {
+            "returncode": code,
+            "timed_out": timed_out,
+            "restarted": restarted,
+            "stdout": base64.b64encode(outs[0][0]).decode(),
+            "stderr": base64.b64encode(outs[1][0]).decode(),
+            "stdout_total": outs[0][1],
+            "stderr_total": outs[1][1],
+            "duration": time.monotonic() - started,
+            "limit": timeout,
+        }
+
+    def _collect(
+        self, pid: int, out_r: int, err_r: int, writes: dict[int, bytes], timeout: float
+    ) -> tuple[int, list[tuple[bytes, int]], bool]:
+        """Feed ``writes`` (fd: data, closed once written) and read both streams until bash exits.
+
+        Not until EOF: background jobs may hold the streams open.
+        """
+        cap = self.max_output
+        bufs = [bytearray(), bytearray()]
+        totals = [0, 0]
+        fds = {out_r: 0, err_r: 1}
+        pending: dict[int, memoryview] = {}
+        poller = select.poll()
+        for fd in fds:
+            os.set_blocking(fd, False)
+            poller.register(fd, select.POLLIN)
+        for fd, data in writes.items():
+            if data:
+                os.set_blocking(fd, False)
+                pending[fd] = memoryview(data)
+                poller.register(fd, select.POLLOUT)
+            else:
+                os.close(fd)  # end of file at once: stdin without input
+        deadline = time.monotonic() + timeout
+        status: int | None = None
+        timed_out = False
+        # pidfd: wake up when bash exits, not only when it writes.
+        pidfd = os.pidfd_open(pid)
+        poller.register(pidfd, select.POLLIN)
+        try:
+            while status is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    _killpg(pid)
+                    _, status = os.waitpid(pid, 0)
+                    break
+                for fd, _events in poller.poll(min(left, 1.0) * 1000):
+                    if fd == pidfd:
+                        done, st = os.waitpid(pid, os.WNOHANG)
+                        if done:
+                            status = st
+                    elif fd in pending:
+                        view = pending[fd]
+                        try:
+                            view = view[os.write(fd, view[:65536]) :]
+                        except BlockingIOError:
+                            pass
+                        except OSError:  # the reader is gone (closed its stdin, exited)
+                            view = view[:0]
+                        pending[fd] = view
+                        if not view:
+                            poller.unregister(fd)
+                            os.close(fd)
+                            del pending[fd]
+                    elif fd in fds and not _drain(fd, bufs[fds[fd]], totals, fds[fd], cap):
+                        poller.unregister(fd)
+            for fd, index in fds.items():  # what the command wrote before it exited
+                _drain(fd, bufs[index], totals, index, cap)
+        finally:
+            os.close(pidfd)
+            for fd in pending:
+                os.close(fd)
+        return status, [(bytes(bufs[0]), totals[0]), (bytes(bufs[1]), totals[1])], timed_out
+
+    # --- files ---------------------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        self._adopt_fork()
+        return os.path.join(self.workspace, path)
+
+    def write_file(self, path: str, data_b64: str, mode: int) -> dict[str, Any]:
+        data = base64.b64decode(data_b64)
+        full = self._path(path)
+        try:
+            parent = os.path.dirname(full)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return _error(exc)
+        return {"ok": True, "size": len(data)}
+
+    def read_file(self, path: str) -> dict[str, Any]:
+        full = self._path(path)
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                info = os.fstat(fd)
+                if stat.S_ISDIR(info.st_mode):
+                    return {"ok": False, "errno": "EISDIR", "message": "Is a directory"}
+                if not stat.S_ISREG(info.st_mode):
+                    return {"ok": False, "errno": "ENOTREG", "message": "Not a regular file"}
+                if info.st_size > self.max_file:
+                    return {
+                        "ok": False,
+                        "errno": "EFBIG",
+                        "message": "File too large",
+                        "size": info.st_size,
+                    }
+                chunks: list[bytes] = []
+                total = 0
+                while True:
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if total > self.max_file:
+                        return {
+                            "ok": False,
+                            "errno": "EFBIG",
+                            "message": "File too large",
+                            "size": total,
+                        }
+                    chunks.append(chunk)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return _error(exc)
+        return {"ok": True, "data": base64.b64encode(b"".join(chunks)).decode()}
+
+    def wipe(self) -> dict[str, Any]:
+        """Empty the workspace: a closing copy's files share the lineage's disk quota."""
+        self._adopt_fork()
+        try:
+            _wipe_tree(self.workspace)
+        except OSError as exc:
+            return _error(exc)
+        return {"ok": True}
+
+    def list_files(self, path: str, limit: int) -> dict[str, Any]:
+        full = self._path(path)
+        entries: list[list[Any]] = []
+        try:
+            with os.scandir(full) as it:
+                for entry in it:
+                    if len(entries) >= limit:
+                        break
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    kind = (
+                        "dir"
+                        if stat.S_ISDIR(info.st_mode)
+                        else "symlink"
+                        if stat.S_ISLNK(info.st_mode)
+                        else "file"
+                        if stat.S_ISREG(info.st_mode)
+                        else "other"
+                    )
+                    entries.append([entry.name, kind, info.st_size])
+        except OSError as exc:
+            return _error(exc)
+        entries.sort()
+        return {"ok": True, "entries": entries}
+
+
+def _wipe_tree(top: str) -> None:
+    """Delete what is inside ``top``, never following symlinks (shutil's fd-based walk)."""
+    import shutil
+
+    with os.scandir(top) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        path = os.path.join(top, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _error(exc: OSError) -> dict[str, Any]:
+    code = errno.errorcode.get(exc.errno or 0, "EIO")
+    return {"ok": False, "errno": code, "message": exc.strerror or str(exc)}
+
+
+def _drain(fd: int, buf: bytearray, totals: list[int], index: int, cap: int) -> bool:
+    """Read what is there now; False at EOF."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        totals[index] += len(chunk)
+        room = cap + 1 - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _stat(pid: int | str) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_stat(pid)[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _start_time(pid: int) -> int:
+    try:
+        return int(_stat(pid)[19])  # field 22: start time in clock ticks since boot
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _kill_tree(root: int, bash: int, born: int, spared: int) -> None:
+    """Kill the timed-out command's tree, and nothing of the commands before it.
+
+    Orphans come back to ``root`` (a subreaper). Among its children, the
+    command's are those in its process group (``bash``'s pid) or started after
+    its bash (a higher pid and a start time not before ``born``: ``setsid``,
+    double forks); everything below them goes too. Background jobs of earlier
+    commands are older and in older groups, and so are the processes they
+    start later; ``spared`` (the spawner) stays.
+    """
+    for _ in range(16):
+        info: dict[int, tuple[int, int, int, bytes]] = {}  # pid -> ppid, pgid, start, state
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    fields = _stat(name)
+                    info[int(name)] = (int(fields[1]), int(fields[2]), int(fields[19]), fields[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+        frontier = {
+            pid
+            for pid, (ppid, pgid, start, _state) in info.items()
+            if ppid == root and pid != spared and (pgid == bash or (pid >= bash and start >= born))
+        }
+        tree: set[int] = set()
+        while frontier:
+            tree |= frontier
+            frontier = {p for p, row in info.items() if row[0] in frontier} - tree
+        victims = [p for p in tree if info[p][3] != b"Z"]
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+        _reap()
+        if not victims:
+            return
+
+
+def _reap() -> None:
+    """Collect orphans this subreaper inherited (background jobs that ended)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+_shell: Shell | None = None
+
+
+def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
+    """Entry point of every request: one JSON line on stdout."""
+    global _shell
+    if _shell is None:
+        _shell = Shell(os.getcwd(), max_output=config["max_output"], max_file=config["max_file"])
+    shell = _shell
+    if op == "run":
+        stdin = None if args["stdin"] is None else base64.b64decode(args["stdin"])
+        try:
+            reply = shell.run(args["command"], args["timeout"], stdin)
+        except OSError as exc:  # no bash could start: the process budget, most likely
+            message = f"bash: cannot start the command: {exc.strerror or exc}\n".encode()
+            reply = {
+                "returncode": 126,
+                "timed_out": False,
+                "restarted": False,
+                "stdout": "",
+                "stderr": base64.b64encode(message).decode(),
+                "stdout_total": 0,
+                "stderr_total": len(message),
+                "duration": 0.0,
+                "limit": args["timeout"],
+            }
+    elif op == "write":
+        reply = shell.write_file(args["path"], args["data"], args.get("mode", 0o644))
+    elif op == "read":
+        reply = shell.read_file(args["path"])
+    elif op == "list":
+        reply = shell.list_files(args["path"], args["limit"])
+    elif op == "wipe":
+        reply = shell.wipe()
+    elif op == "workspace":
+        shell._adopt_fork()
+        reply = {"ok": True, "workspace": shell.workspace}
+    else:
+        reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
+    print(json.dumps(reply))
