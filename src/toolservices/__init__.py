@@ -2,8 +2,8 @@
 
 The core (tools, parsers, dispatch, the framework-free environment) needs no
 torch. Integrations load on first use: ``toolservices.python`` (sandboxed
-interpreters), ``toolservices.services`` (local and Ray registries),
-``toolservices.mcp`` and ``toolservices.torchrl``.
+interpreters), ``toolservices.shell`` (sandboxed shells), ``toolservices.services``
+(local and Ray registries), ``toolservices.mcp`` and ``toolservices.torchrl``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ _LAZY = {
     "PythonExecutorService": "toolservices.python",
     "PersistentPythonProcess": "toolservices.python",
     "isolation_report": "toolservices.python",
+    "ShellService": "toolservices.shell",
+    "ShellResult": "toolservices.shell",
+    "ShellFileError": "toolservices.shell",
 }
 
 
@@ -85,6 +88,9 @@ __all__ = [
     "ServiceRegistry",
     "ServiceTimeoutError",
     "ServiceUnavailableError",
+    "ShellFileError",
+    "ShellResult",
+    "ShellService",
     "StepMetrics",
     "Tool",
     "ToolArgumentError",

@@ -212,7 +212,9 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
     check(result, f"mount({source!r} on {target!r})")
 
 
-def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str] = ()) -> None:
+def enter_session_namespaces(
+    *, lineage: str, tmp_size: int, keep: Sequence[str] = (), disk_quota: int | None = None
+) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
     A user namespace (mapping only our uid and gid) makes the kernel count
@@ -224,7 +226,9 @@ def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str]
     session sees them), and an IPC namespace keeps SysV shared memory and
     semaphores private. What must stay visible below them (the session's own
     directory, read-only paths such as a virtualenv under ``/tmp``) is bound
-    back on top. The capabilities the new namespace grants are dropped before
+    back on top. With ``disk_quota`` the lineage directory itself becomes a
+    tmpfs of that size (its files live and die with this mount namespace).
+    The capabilities the new namespace grants are dropped before
     user code runs (seccomp and Landlock, applied after this, deny mounts and
     new namespaces anyway).
     """
@@ -236,6 +240,8 @@ def enter_session_namespaces(*, lineage: str, tmp_size: int, keep: Sequence[str]
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
             fh.write(text)
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)
+    if disk_quota:
+        _mount("tmpfs", lineage, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={disk_quota},mode=0700")
     for target in SESSION_TMPFS:
         if not os.path.isdir(target):
             continue
@@ -346,7 +352,10 @@ def enter_session(config: Any = None, *, workdir: str) -> None:
     session_ns = state.get("session_ns")
     if session_ns:  # before the rlimits: a new user namespace starts its own NPROC count
         enter_session_namespaces(
-            lineage=workdir, tmp_size=session_ns["tmp_size"], keep=session_ns.get("keep", ())
+            lineage=workdir,
+            tmp_size=session_ns["tmp_size"],
+            keep=session_ns.get("keep", ()),
+            disk_quota=session_ns.get("disk_quota"),
         )
     set_no_new_privs()
     limits = dict(state["rlimits"])
@@ -468,6 +477,7 @@ def fork_confined(
             prepare()
         enter_session(workdir=lineage or workdir)
         die_with_parent()  # a change of identity cleared it
+        os.makedirs(workdir, 0o700, exist_ok=True)  # hidden by a disk_quota mount on the lineage
         os.chdir(workdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
     except BaseException as exc:  # tell the parent why this session cannot start

@@ -367,6 +367,7 @@ class _Worker:
         os.setsid()
         set_subreaper(True)
         self.pid = os.getpid()
+        os.makedirs(workdir, 0o700, exist_ok=True)  # the server's is hidden under a disk_quota
         if source_dir:
             # under the session's own layers: it can only copy what it could read anyway
             try:

@@ -41,6 +41,9 @@ class SandboxConfig:
     namespaces where the kernel allows it (any level): a private ``/tmp``,
     ``/dev/shm`` and SysV IPC, and an ``nproc`` budget counted per session;
     the report says whether it worked and why not.
+    ``disk_quota`` (bytes; needs session namespaces) mounts a private tmpfs of
+    that size over each session's directory, shared with its fork_session
+    copies: a full disk is ENOSPC for the session, never the host's.
     """
 
     memory_limit: int | None = 4 * _GiB
@@ -63,6 +66,7 @@ class SandboxConfig:
     base_dir: str | None = None
     host_shm: bool = False
     session_namespaces: bool = True
+    disk_quota: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -70,6 +74,10 @@ class SandboxConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 problems.append(f"{name} must be a positive int or None, got {value!r}")
+        if self.disk_quota is not None and (
+            not isinstance(self.disk_quota, int) or self.disk_quota <= 0
+        ):
+            problems.append(f"disk_quota must be a positive int or None, got {self.disk_quota!r}")
         if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
             problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
         if self.min_level is not None and self.min_level not in LEVELS:

@@ -143,7 +143,11 @@ def session_state(
     """
     rlimits = {**config_rlimits(config), "NPROC": None}
     return {
-        "session_ns": {"tmp_size": config.tmp_size, "keep": list(keep or ())}
+        "session_ns": {
+            "tmp_size": config.tmp_size,
+            "keep": list(keep or ()),
+            "disk_quota": getattr(config, "disk_quota", None),
+        }
         if session_ns
         else None,
         "nproc_headroom": nproc,

@@ -1,0 +1,88 @@
+"""The typed result of one shell command, readable as the contract's dict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from toolservices.errors import ToolError
+
+__all__ = ["FileEntry", "ShellFileError", "ShellResult"]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShellResult(Mapping[str, Any]):
+    """Outcome of one command, a :class:`~collections.abc.Mapping` like ``ExecResult``.
+
+    * ``success``: the command exited with status 0 (and did not time out).
+    * ``returncode``: bash's exit status; ``-N`` when killed by signal N, -1 on timeout.
+    * ``stdout`` / ``stderr``: decoded as UTF-8 with replacement, each cut at
+      ``max_output`` bytes with a visible marker (``truncated`` then says so).
+    * ``timed_out``: the time limit was hit and the command's process tree killed.
+    * ``restarted``: the command's changes to the shell state (cwd, variables,
+      functions) could not be saved (it timed out, ran ``exec``, killed its
+      shell, or the session itself was lost): the next command starts from
+      the state before this one, or from a fresh shell if the session was lost.
+    """
+
+    success: bool
+    stdout: str
+    stderr: str
+    returncode: int
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+    restarted: bool = False
+    session_id: str | None = None
+
+    @property
+    def state_lost(self) -> bool:
+        """Alias of :attr:`restarted`, named for what it means to the caller."""
+        return self.restarted
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KEYS)
+
+    def __len__(self) -> int:
+        return len(_KEYS)
+
+    def __repr__(self) -> str:
+        return f"ShellResult({', '.join(f'{k}={getattr(self, k)!r}' for k in _KEYS)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-serialisable) with every field."""
+        return {key: getattr(self, key) for key in _KEYS}
+
+
+_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ShellResult))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileEntry:
+    """One entry of :meth:`ShellService.list_files`: ``kind`` is file, dir, symlink or other."""
+
+    name: str
+    kind: str
+    size: int
+
+
+class ShellFileError(ToolError):
+    """A file operation failed as the session's own commands would (the model can act on it).
+
+    ``reason`` is the errno name (``ENOENT``, ``EACCES``, ``EISDIR``, ``ENOSPC``,
+    ``EFBIG`` for a size cap...), ``path`` the path as given.
+    """
+
+    kind = "tool_failed"
+
+    def __init__(self, op: str, path: str, reason: str, message: str) -> None:
+        super().__init__(f"{op}: {path}: {message}")
+        self.op = op
+        self.path = path
+        self.reason = reason

@@ -1,0 +1,458 @@
+"""``ShellService``: persistent shell sessions on the Python executor's sandboxed sessions."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from toolservices.errors import InfrastructureError, UserError
+from toolservices.python.host._result import ExecResult
+from toolservices.python.host._service import PythonExecutorService
+from toolservices.python.sandbox._config import check_config, default_config
+from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
+
+__all__ = ["ShellService"]
+
+#: seconds the supervisor gets beyond a command's own limit to kill its tree and report
+_GRACE = 5.0
+#: the default size cap of a session's workspace (shared with its fork_session copies)
+DEFAULT_DISK_QUOTA = 1 << 30
+#: the name the supervisor's entry point has in a session's globals
+_ENTRY = "__ts_shell__"
+_SOURCE = (Path(__file__).with_name("_supervisor.py")).read_text(encoding="utf-8")
+# Idempotent: loading it again in a live session keeps its shell state.
+_BOOTSTRAP = (
+    f"if {_ENTRY!r} not in globals():\n"
+    "    import sys as _s, types as _t\n"
+    "    _m = _t.ModuleType('_toolservices_shell')\n"
+    f"    exec(compile({_SOURCE!r}, '<toolservices-shell>', 'exec'), _m.__dict__)\n"
+    "    _s.modules['_toolservices_shell'] = _m\n"
+    f"    {_ENTRY} = _m.call\n"
+    "    del _s, _t, _m\n"
+)
+
+
+def _check_timeout(value: object, name: str = "timeout") -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _check_session(value: object, *, required: bool = False) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise UserError(f"session_id must be a non-empty str, got {value!r}")
+    return value
+
+
+def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
+    text = data[:cap].decode("utf-8", "replace")
+    if total > cap:
+        text += f"\n[... output truncated: {total - cap} more bytes not shown ...]\n"
+        return text, True
+    return text, False
+
+
+class ShellService:
+    """Run shell commands in persistent, sandboxed sessions, and act on their files.
+
+    Each session is a sandboxed session of the Python executor (same uid,
+    rlimits, namespaces, seccomp, Landlock, private ``/tmp``, process budget,
+    no network) whose supervisor runs every command in a fresh ``bash``
+    restored from the session's saved shell state: ``cd``, variables,
+    functions, aliases and options persist between calls, and exit statuses
+    are read by ``waitpid``, never from the command's output. See
+    ``docs/shell.md``.
+
+    * ``pool_size``: commands executing at once; ``timeout``: default limit per command.
+    * ``max_sessions``: live sessions (LRU eviction beyond it), ``max_queue``:
+      calls allowed to wait before :class:`~toolservices.ExecutorBusyError`.
+    * ``max_output``: bytes kept of stdout and of stderr per command.
+    * ``max_file_size``: the largest file ``read_file``/``write_file`` move.
+    * ``disk_quota``: bytes a session's workspace may hold (with its copies);
+      ``None`` keeps ``sandbox.disk_quota``. Needs session namespaces (see
+      ``isolation_report()``); without them only ``file_size`` caps each file.
+    * ``sandbox``: a :class:`~toolservices.python.SandboxConfig`.
+    """
+
+    def __init__(
+        self,
+        pool_size: int = 32,
+        timeout: float = 30.0,
+        *,
+        max_sessions: int = 1024,
+        max_queue: int = 4096,
+        max_output: int = 128 * 1024,
+        max_file_size: int = 16 * 1024 * 1024,
+        max_list: int = 10_000,
+        disk_quota: int | None = DEFAULT_DISK_QUOTA,
+        sandbox: Any = None,
+        spares: int = 2,
+    ) -> None:
+        self.timeout = _check_timeout(timeout)
+        if max_output < 1 or max_file_size < 1 or max_list < 1:
+            raise UserError("max_output, max_file_size and max_list must be positive")
+        self.max_output = int(max_output)
+        self.max_file_size = int(max_file_size)
+        self.max_list = int(max_list)
+        # The supervisor's JSON reply travels as the session's stdout: room for both streams
+        # (base64) or one file, plus the envelope.
+        config = default_config() if sandbox is None else check_config(sandbox)
+        if disk_quota is not None:
+            if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
+                raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
+            config = dataclasses.replace(config, disk_quota=disk_quota)
+        reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
+        self._python = PythonExecutorService(
+            pool_size=pool_size,
+            timeout=self.timeout + _GRACE,
+            max_sessions=max_sessions,
+            max_queue=max_queue,
+            max_output=reply + 64 * 1024,
+            sandbox=config,
+            spares=spares,
+        )
+        self.pool_size = pool_size
+        self.max_sessions = max_sessions
+        self.max_queue = max_queue
+        self.sandbox = self._python.sandbox
+        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
+        self._lock = threading.Lock()
+        self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
+
+    # --- requests ------------------------------------------------------------------
+
+    def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
+        call = (
+            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config!r})\n"
+        )
+        return _BOOTSTRAP + call if boot else call
+
+    @staticmethod
+    def _needs_boot(res: ExecResult) -> bool:
+        exc = res.exception
+        return exc is not None and exc.type == "NameError" and _ENTRY in exc.message
+
+    def _request(
+        self, op: str, args: dict[str, Any], session_id: str | None, limit: float
+    ) -> tuple[ExecResult, bool]:
+        res = self._python.execute(
+            self._code(op, args, session_id is None), session_id=session_id, timeout=limit
+        )
+        lost = res.restarted
+        if self._needs_boot(res):
+            res = self._python.execute(
+                self._code(op, args, True), session_id=session_id, timeout=limit
+            )
+            lost = lost or res.restarted
+        return res, lost
+
+    async def _arequest(
+        self, op: str, args: dict[str, Any], session_id: str | None, limit: float
+    ) -> tuple[ExecResult, bool]:
+        py = self._python
+        res = await py.aexecute(
+            self._code(op, args, session_id is None), session_id=session_id, timeout=limit
+        )
+        lost = res.restarted
+        if self._needs_boot(res):
+            res = await py.aexecute(
+                self._code(op, args, True), session_id=session_id, timeout=limit
+            )
+            lost = lost or res.restarted
+        return res, lost
+
+    @staticmethod
+    def _reply(res: ExecResult) -> dict[str, Any]:
+        if res.exception is None and res.success:
+            lines = res.stdout.strip().splitlines()
+            if lines:
+                try:
+                    reply = json.loads(lines[-1])
+                except ValueError:
+                    pass
+                else:
+                    if isinstance(reply, dict):
+                        return reply
+        detail = res.exception.message if res.exception else f"status {res.returncode}"
+        raise InfrastructureError(
+            f"the shell session's supervisor failed ({detail}): {res.stderr[-400:]}", retryable=True
+        )
+
+    def _bump(self, **counts: int) -> None:
+        with self._lock:
+            for key, n in counts.items():
+                self._counters[key] += n
+
+    # --- run -------------------------------------------------------------------------
+
+    def _run_args(
+        self, command: object, session_id: object, timeout: object, stdin: object
+    ) -> tuple[dict[str, Any], str | None, float]:
+        if not isinstance(command, str):
+            raise UserError(f"command must be a str, got {type(command).__name__}")
+        session = _check_session(session_id)
+        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        if stdin is None:
+            data = None
+        elif isinstance(stdin, str):
+            data = base64.b64encode(stdin.encode()).decode()
+        elif isinstance(stdin, bytes | bytearray | memoryview):
+            data = base64.b64encode(bytes(stdin)).decode()
+        else:
+            raise UserError(f"stdin must be str, bytes or None, got {type(stdin).__name__}")
+        return {"command": command, "timeout": limit, "stdin": data}, session, limit + _GRACE
+
+    def _result(self, res: ExecResult, lost: bool, session_id: str | None) -> ShellResult:
+        if res.timed_out:  # the supervisor itself did not answer in time: its session is gone
+            self._bump(commands=1, timeouts=1, restarts=1, failures=1)
+            return ShellResult(
+                success=False,
+                stdout="",
+                stderr="[the shell session did not answer in time and was restarted]\n",
+                returncode=-1,
+                duration=res.duration,
+                timed_out=True,
+                restarted=True,
+                session_id=session_id,
+            )
+        reply = self._reply(res)
+        cap = self.max_output
+        out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
+        err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
+        restarted = bool(reply["restarted"]) or lost
+        if session_id is None:
+            restarted = False  # a fresh shell has no state to lose
+        ok = reply["returncode"] == 0 and not reply["timed_out"]
+        self._bump(
+            commands=1,
+            timeouts=int(reply["timed_out"]),
+            restarts=int(restarted),
+            failures=int(not ok),
+        )
+        return ShellResult(
+            success=ok,
+            stdout=out,
+            stderr=err,
+            returncode=int(reply["returncode"]),
+            duration=float(reply["duration"]),
+            timed_out=bool(reply["timed_out"]),
+            truncated=cut_out or cut_err,
+            restarted=restarted,
+            session_id=session_id,
+        )
+
+    def run(
+        self,
+        command: str,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+    ) -> ShellResult:
+        """Run ``command`` in session ``session_id``'s shell (created on first use).
+
+        Without a session: in a fresh shell that is discarded afterwards. Never
+        raises for what the command does; raises ``ExecutorBusyError`` when
+        the queue is full and ``InfrastructureError`` when the machinery fails.
+        """
+        args, session, limit = self._run_args(command, session_id, timeout, stdin)
+        res, lost = self._request("run", args, session, limit)
+        return self._result(res, lost, session)
+
+    async def arun(
+        self,
+        command: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's own limit
+        stdin: str | bytes | None = None,
+    ) -> ShellResult:
+        """Async :meth:`run`."""
+        args, session, limit = self._run_args(command, session_id, timeout, stdin)
+        res, lost = await self._arequest("run", args, session, limit)
+        return self._result(res, lost, session)
+
+    # --- files -----------------------------------------------------------------------
+
+    def _file_limit(self) -> float:
+        return self.timeout + _GRACE
+
+    def _file_reply(self, op: str, path: str, res: ExecResult) -> dict[str, Any]:
+        self._bump(files=1)
+        if res.timed_out:
+            raise ShellFileError(op, path, "ETIMEDOUT", "the operation timed out")
+        reply = self._reply(res)
+        if not reply.get("ok"):
+            raise ShellFileError(op, path, str(reply.get("errno")), str(reply.get("message")))
+        return reply
+
+    def _write_args(
+        self, path: object, data: object, session_id: object
+    ) -> tuple[dict[str, Any], str]:
+        session = _check_session(session_id, required=True)
+        assert session is not None
+        if not isinstance(path, str) or not path:
+            raise UserError(f"path must be a non-empty str, got {path!r}")
+        if isinstance(data, str):
+            raw = data.encode()
+        elif isinstance(data, bytes | bytearray | memoryview):
+            raw = bytes(data)
+        else:
+            raise UserError(f"data must be str or bytes, got {type(data).__name__}")
+        if len(raw) > self.max_file_size:
+            raise ShellFileError(
+                "write_file",
+                path,
+                "EFBIG",
+                f"{len(raw)} bytes exceed the limit of {self.max_file_size}",
+            )
+        return {"path": path, "data": base64.b64encode(raw).decode()}, session
+
+    def write_file(self, path: str, data: str | bytes, *, session_id: str) -> int:
+        """Write ``data`` to ``path`` (relative: in the workspace) as the session would.
+
+        Returns the bytes written; missing parent directories are created.
+        """
+        args, session = self._write_args(path, data, session_id)
+        res, _ = self._request("write", args, session, self._file_limit())
+        return int(self._file_reply("write_file", path, res)["size"])
+
+    async def awrite_file(self, path: str, data: str | bytes, *, session_id: str) -> int:
+        """Async :meth:`write_file`."""
+        args, session = self._write_args(path, data, session_id)
+        res, _ = await self._arequest("write", args, session, self._file_limit())
+        return int(self._file_reply("write_file", path, res)["size"])
+
+    def _path_args(self, path: object, session_id: object) -> str:
+        _check_session(session_id, required=True)
+        if not isinstance(path, str) or not path:
+            raise UserError(f"path must be a non-empty str, got {path!r}")
+        return path
+
+    def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
+        data = base64.b64decode(self._file_reply("read_file", path, res)["data"])
+        return data if binary else data.decode("utf-8", "replace")
+
+    def read_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
+        """The content of ``path`` as the session sees it (text with replacement, or bytes)."""
+        path = self._path_args(path, session_id)
+        res, _ = self._request("read", {"path": path}, session_id, self._file_limit())
+        return self._decode_read(path, res, binary)
+
+    async def aread_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
+        """Async :meth:`read_file`."""
+        path = self._path_args(path, session_id)
+        res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
+        return self._decode_read(path, res, binary)
+
+    def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
+        reply = self._file_reply("list_files", path, res)
+        return [FileEntry(name=n, kind=k, size=s) for n, k, s in reply["entries"]]
+
+    def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
+        """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
+        path = self._path_args(path, session_id)
+        args = {"path": path, "limit": self.max_list}
+        res, _ = self._request("list", args, session_id, self._file_limit())
+        return self._entries(path, res)
+
+    async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
+        """Async :meth:`list_files`."""
+        path = self._path_args(path, session_id)
+        args = {"path": path, "limit": self.max_list}
+        res, _ = await self._arequest("list", args, session_id, self._file_limit())
+        return self._entries(path, res)
+
+    def workspace(self, session_id: str) -> str:
+        """The absolute path of the session's workspace (its shell's starting directory)."""
+        _check_session(session_id, required=True)
+        res, _ = self._request("workspace", {}, session_id, self._file_limit())
+        return str(self._reply(res)["workspace"])
+
+    # --- sessions ----------------------------------------------------------------------
+
+    def fork_session(self, src: str, n: int = 1) -> list[str]:
+        """``n`` copies of session ``src``: its workspace files and shell state; ``src`` runs on."""
+        _check_session(src, required=True)
+        self._ensure_booted(src)
+        return self._python.fork_session(src, n)
+
+    async def afork_session(self, src: str, n: int = 1) -> list[str]:
+        """Async :meth:`fork_session`."""
+        _check_session(src, required=True)
+        res, _ = await self._arequest("workspace", {}, src, self._file_limit())
+        self._reply(res)
+        return await self._python.afork_session(src, n)
+
+    def _ensure_booted(self, src: str) -> None:
+        res, _ = self._request("workspace", {}, src, self._file_limit())
+        self._reply(res)
+
+    def close_session(self, session_id: str) -> bool:
+        """Kill every process the session started and free its files; False: no such session."""
+        _check_session(session_id, required=True)
+        return self._python.close_session(session_id)
+
+    async def aclose_session(self, session_id: str) -> bool:
+        """Async :meth:`close_session`."""
+        _check_session(session_id, required=True)
+        return await self._python.aclose_session(session_id)
+
+    def isolation_report(self) -> dict[str, Any]:
+        """The isolation the sessions get (the Python executor's report: the same layers)."""
+        return self._python.isolation_report()
+
+    def stats(self) -> dict[str, Any]:
+        """The executor's counters (sessions, queue, slots) plus the shell's own."""
+        out = dict(self._python.stats())
+        with self._lock:
+            out.update({f"shell_{k}": v for k, v in self._counters.items()})
+        return out
+
+    def close(self) -> None:
+        """Close every session (killing their processes) and the fork server."""
+        self._python.close()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await self._python.aclose()
+
+    def __enter__(self) -> ShellService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ShellService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __reduce__(self) -> tuple[Callable[..., ShellService], tuple[Any, ...]]:
+        return _rebuild, (self._init_kwargs(),)
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        return {
+            "pool_size": self.pool_size,
+            "timeout": self.timeout,
+            "max_sessions": self.max_sessions,
+            "max_queue": self.max_queue,
+            "max_output": self.max_output,
+            "max_file_size": self.max_file_size,
+            "max_list": self.max_list,
+            "sandbox": self.sandbox,
+            "disk_quota": None,
+        }
+
+
+def _rebuild(kwargs: dict[str, Any]) -> ShellService:
+    return ShellService(**kwargs)

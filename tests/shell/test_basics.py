@@ -1,0 +1,120 @@
+"""ShellService basics: persistent shell state, results, stdin, files, forks, close."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolservices import ShellResult as TopLevelShellResult
+from toolservices import ShellService as TopLevelShellService
+from toolservices.errors import UserError
+from toolservices.shell import FileEntry, ShellFileError, ShellResult, ShellService
+
+
+def test_exported_at_top_level() -> None:
+    assert TopLevelShellService is ShellService
+    assert TopLevelShellResult is ShellResult
+
+
+def test_state_persists_between_commands(shell: ShellService, sid: str) -> None:
+    first = shell.run(
+        "mkdir -p sub && cd sub && export GREETING=hi && X=1 && f() { echo fn; }", session_id=sid
+    )
+    assert first.success and not first.restarted
+    second = shell.run('echo "$GREETING $X"; f; basename "$PWD"', session_id=sid)
+    assert second.stdout == "hi 1\nfn\nsub\n"
+    assert second["returncode"] == 0 and second["success"]
+
+
+def test_result_is_a_mapping_with_the_contract_keys(shell: ShellService) -> None:
+    res = shell.run("echo out; echo err >&2; exit 3")
+    assert dict(res) == res.to_dict()
+    assert set(res) >= {
+        "success",
+        "stdout",
+        "stderr",
+        "returncode",
+        "timed_out",
+        "truncated",
+        "restarted",
+        "duration",
+    }
+    assert (res.success, res.stdout, res.stderr, res.returncode) == (False, "out\n", "err\n", 3)
+
+
+def test_without_a_session_each_command_gets_a_fresh_shell(shell: ShellService) -> None:
+    shell.run("export LEAK=1; echo x > leak.txt")
+    res = shell.run('echo "[$LEAK]"; ls')
+    assert res.stdout == "[]\n"
+
+
+def test_stdin_is_closed_unless_given(shell: ShellService) -> None:
+    assert shell.run("cat; echo end", timeout=5).stdout == "end\n"
+    assert shell.run("cat", stdin="hello\n").stdout == "hello\n"
+    assert shell.run("wc -c", stdin=b"\x00" * 200_000).stdout.strip() == "200000"
+
+
+def test_exit_keeps_the_state_before_it(shell: ShellService, sid: str) -> None:
+    shell.run("export KEEP=1", session_id=sid)
+    res = shell.run("export LATER=2; exit 5", session_id=sid)
+    assert res.returncode == 5 and not res.restarted
+    assert shell.run('echo "$KEEP $LATER"', session_id=sid).stdout == "1 2\n"
+
+
+def test_timeout_kills_the_command_and_files_survive(shell: ShellService, sid: str) -> None:
+    shell.run("export KEEP=1; echo data > kept.txt", session_id=sid)
+    res = shell.run("export LOST=1; sleep 30", session_id=sid, timeout=0.5)
+    assert res.timed_out and not res.success and res.returncode == -1 and res.restarted
+    after = shell.run('echo "$KEEP[$LOST]"; cat kept.txt', session_id=sid)
+    assert after.stdout == "1[]\ndata\n" and not after.restarted
+
+
+def test_file_tools_round_trip(shell: ShellService, sid: str) -> None:
+    assert shell.write_file("dir/a.txt", "héllo\n", session_id=sid) == len("héllo\n".encode())
+    assert shell.read_file("dir/a.txt", session_id=sid) == "héllo\n"
+    assert shell.run("cat dir/a.txt", session_id=sid).stdout == "héllo\n"
+    shell.write_file("dir/b.bin", b"\xff\x00", session_id=sid)
+    assert shell.read_file("dir/b.bin", session_id=sid, binary=True) == b"\xff\x00"
+    assert shell.list_files("dir", session_id=sid) == [
+        FileEntry(name="a.txt", kind="file", size=7),
+        FileEntry(name="b.bin", kind="file", size=2),
+    ]
+    with pytest.raises(ShellFileError) as info:
+        shell.read_file("missing.txt", session_id=sid)
+    assert info.value.reason == "ENOENT" and "missing.txt" in str(info.value)
+
+
+def test_fork_copies_files_and_state(shell: ShellService, sid: str) -> None:
+    shell.run("mkdir -p w && cd w && echo v1 > f.txt && export V=1", session_id=sid)
+    (copy,) = shell.fork_session(sid, 1)
+    res = shell.run('cat f.txt; echo "$V"; echo v2 > f.txt', session_id=copy)
+    assert res.stdout == "v1\n1\n", res
+    assert shell.run("cat f.txt", session_id=sid).stdout == "v1\n"
+    assert shell.close_session(copy) is True
+
+
+def test_close_session(shell: ShellService, sid: str) -> None:
+    shell.run("echo x > f", session_id=sid)
+    assert shell.close_session(sid) is True
+    assert shell.close_session(sid) is False
+    assert shell.run("ls", session_id=sid).stdout == ""
+
+
+def test_bad_arguments_are_user_errors(shell: ShellService) -> None:
+    with pytest.raises(UserError):
+        shell.run(["ls"])  # type: ignore[arg-type]
+    with pytest.raises(UserError):
+        shell.run("ls", timeout=0)
+    with pytest.raises(UserError):
+        shell.read_file("x", session_id="")
+
+
+async def test_async_faces(shell: ShellService, sid: str) -> None:
+    res = await shell.arun("cd /tmp", session_id=sid)
+    assert res.success
+    assert (await shell.arun("pwd", session_id=sid)).stdout == "/tmp\n"
+    await shell.awrite_file("a", "1", session_id=sid)
+    assert await shell.aread_file("a", session_id=sid) == "1"
+    assert [e.name for e in await shell.alist_files(session_id=sid)] == ["a"]
+    copies = await shell.afork_session(sid, 2)
+    assert len(copies) == 2
+    assert await shell.aclose_session(sid) is True
