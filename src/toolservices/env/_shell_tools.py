@@ -6,7 +6,7 @@ Like :func:`~toolservices.python_tool`, the tools hold no session: an
 ``_state`` (``"shell_session"``), so one set of tool objects serves every
 episode and each episode keeps its own working directory, variables and
 files. Without a session id (a plain dispatcher call) each call runs in a
-fresh session that is thrown away afterwards.
+fresh session that is closed afterwards.
 
 What the model reads is plain text. A command that exits non-zero is not a
 tool failure (a failing test run is information); a timeout, a missing file
@@ -15,10 +15,13 @@ or an edit that does not match exactly is, with a message saying what to do.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from toolservices.errors import ToolError, ToolExecutionError, ToolTimeoutError, UserError
+import anyio
+
+from toolservices.errors import ToolError, ToolTimeoutError, UserError
 from toolservices.tools import Tool
 
 if TYPE_CHECKING:
@@ -66,24 +69,22 @@ class ShellTool(Tool):
 
     async def acall(self, **kwargs: Any) -> Any:
         state = kwargs.pop("_state", None) or {}
-        return await self.run(state.get(SHELL_SESSION_KEY), **kwargs)
+        session = state.get(SHELL_SESSION_KEY)
+        if session is not None:
+            return await self.run(session, **kwargs)
+        session = f"call-{uuid.uuid4().hex[:16]}"  # no episode: a session for this call only
+        try:
+            return await self.run(session, **kwargs)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.shell.aclose_session(session)
 
-    async def run(self, session: str | None, **kwargs: Any) -> str:
-        """The tool's work in shell session ``session`` (``None``: a fresh one)."""
+    async def run(self, session: str, **kwargs: Any) -> str:
+        """The tool's work in shell session ``session``."""
         raise NotImplementedError
 
-    async def _read_text(self, path: str, session: str | None) -> str:
-        try:
-            data = await self.shell.aread_file(path, session_id=session)
-        except OSError as exc:
-            raise ToolExecutionError(_os_message(path, exc)) from exc
-        return str(data)
-
-    async def _write_text(self, path: str, text: str, session: str | None) -> None:
-        try:
-            await self.shell.awrite_file(path, text, session_id=session)
-        except OSError as exc:
-            raise ToolExecutionError(_os_message(path, exc)) from exc
+    async def _read_text(self, path: str, session: str) -> str:
+        return str(await self.shell.aread_file(path, session_id=session))
 
 
 class BashTool(ShellTool):
@@ -108,7 +109,7 @@ class BashTool(ShellTool):
             "required": ["command"],
         }
 
-    async def run(self, session: str | None, **kwargs: Any) -> str:
+    async def run(self, session: str, **kwargs: Any) -> str:
         result = await self.shell.arun(kwargs["command"], session_id=session)
         return command_result_text(result)
 
@@ -182,20 +183,25 @@ class ReadFileTool(ShellTool):
             "required": ["path"],
         }
 
-    async def run(self, session: str | None, **kwargs: Any) -> str:
+    async def run(self, session: str, **kwargs: Any) -> str:
         path = kwargs["path"]
         try:
-            text = str(await self.shell.aread_file(path, session_id=session))
-        except IsADirectoryError:
+            text = await self._read_text(path, session)
+        except ToolError as exc:  # the service's ShellFileError (not imported: it is heavy)
+            if getattr(exc, "reason", None) != "EISDIR":
+                raise
             return await self._listing(path, session)
-        except OSError as exc:
-            raise ToolExecutionError(_os_message(path, exc)) from exc
         return self._view(path, text, kwargs.get("start_line"), kwargs.get("end_line"))
 
     def _view(self, path: str, text: str, start: int | None, end: int | None) -> str:
+        if start is not None and start < 1 or end is not None and end < -1:
+            raise ToolError(
+                f"start_line must be at least 1 and end_line at least 1 (or -1 for the end), "
+                f"got start_line={start}, end_line={end}; nothing shown."
+            )
         lines = text.splitlines()
         total = len(lines)
-        first = start or 1
+        first = start if start is not None else 1
         if end is None or end == -1:
             last = total if start is not None else min(total, first + self.max_lines - 1)
         else:
@@ -214,20 +220,10 @@ class ReadFileTool(ShellTool):
             shown += f"\n[lines {first}-{last} of {total}; use start_line/end_line for others]"
         return shown
 
-    async def _listing(self, path: str, session: str | None) -> str:
-        try:
-            entries = await self.shell.alist_files(path, session_id=session)
-        except OSError as exc:
-            raise ToolExecutionError(_os_message(path, exc)) from exc
-        names = [str(_entry_name(e)) for e in entries]
-        return "\n".join(sorted(names)) if names else f"[{path} is an empty directory]"
-
-
-def _entry_name(entry: Any) -> Any:
-    if isinstance(entry, Mapping):
-        name = entry.get("name", entry)
-        return f"{name}/" if entry.get("type") in ("dir", "directory") else name
-    return entry
+    async def _listing(self, path: str, session: str) -> str:
+        entries = await self.shell.alist_files(path, session_id=session)
+        names = sorted(f"{e.name}/" if e.kind == "dir" else e.name for e in entries)
+        return "\n".join(names) if names else f"[{path} is an empty directory]"
 
 
 def _numbered(lines: list[str], first: int, last: int) -> str:
@@ -264,9 +260,9 @@ class WriteFileTool(ShellTool):
             "required": ["path", "content"],
         }
 
-    async def run(self, session: str | None, **kwargs: Any) -> str:
+    async def run(self, session: str, **kwargs: Any) -> str:
         path, content = kwargs["path"], kwargs["content"]
-        await self._write_text(path, content, session)
+        await self.shell.awrite_file(path, content, session_id=session)
         lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
         return f"Wrote {len(content.encode())} bytes ({lines} lines) to {path}"
 
@@ -294,7 +290,7 @@ class StrReplaceTool(ShellTool):
             "required": ["path", "old_str", "new_str"],
         }
 
-    async def run(self, session: str | None, **kwargs: Any) -> str:
+    async def run(self, session: str, **kwargs: Any) -> str:
         path, old, new = kwargs["path"], kwargs["old_str"], kwargs["new_str"]
         if not old:
             raise ToolError(
@@ -318,7 +314,7 @@ class StrReplaceTool(ShellTool):
             )
         at = text.index(old)
         edited = text[:at] + new + text[at + len(old) :]
-        await self._write_text(path, edited, session)
+        await self.shell.awrite_file(path, edited, session_id=session)
         first = text.count("\n", 0, at) + 1
         last = first + new.count("\n")
         lines = edited.splitlines()
@@ -333,11 +329,6 @@ def _match_lines(text: str, old: str) -> list[int]:
         found.append(text.count("\n", 0, start) + 1)
         start = text.find(old, start + 1)
     return found
-
-
-def _os_message(path: str, exc: OSError) -> str:
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    return f"{path}: {reason}"
 
 
 def bash_tool(shell: ShellService, *, name: str = "bash") -> BashTool:
