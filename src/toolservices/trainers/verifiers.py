@@ -19,7 +19,10 @@ session and one shell session, started on first use; every call runs
 through it (per-call time limit, argument validation, failures as text the
 model reads). The episode, its sessions and the sandboxes behind them end
 with the rollout's server, whatever way the rollout ends: verifiers stops
-the server with SIGTERM, on which it shuts down and closes them.
+the server with SIGTERM, on which it shuts down and closes them. (The
+server's SIGTERM handler makes that so: uvicorn re-raises the signal once
+it has stopped serving, which would otherwise end the process before the
+toolset's exit stack runs.)
 
 Subclasses defined in your own module must end it with
 ``if __name__ == "__main__": MyToolset.run()``: verifiers starts a server
@@ -35,9 +38,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import FrameType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
@@ -60,6 +66,10 @@ __all__ = [
     "ToolservicesToolsetConfig",
     "mcp_rollout_url",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: ``@vf.tool`` (marks a method as an MCP tool), typed where verifiers is not installed.
+_vf_tool: Callable[[_F], _F] = vf.tool
 
 #: The tools a :class:`ToolservicesToolset` can offer, in the order they are listed.
 TOOLS = ("python", "bash", "read_file", "write_file", "str_replace")
@@ -119,6 +129,11 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):  # type: ignor
         names = list(self.config.tools)
         tools: list[Any] = []
         stack = self._exit_stack
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn (which serves the toolset) shuts down on SIGTERM, restores the
+            # handler it found and raises the signal again: with this handler that
+            # unwinds through the exit stack instead of killing the process there.
+            signal.signal(signal.SIGTERM, _unwind)
         if "python" in names:
             from toolservices.env import python_tool
             from toolservices.python import PythonExecutorService
@@ -147,20 +162,20 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):  # type: ignor
             raise vf.ToolsetError(f"{type(self).__name__} was not set up")
         return await run_call(self._episode, name, {k: v for k, v in args.items() if v is not None})
 
-    @vf.tool
+    @_vf_tool
     async def python(self, code: str) -> str:
         """Run Python code in a persistent interpreter: variables, imports and files are
         kept between calls. Returns what the code prints (use print() to see values)."""
         return await self._call("python", {"code": code})
 
-    @vf.tool
+    @_vf_tool
     async def bash(self, command: str) -> str:
         """Run one bash command in a persistent shell: the working directory, exported
         variables and files are kept between calls. Returns stdout, stderr and the exit
         status. stdin is closed: do not start interactive programs."""
         return await self._call("bash", {"command": command})
 
-    @vf.tool
+    @_vf_tool
     async def read_file(
         self, path: str, start_line: int | None = None, end_line: int | None = None
     ) -> str:
@@ -169,17 +184,23 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):  # type: ignor
         args = {"path": path, "start_line": start_line, "end_line": end_line}
         return await self._call("read_file", args)
 
-    @vf.tool
+    @_vf_tool
     async def write_file(self, path: str, content: str) -> str:
         """Create or overwrite a text file with the given content."""
         return await self._call("write_file", {"path": path, "content": content})
 
-    @vf.tool
+    @_vf_tool
     async def str_replace(self, path: str, old_str: str, new_str: str) -> str:
         """Replace old_str, which must occur exactly once in the file (same characters,
         whitespace and indentation), with new_str."""
         args = {"path": path, "old_str": old_str, "new_str": new_str}
         return await self._call("str_replace", args)
+
+
+def _unwind(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM in a toolset server: exit through the exit stacks (once; a second is ignored)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 class _OnlyTools:
