@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import FrameType
 from typing import Any, Literal
 
@@ -243,6 +243,7 @@ def serve_main(
     session_scope: SessionScope = "connection",
     tokens: Sequence[str] = (),
     tokens_file: str | None = None,
+    shell: bool = False,
 ) -> int:
     """``toolservices serve --mcp``: the sandboxed Python executor as an MCP server.
 
@@ -251,7 +252,10 @@ def serve_main(
     down on the way out. ``session_scope="namespace"`` (HTTP only) keys Python
     sessions by the caller's bearer token, from ``tokens``, ``tokens_file`` and
     ``$TOOLSERVICES_MCP_TOKENS``; any token configured makes every HTTP request
-    need one. Returns the exit status (0; 2 for a bad configuration, said on stderr).
+    need one. ``shell=True`` also serves the shell tools (``bash``, ``read_file``,
+    ``write_file``, ``str_replace``, ``shell_close_session``; sessions scoped and
+    limited the same way, see :mod:`toolservices.mcp._shell_tools`). Returns the
+    exit status (0; 2 for a bad configuration, said on stderr).
     """
     from toolservices.python import PythonExecutorService
 
@@ -267,6 +271,23 @@ def serve_main(
     sessions = PythonSessions(
         executor, max_sessions=max_sessions, idle_timeout=session_idle_timeout, scope=session_scope
     )
+    tools = python_tools(executor, sessions=sessions)
+    on_disconnect: Callable[[str], Awaitable[None]] = sessions.release
+    background: Callable[[], Coroutine[Any, Any, None]] = sessions.expire_idle
+    extension = None
+    if shell:
+        from toolservices.mcp._shell_tools import shell_extension
+
+        extension = shell_extension(
+            pool_size=pool_size,
+            timeout=timeout,
+            max_sessions=max_sessions,
+            idle_timeout=session_idle_timeout,
+            scope=session_scope,
+        )
+        tools += extension.tools
+        on_disconnect = extension.on_disconnect(on_disconnect)
+        background = extension.background(background)
     main = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
     if main:
@@ -276,7 +297,7 @@ def serve_main(
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
     try:
         serve(
-            python_tools(executor, sessions=sessions),
+            tools,
             transport=transport,
             host=host,
             port=port,
@@ -286,8 +307,8 @@ def serve_main(
             max_request_bytes=max_request_bytes,
             session_idle_timeout=session_idle_timeout,
             shutdown_grace=shutdown_grace,
-            on_disconnect=sessions.release,
-            background=sessions.expire_idle,
+            on_disconnect=on_disconnect,
+            background=background,
             tokens=checked,
         )
     except (KeyboardInterrupt, _Terminated):
@@ -298,7 +319,11 @@ def serve_main(
                 previous.setdefault(sig, signal.getsignal(sig))
                 signal.signal(sig, signal.SIG_IGN)
         try:
-            executor.close()
+            try:
+                executor.close()
+            finally:
+                if extension is not None:
+                    extension.shell.close()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
