@@ -208,3 +208,27 @@ async def test_tool_env_items_are_episodes_with_their_own_shells(shell: ShellSer
 def test_tools_on_two_services_are_refused(shell: ShellService) -> None:
     with ShellService(pool_size=1) as other, pytest.raises(UserError, match="different Shell"):
         Episode([bash_tool(shell), bash_tool(other, name="bash2")])
+
+
+def test_trl_environment_methods_run_in_one_shell_per_rollout(shell: ShellService) -> None:
+    """The TRL adapter (which does not import TRL): one typed method per shell tool."""
+    import inspect
+
+    from toolservices.trainers.trl import trl_environment
+
+    env_class = trl_environment(shell_tools(shell))
+    params = inspect.signature(env_class.read_file).parameters
+    assert list(params) == ["self", "path", "start_line", "end_line"]
+    env = env_class()
+    try:
+        env.reset()
+        assert env.write_file(path="a.txt", content="x = 1\n").startswith("Wrote 6 bytes")
+        assert env.str_replace(path="a.txt", old_str="1", new_str="2").startswith("Edited")
+        assert env.bash(command="cat a.txt") == "x = 2\n"
+        first = env.episode.shell_session
+        env.reset()  # the next rollout: a new session, the old one closed
+        assert env.episode.shell_session != first
+        assert "No such file" in env.bash(command="cat a.txt")
+        assert not shell.close_session(first or "")
+    finally:
+        env_class.close_all()
