@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from toolservices import ShellResult as TopLevelShellResult
 from toolservices import ShellService as TopLevelShellService
-from toolservices.errors import UserError
+from toolservices.errors import ExecutorBusyError, UserError
 from toolservices.shell import FileEntry, ShellFileError, ShellResult, ShellService
 
 
@@ -58,6 +59,14 @@ def test_exit_keeps_the_state_before_it(shell: ShellService, sid: str) -> None:
     res = shell.run("export LATER=2; exit 5", session_id=sid)
     assert res.returncode == 5 and not res.restarted
     assert shell.run('echo "$KEEP $LATER"', session_id=sid).stdout == "1 2\n"
+
+
+def test_a_later_command_can_signal_an_earlier_background_job(
+    shell: ShellService, sid: str
+) -> None:
+    shell.run("sleep 60 & echo $! > job.pid", session_id=sid)
+    res = shell.run("kill $(cat job.pid) && echo killed; wait; echo $?", session_id=sid)
+    assert res.stdout.startswith("killed\n"), res
 
 
 def test_timeout_kills_the_command_and_files_survive(shell: ShellService, sid: str) -> None:
@@ -118,3 +127,51 @@ async def test_async_faces(shell: ShellService, sid: str) -> None:
     copies = await shell.afork_session(sid, 2)
     assert len(copies) == 2
     assert await shell.aclose_session(sid) is True
+
+
+def test_fork_rewrites_the_workspace_path_in_the_state(shell: ShellService, sid: str) -> None:
+    shell.run('mkdir -p a/b && cd a/b && export WHERE="$PWD"', session_id=sid)
+    (copy,) = shell.fork_session(sid, 1)
+    here = shell.workspace(copy)
+    assert here != shell.workspace(sid)
+    res = shell.run('pwd; echo "$WHERE"; echo x > f', session_id=copy)
+    assert res.stdout == f"{here}/a/b\n{here}/a/b\n", res
+    assert shell.run("ls", session_id=sid).stdout == ""  # the source's a/b is untouched
+    shell.close_session(copy)
+
+
+def test_eviction_says_restarted() -> None:
+    with ShellService(pool_size=1, timeout=10.0, max_sessions=1, spares=0) as small:
+        small.run("export A=1; echo x > f", session_id="one")
+        small.run("true", session_id="two")  # evicts "one"
+        res = small.run('echo "[$A]"; ls', session_id="one")
+        assert res.restarted and res.stdout == "[]\n"
+        assert small.stats()["evictions"] >= 1
+
+
+def test_stats_count_commands(shell: ShellService, sid: str) -> None:
+    before = shell.stats()
+    shell.run("false", session_id=sid)
+    shell.run("sleep 5", session_id=sid, timeout=0.2)
+    after = shell.stats()
+    assert after["shell_commands"] - before["shell_commands"] == 2
+    assert after["shell_failures"] - before["shell_failures"] == 2
+    assert after["shell_timeouts"] - before["shell_timeouts"] == 1
+
+
+async def test_busy_service_raises_executor_busy() -> None:
+    async with ShellService(pool_size=1, timeout=10.0, max_queue=1) as small:
+        await small.arun("true", session_id="warm")
+        outcomes: list[object] = []
+
+        async def call(i: int) -> None:
+            try:
+                outcomes.append(await small.arun("sleep 0.5", session_id=f"s{i}"))
+            except ExecutorBusyError as exc:
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(call, i)
+        busy = [o for o in outcomes if isinstance(o, ExecutorBusyError)]
+        assert busy and all(b.retryable for b in busy)

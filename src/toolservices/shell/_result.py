@@ -86,3 +86,8 @@ class ShellFileError(ToolError):
         self.op = op
         self.path = path
         self.reason = reason
+        self.detail = message
+
+    def __reduce__(self) -> tuple[type[ShellFileError], tuple[str, str, str, str]]:
+        # crosses process boundaries (a Ray actor's reply) with its fields intact
+        return type(self), (self.op, self.path, self.reason, self.detail)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import marshal
 import math
 import threading
 from collections.abc import Callable
@@ -25,16 +26,26 @@ _GRACE = 5.0
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
-_SOURCE = (Path(__file__).with_name("_supervisor.py")).read_text(encoding="utf-8")
+_HERE = Path(__file__).parent
+# Compiled here once and sent marshalled: sessions run this very interpreter (the fork
+# server is started with sys.executable), and unmarshalling costs far less than compiling.
+_CODE = {
+    name: marshal.dumps(compile((_HERE / f"{file}.py").read_text("utf-8"), f"<{name}>", "exec"))
+    for name, file in (
+        ("_toolservices_shell_spawner", "_spawner"),
+        ("_toolservices_shell", "_supervisor"),
+    )
+}
 # Idempotent: loading it again in a live session keeps its shell state.
 _BOOTSTRAP = (
     f"if {_ENTRY!r} not in globals():\n"
-    "    import sys as _s, types as _t\n"
-    "    _m = _t.ModuleType('_toolservices_shell')\n"
-    f"    exec(compile({_SOURCE!r}, '<toolservices-shell>', 'exec'), _m.__dict__)\n"
-    "    _s.modules['_toolservices_shell'] = _m\n"
+    "    import marshal as _ma, sys as _s, types as _t\n"
+    f"    for _n, _c in {_CODE!r}.items():\n"
+    "        _m = _t.ModuleType(_n)\n"
+    "        _s.modules[_n] = _m\n"
+    "        exec(_ma.loads(_c), _m.__dict__)\n"
     f"    {_ENTRY} = _m.call\n"
-    "    del _s, _t, _m\n"
+    "    del _ma, _s, _t, _m, _n, _c\n"
 )
 
 
@@ -127,6 +138,9 @@ class ShellService:
         self.sandbox = self._python.sandbox
         self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._lock = threading.Lock()
+        # sessions whose supervisor is loaded (as far as we know: an evicted one answers
+        # NameError and is loaded again), so that their calls skip the bootstrap
+        self._booted: set[str] = set()
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
     # --- requests ------------------------------------------------------------------
@@ -142,33 +156,39 @@ class ShellService:
         exc = res.exception
         return exc is not None and exc.type == "NameError" and _ENTRY in exc.message
 
+    def _booting(self, session_id: str | None) -> bool:
+        return session_id is None or session_id not in self._booted
+
+    def _booted_now(self, session_id: str | None, res: ExecResult) -> None:
+        if session_id is not None and res.exception is None:
+            if len(self._booted) > 4 * self.max_sessions:
+                self._booted.clear()  # forgetting only costs a NameError round trip
+            self._booted.add(session_id)
+
     def _request(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float
     ) -> tuple[ExecResult, bool]:
-        res = self._python.execute(
-            self._code(op, args, session_id is None), session_id=session_id, timeout=limit
-        )
+        code = self._code(op, args, self._booting(session_id))
+        res = self._python.execute(code, session_id=session_id, timeout=limit)
         lost = res.restarted
         if self._needs_boot(res):
-            res = self._python.execute(
-                self._code(op, args, True), session_id=session_id, timeout=limit
-            )
+            code = self._code(op, args, True)
+            res = self._python.execute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
+        self._booted_now(session_id, res)
         return res, lost
 
     async def _arequest(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float
     ) -> tuple[ExecResult, bool]:
-        py = self._python
-        res = await py.aexecute(
-            self._code(op, args, session_id is None), session_id=session_id, timeout=limit
-        )
+        code = self._code(op, args, self._booting(session_id))
+        res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
         lost = res.restarted
         if self._needs_boot(res):
-            res = await py.aexecute(
-                self._code(op, args, True), session_id=session_id, timeout=limit
-            )
+            code = self._code(op, args, True)
+            res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
+        self._booted_now(session_id, res)
         return res, lost
 
     @staticmethod
@@ -229,6 +249,11 @@ class ShellService:
         cap = self.max_output
         out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
         err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
+        if reply["timed_out"]:
+            err += (
+                f"\n[timed out after {reply['limit']:g} s: the command and every process it "
+                "started were killed]\n"
+            )
         restarted = bool(reply["restarted"]) or lost
         if session_id is None:
             restarted = False  # a fresh shell has no state to lose
@@ -251,6 +276,16 @@ class ShellService:
             session_id=session_id,
         )
 
+    def _refused(self, session_id: str | None) -> ShellResult:
+        self._bump(commands=1, failures=1)
+        return ShellResult(
+            success=False,
+            stdout="",
+            stderr="bash: the command contains a NUL byte; nothing was run\n",
+            returncode=2,
+            session_id=session_id,
+        )
+
     def run(
         self,
         command: str,
@@ -265,6 +300,8 @@ class ShellService:
         the queue is full and ``InfrastructureError`` when the machinery fails.
         """
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
+        if "\x00" in command:
+            return self._refused(session)
         res, lost = self._request("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -277,6 +314,8 @@ class ShellService:
     ) -> ShellResult:
         """Async :meth:`run`."""
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
+        if "\x00" in command:
+            return self._refused(session)
         res, lost = await self._arequest("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -382,14 +421,16 @@ class ShellService:
     def fork_session(self, src: str, n: int = 1) -> list[str]:
         """``n`` copies of session ``src``: its workspace files and shell state; ``src`` runs on."""
         _check_session(src, required=True)
-        self._ensure_booted(src)
+        if src not in self._booted:  # a copy must carry a loaded supervisor
+            self._ensure_booted(src)
         return self._python.fork_session(src, n)
 
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
         """Async :meth:`fork_session`."""
         _check_session(src, required=True)
-        res, _ = await self._arequest("workspace", {}, src, self._file_limit())
-        self._reply(res)
+        if src not in self._booted:
+            res, _ = await self._arequest("workspace", {}, src, self._file_limit())
+            self._reply(res)
         return await self._python.afork_session(src, n)
 
     def _ensure_booted(self, src: str) -> None:
@@ -399,11 +440,13 @@ class ShellService:
     def close_session(self, session_id: str) -> bool:
         """Kill every process the session started and free its files; False: no such session."""
         _check_session(session_id, required=True)
+        self._booted.discard(session_id)
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
         _check_session(session_id, required=True)
+        self._booted.discard(session_id)
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:

@@ -13,8 +13,9 @@ and on exit writes the new state into a private memfd. So:
 * ``exit``, ``exec``, ``kill -9 $$`` end only that bash; the next command gets
   a fresh one, restored from the last state saved (``restarted`` says when
   this command's changes could not be saved);
-* each bash runs in its own process group and in a nested Landlock domain
-  scoped for signals, so it cannot signal this supervisor;
+* each bash runs in its own process group, started by the session's spawner
+  (``_spawner``) in a nested Landlock domain scoped for signals: commands can
+  signal each other's processes, never this supervisor;
 * the result travels back as one JSON line on the session's own stdout,
   which no child can reach (this process is made non-dumpable, so its
   ``/proc/<pid>/fd`` stays closed to the commands).
@@ -33,49 +34,72 @@ import os
 import select
 import signal
 import stat
+import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolservices.shell._spawner import Spawner
+elif "_toolservices_shell_spawner" in sys.modules:  # in a session: loaded just before this one
+    Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
+else:  # on the host (tests)
+    from toolservices.shell._spawner import Spawner
 
 BASH = "/bin/bash"
 _STATE_END = "#toolservices-state-end"
 _PR_SET_DUMPABLE = 4
-_SYS_LANDLOCK_CREATE_RULESET = 444
-_SYS_LANDLOCK_RESTRICT_SELF = 446
-_SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 
-# The script every bash runs: restore the state (fd 3), then run the command ($1)
-# with an EXIT trap that saves the new state into fd 4.
+# The script every bash runs: wait for the state and the command (the pipe on fd 3,
+# read to its end), then run the command with an EXIT trap that saves the new state
+# into the memfd on fd 4.
 _PRELUDE = r"""
+__ts_opts() {
+  builtin local __ts_o
+  builtin local -a __ts_l
+  IFS=: builtin read -r -a __ts_l <<<"$SHELLOPTS"
+  for __ts_o in "${__ts_l[@]}"; do
+    [[ :$1: == *":$__ts_o:"* ]] || builtin set +o "$__ts_o" 2>/dev/null
+  done
+  IFS=: builtin read -r -a __ts_l <<<"$1"
+  for __ts_o in "${__ts_l[@]}"; do builtin set -o "$__ts_o" 2>/dev/null; done
+  IFS=: builtin read -r -a __ts_l <<<"$BASHOPTS"
+  for __ts_o in "${__ts_l[@]}"; do
+    [[ :$2: == *":$__ts_o:"* ]] || builtin shopt -u "$__ts_o" 2>/dev/null
+  done
+  IFS=: builtin read -r -a __ts_l <<<"$2"
+  for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
+}
 __ts_save() {
-  local __ts_v; local -a __ts_names=() __ts_funcs=()
-  for __ts_v in $(builtin compgen -v); do
+  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS __ts_v
+  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
+  local -a __ts_l=() __ts_n=() __ts_f=()
+  builtin compgen -v >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
+  for __ts_v in "${__ts_l[@]}"; do
     case $__ts_v in
       BASH|BASHOPTS|BASHPID|BASH_*|EUID|PPID|SHELLOPTS|UID|FUNCNAME|GROUPS) continue ;;
       LINENO|RANDOM|SECONDS|SRANDOM|EPOCHREALTIME|EPOCHSECONDS|_|PIPESTATUS) continue ;;
-      DIRSTACK|COMP_*|OPTIND|OPTARG) continue ;;
-      HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|SHLVL|HISTCMD|PWD|__ts_*) continue ;;
+      DIRSTACK|COMP_*|OPTIND|OPTARG|HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|SHLVL) continue ;;
+      HISTCMD|PWD|__ts_*) continue ;;
     esac
-    [[ ${!__ts_v@a} == *r* ]] && continue
-    __ts_names+=("$__ts_v")
+    [[ ${!__ts_v@a} == *r* ]] || __ts_n+=("$__ts_v")
   done
-  for __ts_v in $(builtin compgen -A function); do
-    [[ $__ts_v == __ts_* ]] || __ts_funcs+=("$__ts_v")
+  __ts_l=()
+  builtin compgen -A function >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
+  for __ts_v in "${__ts_l[@]}"; do
+    [[ $__ts_v == __ts_* ]] || __ts_f+=("$__ts_v")
   done
   {
-    builtin declare -p "${__ts_names[@]}"
-    ((${#__ts_funcs[@]})) && builtin declare -f "${__ts_funcs[@]}"
+    ((${#__ts_n[@]})) && builtin declare -p "${__ts_n[@]}"
+    ((${#__ts_f[@]})) && builtin declare -f "${__ts_f[@]}"
     builtin alias -p
-    builtin shopt -p
-    builtin set +o
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
+    builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
 builtin trap __ts_save EXIT
 builtin source /dev/fd/3 2>/dev/null
 builtin exec 3<&-
-__ts_cmd=$1
-builtin set --
 builtin eval "$__ts_cmd"
 """
 
@@ -89,12 +113,43 @@ def _lib() -> Any:
     return _libc
 
 
-class _Scope(ctypes.Structure):
-    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+def _quote(text: str) -> bytes:
+    """``text`` as one bash ``$'...'`` word (every byte outside printable ASCII escaped)."""
+    out = bytearray(b"$'")
+    for byte in text.encode("utf-8", "surrogateescape"):
+        if byte < 0x20 or byte >= 0x7F or byte in (0x27, 0x5C):
+            out += b"\\x%02x" % byte
+        else:
+            out.append(byte)
+    out += b"'"
+    return bytes(out)
+
+
+class _Spare:
+    """A bash started ahead of need, blocked reading its state and command."""
+
+    def __init__(self, cmd_w: int, out_r: int, err_r: int, in_w: int, state_out: int) -> None:
+        self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out = (
+            cmd_w,
+            out_r,
+            err_r,
+            in_w,
+            state_out,
+        )
+        self.pid = 0
+
+    def close(self) -> None:
+        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = -1
 
 
 class Shell:
-    """One session's shell: its saved state, its workspace and its running commands."""
+    """One session's shell: its saved state, its workspace, its spawner and spare bash."""
 
     def __init__(self, workspace: str, *, max_output: int, max_file: int) -> None:
         self.workspace = workspace
@@ -102,59 +157,110 @@ class Shell:
         self.max_file = max_file
         self.state = ""
         self.pid = os.getpid()
-        lib = _lib()
-        lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        scope = _Scope(0, 0, _SCOPE_ALL)
-        # A signal-and-socket scope that bash gets and this process does not (ABI >= 6).
-        version = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1)
-        self.scope: _Scope | None = scope if version >= 6 else None
+        _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        self.spawner: Spawner | None = None
+        self.pending: _Spare | None = None
 
     # --- commands ------------------------------------------------------------------
 
     def _adopt_fork(self) -> None:
-        """A copy made by fork_session: rewrite the source's workspace path to ours."""
-        here = os.getcwd() if os.getpid() != self.pid else self.workspace
-        if os.getpid() != self.pid:
-            self.pid = os.getpid()
-            if here != self.workspace:
-                self.state = self.state.replace(self.workspace, here)
-                self.workspace = here
-            os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = here
+        """A copy made by fork_session: rewrite the source's workspace path to ours.
+
+        The spawner and the spare bash belong to the source: forget them (never kill).
+        """
+        if os.getpid() == self.pid:
+            return
+        self.pid = os.getpid()
+        here = os.getcwd()
+        if here != self.workspace:
+            self.state = self.state.replace(self.workspace, here)
+            self.workspace = here
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = here
+        if self.pending is not None:
+            self.pending.close()
+            self.pending = None
+        if self.spawner is not None:
+            self.spawner.close()
+            self.spawner = None
+
+    def _request_spare(self) -> None:
+        """Ask the spawner for the next command's bash; it starts while we reply."""
+        if self.spawner is None:
+            env = dict(os.environ)
+            env.pop("PWD", None)
+            argv = [BASH, "--noprofile", "--norc", "-c", _PRELUDE, "bash"]
+            self.spawner = Spawner(argv, env, self.workspace)
+        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
+        spare = _Spare(cmd_w, out_r, err_r, in_w, state_out)
+        try:
+            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out])
+        except OSError:
+            spare.close()
+            self._drop_spawner()
+            raise
+        finally:
+            for fd in (cmd_r, out_w, err_w, in_r):
+                os.close(fd)
+        self.pending = spare
+
+    def _drop_spawner(self) -> None:
+        if self.spawner is not None:
+            self.spawner.close()
+            self.spawner = None
+        _reap()
+
+    def _take_spare(self) -> _Spare:
+        for _attempt in range(3):
+            try:
+                if self.pending is None:
+                    self._request_spare()
+                spare = self.pending
+                assert spare is not None and self.spawner is not None
+                spare.pid = self.spawner.reply()
+            except OSError:  # the spawner died (a command may kill it): start another
+                if self.pending is not None:
+                    self.pending.close()
+                    self.pending = None
+                self._drop_spawner()
+                continue
+            self.pending = None
+            return spare
+        raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
 
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
         self._adopt_fork()
         started = time.monotonic()
-        state_in = os.memfd_create("state-in", os.MFD_CLOEXEC)
-        state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin is not None else (-1, -1)
+        spare = self._take_spare()
+        pid = spare.pid
+        born = _start_time(pid)
         try:
-            os.write(state_in, self.state.encode())
-            os.lseek(state_in, 0, os.SEEK_SET)
-            before = _descendants(self.pid)
-            pid = self._spawn(command, state_in, state_out, out_w, err_w, in_r)
-        except BaseException:
-            for fd in (state_in, state_out, out_r, out_w, err_r, err_w, in_r, in_w):
-                if fd >= 0:
-                    os.close(fd)
-            raise
-        for fd in (state_in, out_w, err_w, in_r):
-            if fd >= 0:
-                os.close(fd)
-        try:
-            status, outs, timed_out = self._collect(pid, out_r, err_r, in_w, stdin, timeout)
+            script = self.state.encode("utf-8", "surrogateescape")
+            script += b"\n__ts_cmd=" + _quote(command) + b"\n"
+            try:
+                view = memoryview(script)
+                while view:
+                    view = view[os.write(spare.cmd_w, view) :]
+            except BrokenPipeError:
+                pass  # bash is gone already: its status says how
+            os.close(spare.cmd_w)
+            spare.cmd_w = -1
+            in_w, spare.in_w = spare.in_w, -1
+            status, outs, timed_out = self._collect(
+                pid, spare.out_r, spare.err_r, in_w, stdin, timeout
+            )
+            if timed_out:
+                _kill_tree(self.pid, born)
+            saved = _read_all(spare.state_out)
         finally:
-            for fd in (out_r, err_r, in_w):
-                if fd >= 0:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-        if timed_out:
-            _kill_new(self.pid, before, pid)
-        saved = _read_all(state_out)
-        os.close(state_out)
+            spare.close()
+        try:
+            self._request_spare()  # the next command's bash starts while this reply travels
+        except OSError:
+            pass  # asked again (and reported) by the next command
         text = saved.decode("utf-8", "surrogateescape")
         restarted = True
         if not timed_out and text.endswith(_STATE_END + "\n"):
@@ -178,43 +284,8 @@ class Shell:
             "stdout_total": outs[0][1],
             "stderr_total": outs[1][1],
             "duration": time.monotonic() - started,
+            "limit": timeout,
         }
-
-    def _spawn(
-        self, command: str, state_in: int, state_out: int, out_w: int, err_w: int, in_r: int
-    ) -> int:
-        argv = [BASH, "--noprofile", "--norc", "-c", _PRELUDE, "bash", command]
-        env = dict(os.environ)
-        env.pop("PWD", None)
-        lib, scope = _lib(), self.scope
-        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if in_r < 0 else -1
-        try:
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child execs or exits
-                try:
-                    os.setpgid(0, 0)
-                    if scope is not None:
-                        fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(scope), 24, 0)
-                        if fd < 0 or lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
-                            os._exit(126)
-                        os.close(fd)
-                    os.dup2(in_r if in_r >= 0 else devnull, 0)
-                    os.dup2(out_w, 1)
-                    os.dup2(err_w, 2)
-                    os.dup2(state_in, 3)
-                    os.dup2(state_out, 4)
-                    os.closerange(5, 65536)
-                    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                    for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
-                        signal.signal(sig, signal.SIG_DFL)
-                    os.chdir(self.workspace)
-                    os.execve(BASH, argv, env)
-                finally:
-                    os._exit(127)
-        finally:
-            if devnull >= 0:
-                os.close(devnull)
-        return pid
 
     def _collect(
         self, pid: int, out_r: int, err_r: int, in_w: int, stdin: bytes | None, timeout: float
@@ -407,48 +478,47 @@ def _killpg(pid: int) -> None:
         pass
 
 
-def _children() -> dict[int, int]:
-    """pid -> parent pid of every process this /proc shows."""
-    parents = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            parents[int(name)] = int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return parents
+def _stat(pid: int | str) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()
 
 
-def _descendants(root: int) -> set[int]:
-    parents = _children()
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= frontier
-    return found
+def _start_time(pid: int) -> int:
+    try:
+        return int(_stat(pid)[19])  # field 22: start time in clock ticks since boot
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
-def _kill_new(root: int, before: set[int], pgid: int) -> None:
-    """Kill the command's tree: its group and every descendant born since it started."""
-    for _ in range(8):
-        _killpg(pgid)
-        new = _descendants(root) - before
-        alive = False
-        for pid in new:
+def _kill_tree(root: int, born: int) -> None:
+    """Kill the timed-out command's tree: what descends from ``root`` and started with it or later.
+
+    Orphans come back to ``root`` (a subreaper), so ``setsid`` and double forks
+    are found too; background jobs of earlier commands started before and stay.
+    """
+    for _ in range(16):
+        parents: dict[int, tuple[int, int, bytes]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    fields = _stat(name)
+                    parents[int(name)] = (int(fields[1]), int(fields[19]), fields[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+        tree: set[int] = set()
+        frontier = {root}
+        while frontier:
+            frontier = {p for p, (pp, _, _) in parents.items() if pp in frontier} - tree
+            tree |= frontier
+        victims = [p for p in tree if parents[p][1] >= born and parents[p][2] != b"Z"]
+        for pid in victims:
             try:
-                with open(f"/proc/{pid}/stat", "rb") as fh:
-                    if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
                 os.kill(pid, signal.SIGKILL)
-                alive = True
             except OSError:
                 continue
         _reap()
-        if not alive:
+        if not victims:
             return
 
 

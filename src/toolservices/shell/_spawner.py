@@ -1,0 +1,155 @@
+"""The spawner: the one process that starts a shell session's bash processes (inside the session).
+
+Standard library only; sent to the session with ``_supervisor`` (see there).
+The supervisor forks it once per session. It drops into a nested Landlock
+domain scoped for signals and abstract sockets, so every bash it starts (and
+everything those start) shares one domain: a command can signal the
+background jobs of earlier commands, never the supervisor, which stays
+outside. For each request (five descriptors: stdin, stdout, stderr, the
+state-and-command pipe, the state memfd) it forks a short-lived middle
+process that ``posix_spawn``s bash in its own process group and exits, so
+bash is re-parented to the supervisor (a child subreaper), which alone
+waits for its exit status. The reply is bash's pid, once the middle is gone.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+from typing import Any
+
+_PR_SET_DUMPABLE = 4
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
+_PID = struct.Struct("<q")
+_NFDS = 5
+#: signals Python ignores and bash must get back at their defaults
+_DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+
+
+class _Scope(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+def scope_signals(lib: Any) -> bool:
+    """Enter a nested Landlock domain that only scopes signals and sockets; False without ABI 6."""
+    if lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1) < 6:
+        return False
+    attr = _Scope(0, 0, _SCOPE_ALL)
+    fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+    return True
+
+
+class Spawner:
+    """The supervisor's handle on its spawner process."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        self.argv, self.env, self.cwd = argv, env, cwd
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the spawner
+            try:
+                ours.close()
+                _serve(theirs, argv, env, cwd)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.sock, self.pid = ours, pid
+
+    def request(self, fds: list[int]) -> None:
+        """Ask for one bash on ``fds`` (stdin, stdout, stderr, command pipe, state memfd)."""
+        self.sock.sendmsg([b"S"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+    def reply(self) -> int:
+        """The pid of the bash asked for (re-parented to us by now); OSError if the spawner died."""
+        data = b""
+        while len(data) < _PID.size:
+            chunk = self.sock.recv(_PID.size - len(data))
+            if not chunk:
+                raise ConnectionError("the spawner is gone")
+            data += chunk
+        pid = int(_PID.unpack(data)[0])
+        if pid <= 0:
+            raise OSError(-pid, "the spawner could not start bash")
+        return pid
+
+    def close(self) -> None:
+        """Forget it (its process ends when the socket closes; a fork's copy never kills it)."""
+        self.sock.close()
+
+
+def _serve(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str) -> None:
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # its /proc/<pid>/fd stays closed to the commands
+    keep = sock.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    os.chdir(cwd)
+    scope_signals(lib)
+    space = socket.CMSG_SPACE(_NFDS * 4)
+    while True:
+        try:
+            msg, anc, _flags, _addr = sock.recvmsg(1, space, socket.MSG_CMSG_CLOEXEC)
+        except OSError:
+            return
+        if not msg:
+            return
+        got: list[int] = []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got.extend(array.array("i", data[: len(data) - len(data) % 4]))
+        # above the targets 0..4, so that no dup2 overwrites a later one's source
+        fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 16) for fd in got]
+        for fd in got:
+            os.close(fd)
+        try:
+            pid = _spawn(argv, env, fds) if len(fds) == _NFDS else -22
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.sendall(_PID.pack(pid))
+
+
+def _spawn(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
+    """Start bash through a middle process that exits at once; bash's pid or -errno."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        middle = os.fork()
+    except OSError as exc:
+        os.close(r)
+        os.close(w)
+        return -(exc.errno or 11)
+    if middle == 0:  # pragma: no cover - the middle process
+        try:
+            actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
+            pid = os.posix_spawn(
+                argv[0], argv, env, file_actions=actions, setpgroup=0, setsigdef=_DEFAULTS
+            )
+        except OSError as exc:
+            pid = -(exc.errno or 11)
+        except BaseException:
+            pid = -5
+        try:
+            os.write(w, _PID.pack(pid))
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        data = os.read(r, _PID.size)
+    finally:
+        os.close(r)
+        os.waitpid(middle, 0)
+    return int(_PID.unpack(data)[0]) if len(data) == _PID.size else -5

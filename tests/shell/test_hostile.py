@@ -1,0 +1,533 @@
+"""A hostile corpus for the shell: each case gets the safe outcome, and a fresh session works after.
+
+Every command is bounded (short timeouts, capped loops, small quotas), so it
+cannot harm the machine even if an isolation layer were missing. Cases run
+against one service with lowered limits; after each one an autouse fixture
+checks that a brand-new session still answers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from toolservices.python import SandboxConfig
+from toolservices.shell import ShellFileError, ShellResult, ShellService
+
+SECRET = f"TS-HOST-SECRET-{uuid.uuid4().hex}"
+SECRET_ENV = "TS_SHELL_TEST_SECRET"
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+QUOTA = 32 << 20
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("host") / "secret.txt"
+    path.write_text(SECRET)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shell(secret_file: Path) -> Iterator[ShellService]:
+    """Started with a secret in the caller's environment, which sessions must never see."""
+    os.environ[SECRET_ENV] = SECRET
+    svc = ShellService(
+        pool_size=2,
+        timeout=8.0,
+        max_output=32 * 1024,
+        max_file_size=1 << 20,
+        max_sessions=64,
+        disk_quota=QUOTA,
+        sandbox=SandboxConfig(memory_limit=1 << 30, nproc=32),
+    )
+    try:
+        svc.run("true")  # the fork server starts with the secret in our environment
+        yield svc
+    finally:
+        os.environ.pop(SECRET_ENV, None)
+        svc.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_session_works_after(shell: ShellService) -> Iterator[None]:
+    yield
+    sid = f"after-{uuid.uuid4().hex[:8]}"
+    res = shell.run("echo ok; ls -A | wc -l", session_id=sid, timeout=8)
+    assert res.stdout == "ok\n0\n", res
+    assert shell.close_session(sid)
+
+
+def new_sid() -> str:
+    return f"h-{uuid.uuid4().hex[:8]}"
+
+
+def marker() -> str:
+    return f"TSMARK{uuid.uuid4().hex[:12]}"
+
+
+def alive_with(mark: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if any(mark in part for part in proc.info["cmdline"] or []) and (
+                proc.info["status"] != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def gone_within(mark: str, seconds: float = 5.0) -> bool:
+    _gone, alive = psutil.wait_procs(alive_with(mark), timeout=seconds)
+    return not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+# --- commands with the outcome they must get ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str
+    check: Callable[[ShellResult], bool]
+    timeout: float = 5.0
+    stdin: str | None = None
+
+
+def fails(res: ShellResult) -> bool:
+    return not res.success and SECRET not in res.stdout + res.stderr
+
+
+def no_secret(res: ShellResult) -> bool:
+    return SECRET not in res.stdout + res.stderr
+
+
+def disk_full(res: ShellResult) -> bool:
+    """Stopped by the size cap of the mount (ENOSPC) or of one file (EFBIG), whichever is lower."""
+    return any(
+        text in res.stderr
+        for text in ("No space left on device", "File too large", "File size limit exceeded")
+    )
+
+
+def clean_end(res: ShellResult) -> bool:
+    """A clear result: it ended by itself (no hang) and said something or failed."""
+    return not res.timed_out and res.duration < 4.0
+
+
+CASES: dict[str, Case] = {
+    # host secrets and the parent's environment
+    "env-has-no-parent-secret": Case(
+        "env", lambda r: r.success and no_secret(r) and SECRET_ENV not in r.stdout
+    ),
+    "proc-environ-of-all": Case("cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'", no_secret),
+    "proc-1-environ": Case("cat /proc/1/environ", no_secret),
+    "root-home": Case("ls -la /root 2>&1; cat /root/.bash_history 2>&1", no_secret),
+    "etc-shadow": Case("cat /etc/shadow", fails),
+    "etc-passwd-host": Case("cat /etc/passwd", lambda r: no_secret(r)),
+    "grep-everywhere": Case(
+        f"grep -rs {SECRET[:20]} /usr/local /tmp /sandbox /etc 2>/dev/null | head", no_secret
+    ),
+    "ssh-keys": Case("ls /root/.ssh /home/*/.ssh 2>&1; cat /etc/ssh/ssh_host_*_key 2>&1", fails),
+    # the network
+    "tcp-outside": Case("exec 3<>/dev/tcp/1.1.1.1/80", fails, timeout=5),
+    "udp-outside": Case("echo x > /dev/udp/8.8.8.8/53", fails),
+    "dns": Case(f"{PY} -c 'import socket; socket.getaddrinfo(\"example.com\", 80)'", fails),
+    "python-socket": Case(
+        f"{PY} -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)'", fails
+    ),
+    "curl": Case("curl -sS -m 2 http://example.com", fails),
+    "only-loopback": Case(
+        "cat /proc/net/dev", lambda r: "eth" not in r.stdout and "ens" not in r.stdout
+    ),
+    # fork bombs and process budgets
+    # the bomb returns at once and runs on in the background, inside the session's budget
+    "fork-bomb": Case(":(){ :|:& };:", no_secret, timeout=3),
+    "fork-bomb-waited": Case(":(){ :|:& };:; wait; sleep 5", lambda r: r.timed_out, timeout=2),
+    "many-sleepers": Case(
+        "for i in $(seq 100); do sleep 3 & done 2>&1 | tail -1; wait",
+        lambda r: "Resource temporarily unavailable" in r.stdout + r.stderr or not r.success,
+        timeout=4,
+    ),
+    "thread-bomb": Case(
+        f"{PY} -c 'import threading,time\n"
+        "for i in range(500): threading.Thread(target=time.sleep, args=(2,)).start()'",
+        lambda r: not r.success and "can't start new thread" in r.stderr,
+    ),
+    "memory-bomb": Case(f"{PY} -c 'x = bytearray(3 << 30)'", lambda r: "MemoryError" in r.stderr),
+    "cpu-spin": Case(
+        "while :; do :; done", lambda r: r.timed_out and r.returncode == -1, timeout=1
+    ),
+    "ignore-term": Case("trap '' TERM INT HUP; sleep 30", lambda r: r.timed_out, timeout=1),
+    "open-files": Case(
+        "for i in $(seq 400); do exec {fd}</dev/null || { echo stopped at $i; break; }; done",
+        lambda r: "stopped at" in r.stdout,
+    ),
+    # disk
+    "disk-fill-workspace": Case(
+        "head -c 64M /dev/zero > big; echo rc=$?",
+        lambda r: "No space left on device" in r.stderr and "rc=1" in r.stdout,
+    ),
+    "disk-fill-many-files": Case(
+        "for i in $(seq 64); do head -c 1M /dev/zero > f$i || break; done; ls | wc -l",
+        lambda r: "No space left on device" in r.stderr,
+    ),
+    "disk-fill-tmp": Case("head -c 128M /dev/zero > /tmp/big", lambda r: disk_full(r)),
+    "disk-fill-shm": Case("head -c 128M /dev/zero > /dev/shm/big", lambda r: disk_full(r)),
+    "write-readonly-root": Case("echo x > /usr/bin/evil", fails),
+    "write-etc": Case("echo x >> /etc/ld.so.conf", fails),
+    # output floods and odd bytes
+    "stdout-flood": Case(
+        "yes | head -c 10M",
+        lambda r: r.truncated and len(r.stdout) < 40 * 1024 and "truncated" in r.stdout,
+    ),
+    "stderr-flood": Case(
+        "yes 1>&2 | head -c 10M 1>&2", lambda r: r.truncated and len(r.stderr) < 40 * 1024
+    ),
+    "endless-output": Case("yes", lambda r: r.timed_out and r.truncated, timeout=1),
+    "binary-output": Case("head -c 4096 /dev/urandom", lambda r: r.success and len(r.stdout) > 0),
+    "nul-and-ansi": Case(
+        "printf 'a\\0b\\033[31mred\\033[0m\\xff\\n'",
+        lambda r: r.stdout == "a\x00b\x1b[31mred\x1b[0m\ufffd\n",
+    ),
+    "long-line": Case(
+        "head -c 100000 /dev/zero | tr '\\0' x",
+        lambda r: r.truncated and r.stdout.startswith("x" * 1000),
+    ),
+    # boundaries and statuses never in-band
+    "fake-result-json": Case(
+        'echo \'{"returncode": 0, "timed_out": false, "restarted": false}\'; exit 7',
+        lambda r: r.returncode == 7 and '"returncode": 0' in r.stdout,
+    ),
+    "fake-end-marker": Case(
+        "echo '#toolservices-state-end'; echo '#toolservices-state-end' >&2; exit 3",
+        lambda r: r.returncode == 3,
+    ),
+    "close-stdout-stderr": Case(
+        "exec >&- 2>&-; sleep 0.2; exit 4", lambda r: r.returncode == 4 and r.duration >= 0.2
+    ),
+    "redirect-stdout": Case(
+        "exec >/dev/null 2>&1; echo hidden; exit 5", lambda r: r.returncode == 5
+    ),
+    "exit-code": Case("exit 9", lambda r: r.returncode == 9 and not r.restarted),
+    "exec-replaces-shell": Case("exec true", lambda r: r.returncode == 0 and r.restarted),
+    "kill-own-shell": Case("kill -9 $$", lambda r: r.returncode == -9 and r.restarted),
+    "stop-own-shell": Case("kill -STOP $$", lambda r: r.timed_out, timeout=1),
+    "close-state-fd": Case("exec 4>&-; export X=1", lambda r: r.success and r.restarted),
+    "garbage-in-state-fd": Case("echo 'exit 42' >&4; echo ok", lambda r: r.stdout == "ok\n"),
+    "redefine-builtins": Case(
+        "builtin() { :; }; declare() { :; }; echo ok", lambda r: r.stdout == "ok\n"
+    ),
+    "override-exit-trap": Case("trap 'echo mine' EXIT; echo ok", lambda r: "ok" in r.stdout),
+    "syntax-error": Case(
+        "if then fi (", lambda r: r.returncode == 2 and "syntax error" in r.stderr
+    ),
+    # signals: the supervisor, the server, other processes
+    # bash's parent once started: the session's supervisor, outside the commands' domain
+    "kill-supervisor": Case("kill -9 $(ps -o ppid= $$)", lambda r: "not permitted" in r.stderr),
+    "kill-earlier-job": Case(
+        "sleep 60 & echo $! > ../job.pid; kill $(cat ../job.pid) && echo killed",
+        lambda r: r.stdout == "killed\n",
+    ),
+    "kill-fork-server": Case("kill -9 1 2 2>&1", lambda r: "not permitted" in r.stdout),
+    "kill-everything": Case("kill -9 -1; echo survived", lambda r: r.returncode == -9 or r.success),
+    # pkill -f also matches this very shell (its argv holds the command): -9 or done
+    "pkill-python": Case(
+        "pkill -9 python; pkill -9 -f forkserver; echo done",
+        lambda r: r.returncode == -9 or "done" in r.stdout,
+    ),
+    "ptrace": Case("strace -f true", fails),
+    # privileges, setuid, namespaces
+    "setuid-su": Case("su -c id root", fails, stdin=None),
+    "setuid-mount": Case("mount -t tmpfs none /tmp", fails),
+    "setuid-passwd": Case("passwd -S root", lambda r: no_secret(r)),
+    "sudo": Case("sudo id", fails),
+    "unshare-user": Case("unshare -r id", fails),
+    "nsenter": Case("nsenter -t 1 -m id", fails),
+    "uid-is-unprivileged": Case("id -u", lambda r: r.stdout.strip() not in ("0", "")),
+    "own-setuid-bit": Case(
+        f"cp {PY} ./p && chmod u+s ./p && ./p -c 'import os; print(os.geteuid())'",
+        lambda r: r.stdout.strip() != "0",
+    ),
+    "no-new-privs": Case(
+        "grep NoNewPrivs /proc/self/status", lambda r: r.stdout.split()[-1] == "1"
+    ),
+    "caps-none": Case(
+        "grep CapEff /proc/self/status", lambda r: r.stdout.split()[-1] == "0000000000000000"
+    ),
+    # TTYs and stdin
+    # full-screen editors wait for keys that never come: they end at the time limit, said so
+    "vi": Case("vi x.txt", lambda r: r.timed_out and "timed out" in r.stderr, timeout=1),
+    "vim-ex": Case("vim -es -c 'q!'", clean_end, timeout=5),
+    "python-repl": Case(PY, lambda r: r.success and clean_end(r)),
+    "less": Case("echo page | less", lambda r: r.stdout == "page\n"),
+    "top": Case("top", lambda r: clean_end(r) and not r.success),
+    "dev-tty": Case("cat /dev/tty", lambda r: clean_end(r) and not r.success),
+    "read-stdin": Case('read -r x; echo "[$x] $?"', lambda r: r.stdout == "[] 1\n"),
+    "cat-stdin": Case("cat; echo end", lambda r: r.stdout == "end\n"),
+    "stdin-given": Case(
+        'read -r x; echo "[$x]"', lambda r: r.stdout == "[hello]\n", stdin="hello\n"
+    ),
+    "stdin-closed-early": Case("head -c 1", lambda r: r.stdout == "y", stdin="y" * 1_000_000),
+    "nul-in-command": Case("echo a\x00b", lambda r: r.returncode == 2 and "NUL" in r.stderr),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_command(shell: ShellService, name: str) -> None:
+    case = CASES[name]
+    sid = new_sid()
+    res = shell.run(case.command, session_id=sid, timeout=case.timeout, stdin=case.stdin)
+    assert case.check(res), res
+    # the same session still answers, whatever the command did to its shell
+    again = shell.run("echo next", session_id=sid, timeout=8)
+    assert again.stdout == "next\n", again
+    assert shell.close_session(sid)
+
+
+# --- file tools: never more rights than the session's own commands ----------------------------
+
+
+def test_file_tools_cannot_read_host_secret(shell: ShellService, secret_file: Path) -> None:
+    sid = new_sid()
+    for path in (str(secret_file), "/etc/shadow", "/root/.bashrc", "/proc/1/environ"):
+        try:
+            data = shell.read_file(path, session_id=sid)
+        except ShellFileError as exc:
+            assert exc.reason in ("ENOENT", "EACCES", "EPERM"), exc
+        else:
+            assert SECRET not in data
+    shell.close_session(sid)
+
+
+@pytest.mark.parametrize("target", ["/etc/shadow", "SECRET", "/proc/1/environ", "/root"])
+def test_planted_symlink_gives_no_more_than_the_shell(
+    shell: ShellService, secret_file: Path, target: str
+) -> None:
+    sid = new_sid()
+    target = str(secret_file) if target == "SECRET" else target
+    shell.run(f"ln -s {target} link", session_id=sid)
+    cat = shell.run("cat link", session_id=sid)
+    try:
+        data = shell.read_file("link", session_id=sid)
+    except ShellFileError:
+        assert not cat.success
+    else:
+        assert cat.success and SECRET not in data
+    with pytest.raises(ShellFileError):
+        shell.write_file("link", "x", session_id=sid)
+    shell.close_session(sid)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["../../../../etc/shadow", "../../..", "/usr/bin/evil", "/etc/passwd", "/proc/1/mem", "/sys/x"],
+)
+def test_write_outside_the_workspace_is_refused(shell: ShellService, path: str) -> None:
+    sid = new_sid()
+    with pytest.raises(ShellFileError):
+        shell.write_file(path, "x", session_id=sid)
+    shell.close_session(sid)
+
+
+def test_dotdot_stays_in_the_sessions_own_disk(shell: ShellService) -> None:
+    """``..`` from the workspace reaches the session's own quota'd directory, never the host's."""
+    sid, other = new_sid(), new_sid()
+    shell.write_file("../escape.txt", "mine", session_id=sid)
+    assert shell.read_file("../escape.txt", session_id=sid) == "mine"
+    with pytest.raises(ShellFileError):
+        shell.read_file("../escape.txt", session_id=other)
+    base = os.path.dirname(os.path.dirname(shell.workspace(sid)))
+    assert not any(p.name == "escape.txt" for p in Path("/").glob(base.lstrip("/") + "/*/*"))
+    shell.close_session(sid)
+    shell.close_session(other)
+
+
+def test_other_sessions_workspace_is_closed(shell: ShellService) -> None:
+    a, b = new_sid(), new_sid()
+    shell.write_file("mine.txt", "A", session_id=a)
+    where = shell.workspace(a)
+    with pytest.raises(ShellFileError):
+        shell.read_file(f"{where}/mine.txt", session_id=b)
+    with pytest.raises(ShellFileError):
+        shell.write_file(f"{where}/mine.txt", "B", session_id=b)
+    with pytest.raises(ShellFileError):
+        shell.list_files(where, session_id=b)
+    assert not shell.run(f"cat {where}/mine.txt", session_id=b).success
+    shell.run(f"ln -s {where}/mine.txt l", session_id=b)
+    with pytest.raises(ShellFileError):
+        shell.read_file("l", session_id=b)
+    assert shell.read_file("mine.txt", session_id=a) == "A"
+    shell.close_session(a)
+    shell.close_session(b)
+
+
+def test_hard_links_cannot_reach_outside(shell: ShellService, secret_file: Path) -> None:
+    sid = new_sid()
+    res = shell.run(
+        f"ln {secret_file} h1; ln /usr/bin/env h2; ln /etc/ld.so.cache h3", session_id=sid
+    )
+    assert not res.success
+    assert shell.list_files(session_id=sid) == []
+    shell.close_session(sid)
+
+
+def test_symlink_swapped_between_check_and_use(shell: ShellService, secret_file: Path) -> None:
+    """A loop flips ``x`` between a file and a symlink to the secret while read_file reads it."""
+    sid = new_sid()
+    shell.run(
+        f"echo plain > plain; (for i in $(seq 20000); do ln -sfn {secret_file} x; ln -sfn plain x;"
+        " ln -sfn /etc/shadow x; done) >/dev/null 2>&1 &",
+        session_id=sid,
+    )
+    seen = set()
+    for _ in range(40):
+        try:
+            data = shell.read_file("x", session_id=sid)
+        except ShellFileError as exc:
+            seen.add(exc.reason)
+            continue
+        assert SECRET not in data
+        seen.add(data)
+    assert seen
+    shell.close_session(sid)
+
+
+def test_special_files_do_not_hang_file_tools(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.run("mkfifo pipe; mkdir d", session_id=sid)
+    for path, reason in (("pipe", "ENOTREG"), ("d", "EISDIR"), ("/dev/zero", "ENOTREG")):
+        with pytest.raises(ShellFileError) as info:
+            shell.read_file(path, session_id=sid)
+        assert info.value.reason == reason
+    with pytest.raises(ShellFileError) as info:
+        shell.write_file("d", "x", session_id=sid)
+    assert info.value.reason == "EISDIR"
+    shell.close_session(sid)
+
+
+def test_file_size_caps_are_clear(shell: ShellService) -> None:
+    sid = new_sid()
+    with pytest.raises(ShellFileError) as info:
+        shell.write_file("big", b"x" * ((1 << 20) + 1), session_id=sid)
+    assert info.value.reason == "EFBIG" and "limit" in str(info.value)
+    shell.run("truncate -s 2M sparse", session_id=sid)
+    with pytest.raises(ShellFileError) as info:
+        shell.read_file("sparse", session_id=sid)
+    assert info.value.reason == "EFBIG"
+    shell.close_session(sid)
+
+
+def test_write_file_fills_the_quota_with_enospc(shell: ShellService) -> None:
+    sid = new_sid()
+    with pytest.raises(ShellFileError) as info:
+        for i in range(64):
+            shell.write_file(f"f{i}", b"\0" * (1 << 20), session_id=sid)
+    assert info.value.reason in ("ENOSPC", "EFBIG")
+    assert shell.run("rm f*; echo freed", session_id=sid).stdout == "freed\n"
+    shell.write_file("again", "ok", session_id=sid)
+    shell.close_session(sid)
+
+
+# --- processes: what outlives what ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        "exec -a {m} sleep 300 &",
+        "nohup bash -c 'exec -a {m} sleep 300' >/dev/null 2>&1 &",
+        "( ( exec -a {m} sleep 300 & ) & )",
+        "setsid bash -c 'exec -a {m} sleep 300' &",
+        "disown_me() {{ exec -a {m} sleep 300; }}; disown_me & disown",
+    ],
+    ids=["background", "nohup", "double-fork", "setsid", "disown"],
+)
+def test_close_session_kills_every_process(shell: ShellService, start: str) -> None:
+    sid, mark = new_sid(), marker()
+    assert shell.run(start.format(m=mark), session_id=sid).success
+    assert (
+        shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=sid).stdout == "alive\n"
+    )
+    assert alive_with(mark)
+    assert shell.close_session(sid)
+    assert gone_within(mark)
+
+
+def test_background_job_survives_calls_and_other_timeouts(shell: ShellService) -> None:
+    sid, mark = new_sid(), marker()
+    shell.run(f"exec -a {mark} sleep 300 &", session_id=sid)
+    res = shell.run("sleep 30", session_id=sid, timeout=0.5)
+    assert res.timed_out
+    assert (
+        shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=sid).stdout == "alive\n"
+    )
+    shell.close_session(sid)
+    assert gone_within(mark)
+
+
+def test_timeout_kills_the_jobs_its_command_started(shell: ShellService) -> None:
+    sid, mark = new_sid(), marker()
+    res = shell.run(
+        f"setsid bash -c 'exec -a {mark} sleep 300' & ( exec -a {mark} sleep 300 & ); sleep 30",
+        session_id=sid,
+        timeout=0.5,
+    )
+    assert res.timed_out
+    assert gone_within(mark)
+    assert shell.run("echo fine", session_id=sid).stdout == "fine\n"
+    shell.close_session(sid)
+
+
+def test_cannot_signal_or_inspect_another_session(shell: ShellService) -> None:
+    a, b, mark = new_sid(), new_sid(), marker()
+    shell.run(f"export A_ONLY={SECRET}; exec -a {mark} sleep 300 &", session_id=a)
+    res = shell.run(
+        f"for p in $(pgrep -f {mark}); do kill -9 $p; cat /proc/$p/environ; ls /proc/$p/cwd/; "
+        "ls /proc/$p/root/; done; pkill -9 -f " + mark + "; kill -9 -1; echo done",
+        session_id=b,
+    )
+    assert SECRET not in res.stdout + res.stderr
+    assert shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=a).stdout == "alive\n"
+    shell.close_session(a)
+    shell.close_session(b)
+
+
+def test_host_listener_is_unreachable(shell: ShellService) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        res = shell.run(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected", timeout=3)
+        assert "connected" not in res.stdout
+    finally:
+        thread.join()
+        server.close()
+    assert not accepted
+
+
+def test_close_session_frees_the_disk(shell: ShellService) -> None:
+    sid = new_sid()
+    assert shell.run("head -c 20M /dev/zero > big && echo ok", session_id=sid).stdout == "ok\n"
+    shell.close_session(sid)
+    again = shell.run("ls", session_id=sid)
+    assert again.stdout == ""
