@@ -138,14 +138,15 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):  # type: ignor
             from toolservices.env import python_tool
             from toolservices.python import PythonExecutorService
 
-            executor = PythonExecutorService(pool_size=1, timeout=self.config.timeout)
+            # one session for the rollout's whole life: no spare interpreters forked ahead
+            executor = PythonExecutorService(pool_size=1, timeout=self.config.timeout, spares=0)
             stack.push_async_callback(executor.aclose)
             tools.append(python_tool(executor))
         if _SHELL_TOOLS.intersection(names):
             from toolservices.env import shell_tools
             from toolservices.shell import ShellService
 
-            shell = ShellService(pool_size=1, timeout=self.config.timeout)
+            shell = ShellService(pool_size=1, timeout=self.config.timeout, spares=0)
             stack.push_async_callback(shell.aclose)
             tools += [t for t in shell_tools(shell) if t.name in names]
         spec = EpisodeSpec(tools, timeout=None)
