@@ -190,6 +190,7 @@ class ToolservicesTool(BaseTool):
         self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
     ) -> None:
         timeout = config.get("timeout", 10.0)
+        self.tool: Tool
         self._shell_key: str | None = None
         if config.get("tool") in _SHELL_TOOLS:
             # all four in the episode: the worker's shell tools share it per trajectory
