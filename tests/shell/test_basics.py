@@ -175,3 +175,31 @@ async def test_busy_service_raises_executor_busy() -> None:
                 tg.start_soon(call, i)
         busy = [o for o in outcomes if isinstance(o, ExecutorBusyError)]
         assert busy and all(b.retryable for b in busy)
+
+
+def test_closing_copies_frees_their_share_of_the_quota() -> None:
+    """Copies live in their source's quota: closing one gives its space back at once."""
+    with ShellService(pool_size=1, timeout=20.0, disk_quota=24 << 20) as small:
+        assert small.run("head -c 8M /dev/zero > blob && echo ok", session_id="src").success
+        for _ in range(4):  # 4 x 8 MB of copies would not fit in 24 MB without the wipe
+            (copy,) = small.fork_session("src", 1)
+            assert small.run("ls", session_id=copy).stdout == "blob\n"
+            assert small.close_session(copy) is True
+        assert small.close_session("never-was") is False
+
+
+def test_background_job_printing_later_is_not_killed(shell: ShellService, sid: str) -> None:
+    """Its command's pipes stay open (drained): no SIGPIPE when it prints after returning."""
+    shell.run(
+        "(until [ -e go ]; do sleep 0.02; done; seq 2000; echo err >&2; touch printed) &",
+        session_id=sid,
+    )
+    res = shell.run("touch go; until [ -e printed ]; do sleep 0.02; done; echo ok", session_id=sid)
+    assert res.stdout == "ok\n" and not res.timed_out, res
+
+
+def test_isolation_report_has_the_shell_layers(shell: ShellService) -> None:
+    layers = shell.isolation_report()["layers"]
+    assert {"disk_quota", "command_scope", "seccomp", "landlock"} <= set(layers)
+    if layers["session_namespaces"]["active"]:
+        assert layers["disk_quota"]["active"]

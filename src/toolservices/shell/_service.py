@@ -29,8 +29,13 @@ _ENTRY = "__ts_shell__"
 _HERE = Path(__file__).parent
 # Compiled here once and sent marshalled: sessions run this very interpreter (the fork
 # server is started with sys.executable), and unmarshalling costs far less than compiling.
+# Base64 text: a bytes literal full of escapes takes the session 4x longer to tokenize.
 _CODE = {
-    name: marshal.dumps(compile((_HERE / f"{file}.py").read_text("utf-8"), f"<{name}>", "exec"))
+    name: base64.b64encode(
+        marshal.dumps(
+            compile((_HERE / f"{file}.py").read_text("utf-8"), f"<{name}>", "exec", optimize=2)
+        )
+    ).decode()
     for name, file in (
         ("_toolservices_shell_spawner", "_spawner"),
         ("_toolservices_shell", "_supervisor"),
@@ -39,14 +44,20 @@ _CODE = {
 # Idempotent: loading it again in a live session keeps its shell state.
 _BOOTSTRAP = (
     f"if {_ENTRY!r} not in globals():\n"
-    "    import marshal as _ma, sys as _s, types as _t\n"
+    "    import binascii as _b, marshal as _ma, sys as _s, types as _t\n"
     f"    for _n, _c in {_CODE!r}.items():\n"
     "        _m = _t.ModuleType(_n)\n"
     "        _s.modules[_n] = _m\n"
-    "        exec(_ma.loads(_c), _m.__dict__)\n"
+    "        exec(_ma.loads(_b.a2b_base64(_c)), _m.__dict__)\n"
     f"    {_ENTRY} = _m.call\n"
-    "    del _ma, _s, _t, _m, _n, _c\n"
+    "    del _b, _ma, _s, _t, _m, _n, _c\n"
 )
+
+
+def _landlock_abi() -> int:
+    from toolservices.python.runtime._confine import landlock_abi
+
+    return landlock_abi()
 
 
 def _check_timeout(value: object, name: str = "timeout") -> float:
@@ -141,6 +152,9 @@ class ShellService:
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
         self._booted: set[str] = set()
+        # sessions sharing a disk quota with others (forked, or copies): closing one of them
+        # must empty its workspace, which the lineage's tmpfs would otherwise keep
+        self._shared: set[str] = set()
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
     # --- requests ------------------------------------------------------------------
@@ -423,7 +437,9 @@ class ShellService:
         _check_session(src, required=True)
         if src not in self._booted:  # a copy must carry a loaded supervisor
             self._ensure_booted(src)
-        return self._python.fork_session(src, n)
+        copies = self._python.fork_session(src, n)
+        self._share(src, copies)
+        return copies
 
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
         """Async :meth:`fork_session`."""
@@ -431,27 +447,75 @@ class ShellService:
         if src not in self._booted:
             res, _ = await self._arequest("workspace", {}, src, self._file_limit())
             self._reply(res)
-        return await self._python.afork_session(src, n)
+        copies = await self._python.afork_session(src, n)
+        self._share(src, copies)
+        return copies
+
+    def _share(self, src: str, copies: list[str]) -> None:
+        if len(self._shared) > 4 * self.max_sessions:
+            self._shared.clear()  # forgetting only leaves a closed copy's files to its lineage
+        self._shared.update((src, *copies))
 
     def _ensure_booted(self, src: str) -> None:
         res, _ = self._request("workspace", {}, src, self._file_limit())
         self._reply(res)
 
+    def _live(self, session_id: str) -> bool:
+        # a request to a session that is gone would create it: only wipe live ones
+        return session_id in self._python._slots
+
     def close_session(self, session_id: str) -> bool:
         """Kill every process the session started and free its files; False: no such session."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        if session_id in self._shared and self._live(session_id):
+            self._shared.discard(session_id)
+            try:
+                self._request("wipe", {}, session_id, self._file_limit())
+            except InfrastructureError:
+                pass  # closing kills it anyway; only its share of the quota stays taken
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        if session_id in self._shared and self._live(session_id):
+            self._shared.discard(session_id)
+            try:
+                await self._arequest("wipe", {}, session_id, self._file_limit())
+            except InfrastructureError:
+                pass
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:
-        """The isolation the sessions get (the Python executor's report: the same layers)."""
-        return self._python.isolation_report()
+        """The isolation the sessions get: the Python executor's report, plus two shell layers.
+
+        ``disk_quota`` (the workspace tmpfs, which needs session namespaces) and
+        ``command_scope`` (commands cannot signal their session's supervisor:
+        Landlock ABI >= 6, i.e. the report's ``landlock`` layer with scoping).
+        """
+        report = dict(self._python.isolation_report())
+        layers = dict(report.get("layers", {}))
+        own_ns = bool(layers.get("session_namespaces", {}).get("active"))
+        quota = self.sandbox.disk_quota
+        layers["disk_quota"] = {
+            "active": own_ns and quota is not None,
+            "detail": f"each session's workspace is a private tmpfs of {quota} bytes"
+            if own_ns and quota is not None
+            else "off: needs session namespaces and a disk_quota; only file_size caps a file",
+        }
+        abi = _landlock_abi()
+        layers["command_scope"] = {
+            "active": abi >= 6,
+            "detail": "commands run in a nested Landlock domain scoped for signals: "
+            "they cannot signal their session's supervisor"
+            if abi >= 6
+            else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
+            "its session's supervisor, which loses the session",
+        }
+        report["layers"] = layers
+        return report
 
     def stats(self) -> dict[str, Any]:
         """The executor's counters (sessions, queue, slots) plus the shell's own."""

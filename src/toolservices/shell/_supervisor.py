@@ -47,6 +47,7 @@ else:  # on the host (tests)
 
 BASH = "/bin/bash"
 _STATE_END = "#toolservices-state-end"
+_MAX_LINGERING = 64
 _PR_SET_DUMPABLE = 4
 
 # The script every bash runs: wait for the state and the command (the pipe on fd 3,
@@ -70,27 +71,11 @@ __ts_opts() {
   for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
 }
 __ts_save() {
-  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS __ts_v
+  builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
   builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
-  local -a __ts_l=() __ts_n=() __ts_f=()
-  builtin compgen -v >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
-  for __ts_v in "${__ts_l[@]}"; do
-    case $__ts_v in
-      BASH|BASHOPTS|BASHPID|BASH_*|EUID|PPID|SHELLOPTS|UID|FUNCNAME|GROUPS) continue ;;
-      LINENO|RANDOM|SECONDS|SRANDOM|EPOCHREALTIME|EPOCHSECONDS|_|PIPESTATUS) continue ;;
-      DIRSTACK|COMP_*|OPTIND|OPTARG|HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE|SHLVL) continue ;;
-      HISTCMD|PWD|__ts_*) continue ;;
-    esac
-    [[ ${!__ts_v@a} == *r* ]] || __ts_n+=("$__ts_v")
-  done
-  __ts_l=()
-  builtin compgen -A function >/dev/fd/4 2>/dev/null && builtin mapfile -t __ts_l </dev/fd/4
-  for __ts_v in "${__ts_l[@]}"; do
-    [[ $__ts_v == __ts_* ]] || __ts_f+=("$__ts_v")
-  done
   {
-    ((${#__ts_n[@]})) && builtin declare -p "${__ts_n[@]}"
-    ((${#__ts_f[@]})) && builtin declare -f "${__ts_f[@]}"
+    builtin declare -p
+    builtin declare -f
     builtin alias -p
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
     builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
@@ -99,6 +84,7 @@ __ts_save() {
 }
 builtin trap __ts_save EXIT
 builtin source /dev/fd/3 2>/dev/null
+RANDOM=$SRANDOM
 builtin exec 3<&-
 builtin eval "$__ts_cmd"
 """
@@ -160,6 +146,9 @@ class Shell:
         _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         self.spawner: Spawner | None = None
         self.pending: _Spare | None = None
+        # stdout/stderr pipes of finished commands that background jobs still hold: kept
+        # open and drained, so that a job printing later is not killed by SIGPIPE
+        self.lingering: list[int] = []
 
     # --- commands ------------------------------------------------------------------
 
@@ -182,6 +171,28 @@ class Shell:
         if self.spawner is not None:
             self.spawner.close()
             self.spawner = None
+        for fd in self.lingering:
+            os.close(fd)
+        self.lingering = []
+
+    def _drain_lingering(self, keep: tuple[int, ...] = ()) -> None:
+        """Discard what background jobs printed since; close the pipes nobody writes anymore."""
+        alive = []
+        for fd in [*self.lingering, *keep]:
+            while True:
+                try:
+                    if os.read(fd, 65536):
+                        continue
+                except BlockingIOError:
+                    alive.append(fd)
+                    break
+                except OSError:
+                    pass
+                os.close(fd)  # end of file: every writer is gone
+                break
+        while len(alive) > _MAX_LINGERING:  # a bound on descriptors; the oldest go
+            os.close(alive.pop(0))
+        self.lingering = alive
 
     def _request_spare(self) -> None:
         """Ask the spawner for the next command's bash; it starts while we reply."""
@@ -228,12 +239,19 @@ class Shell:
                 self._drop_spawner()
                 continue
             self.pending = None
+            if _parent(spare.pid) != os.getpid():
+                # started while we were not a subreaper (fork_session clears it for a moment):
+                # someone else reaps it, so we could not learn its status. Use another.
+                _killpg(spare.pid)
+                spare.close()
+                continue
             return spare
         raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
 
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
         self._adopt_fork()
         started = time.monotonic()
+        self._drain_lingering()
         spare = self._take_spare()
         pid = spare.pid
         born = _start_time(pid)
@@ -255,6 +273,9 @@ class Shell:
             if timed_out:
                 _kill_tree(self.pid, born)
             saved = _read_all(spare.state_out)
+            kept = (spare.out_r, spare.err_r)
+            spare.out_r = spare.err_r = -1
+            self._drain_lingering(kept)
         finally:
             spare.close()
         try:
@@ -411,6 +432,15 @@ class Shell:
             return _error(exc)
         return {"ok": True, "data": base64.b64encode(b"".join(chunks)).decode()}
 
+    def wipe(self) -> dict[str, Any]:
+        """Empty the workspace: a closing copy's files share the lineage's disk quota."""
+        self._adopt_fork()
+        try:
+            _wipe_tree(self.workspace)
+        except OSError as exc:
+            return _error(exc)
+        return {"ok": True}
+
     def list_files(self, path: str, limit: int) -> dict[str, Any]:
         full = self._path(path)
         entries: list[list[Any]] = []
@@ -437,6 +467,23 @@ class Shell:
             return _error(exc)
         entries.sort()
         return {"ok": True, "entries": entries}
+
+
+def _wipe_tree(top: str) -> None:
+    """Delete what is inside ``top``, never following symlinks (shutil's fd-based walk)."""
+    import shutil
+
+    with os.scandir(top) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        path = os.path.join(top, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _error(exc: OSError) -> dict[str, Any]:
@@ -482,6 +529,13 @@ def _stat(pid: int | str) -> list[bytes]:
     """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         return fh.read().rsplit(b")", 1)[1].split()
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_stat(pid)[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _start_time(pid: int) -> int:
@@ -551,6 +605,8 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.read_file(args["path"])
     elif op == "list":
         reply = shell.list_files(args["path"], args["limit"])
+    elif op == "wipe":
+        reply = shell.wipe()
     elif op == "workspace":
         shell._adopt_fork()
         reply = {"ok": True, "workspace": shell.workspace}
