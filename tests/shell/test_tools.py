@@ -232,3 +232,22 @@ def test_trl_environment_methods_run_in_one_shell_per_rollout(shell: ShellServic
         assert not shell.close_session(first or "")
     finally:
         env_class.close_all()
+
+
+async def test_oversized_binary_and_missing_files_answer_with_a_reason() -> None:
+    with ShellService(pool_size=1, timeout=10.0, max_file_size=64 * 1024) as small:
+        async with episode(small) as ep:
+            await step(
+                ep, "bash", command="head -c 200000 /dev/zero > big; printf 'a\\xff\\x00b\\n' > bin"
+            )
+            big = await step(ep, "read_file", path="big")
+            assert big == (
+                "Error: big is too large for read_file (more than 65536 bytes); "
+                "look at parts of it with bash, e.g. sed -n '1,200p' big"
+            )
+            binary = await step(ep, "read_file", path="bin")
+            assert binary == "     1\ta\ufffd\x00b"  # decoded with replacement
+            edit = await step(ep, "str_replace", path=".", old_str="a", new_str="b")
+            assert edit == "Error: . is a directory; str_replace edits a file."
+            # the episode goes on: a failed call is a message, not a broken session
+            assert await step(ep, "bash", command="echo fine") == "fine\n"

@@ -84,7 +84,17 @@ class ShellTool(Tool):
         raise NotImplementedError
 
     async def _read_text(self, path: str, session: str) -> str:
-        return str(await self.shell.aread_file(path, session_id=session))
+        try:
+            return str(await self.shell.aread_file(path, session_id=session))
+        except ToolError as exc:  # the service's ShellFileError (not imported: it is heavy)
+            if getattr(exc, "reason", None) == "EFBIG":
+                limit = getattr(self.shell, "max_file_size", None)
+                raise ToolError(
+                    f"{path} is too large for {self.name}"
+                    + (f" (more than {limit} bytes)" if limit else "")
+                    + f"; look at parts of it with bash, e.g. sed -n '1,200p' {path}"
+                ) from exc
+            raise
 
 
 class BashTool(ShellTool):
@@ -187,7 +197,7 @@ class ReadFileTool(ShellTool):
         path = kwargs["path"]
         try:
             text = await self._read_text(path, session)
-        except ToolError as exc:  # the service's ShellFileError (not imported: it is heavy)
+        except ToolError as exc:
             if getattr(exc, "reason", None) != "EISDIR":
                 raise
             return await self._listing(path, session)
@@ -297,7 +307,12 @@ class StrReplaceTool(ShellTool):
                 "old_str is empty; give the exact text to replace "
                 "(use write_file to create or overwrite a whole file)."
             )
-        text = await self._read_text(path, session)
+        try:
+            text = await self._read_text(path, session)
+        except ToolError as exc:
+            if getattr(exc, "reason", None) == "EISDIR":
+                raise ToolError(f"{path} is a directory; str_replace edits a file.") from exc
+            raise
         count = text.count(old)
         if count == 0:
             raise ToolError(
