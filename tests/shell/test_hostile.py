@@ -228,6 +228,9 @@ CASES: dict[str, Case] = {
         "builtin() { :; }; declare() { :; }; echo ok", lambda r: r.stdout == "ok\n"
     ),
     "override-exit-trap": Case("trap 'echo mine' EXIT; echo ok", lambda r: "ok" in r.stdout),
+    "no-private-fds-but-state": Case(
+        "ls /proc/self/fd | tr '\\n' ' '", lambda r: r.stdout.split() == ["0", "1", "2", "3", "4"]
+    ),
     "syntax-error": Case(
         "if then fi (", lambda r: r.returncode == 2 and "syntax error" in r.stderr
     ),

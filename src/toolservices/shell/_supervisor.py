@@ -85,7 +85,7 @@ __ts_save() {
 builtin trap __ts_save EXIT
 builtin source /dev/fd/3 2>/dev/null
 RANDOM=$SRANDOM
-builtin exec 3<&-
+exec 3<&-  # "builtin exec" would close it for that one command only
 builtin eval "$__ts_cmd"
 """
 
