@@ -18,7 +18,7 @@ from toolservices.dispatch import (
     render_tool_results,
     to_openai_messages,
 )
-from toolservices.env import EnvStep, Episode, ToolEnv, python_tool
+from toolservices.env import EnvStep, Episode, ToolEnv, python_tool, shell_tools
 from toolservices.errors import (
     ExecutorBusyError,
     InfrastructureError,
@@ -128,6 +128,7 @@ __all__ = [
     "isolation_report",
     "python_tool",
     "render_tool_results",
+    "shell_tools",
     "tool",
     "to_openai_messages",
 ]

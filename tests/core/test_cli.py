@@ -29,6 +29,10 @@ def test_demo_runs_32_episodes_and_succeeds() -> None:
     summary = next(line for line in out.splitlines() if line.startswith("episodes: "))
     counts = dict(re.findall(r"(calls|failed calls|parse errors): (\d+)", summary))
     assert int(counts["failed calls"]) + int(counts["parse errors"]) == 8, summary
+    # Then the shell scenario: the test fails, str_replace fixes the program, the test passes.
+    assert "AssertionError: -1 [exit status 1]" in out
+    assert "str_replace calc.py" in out and "-> tests passed" in out
+    assert "shell episode: ok (answered after 5 turns, 5 calls" in out
 
 
 def test_help_and_bad_arguments() -> None:

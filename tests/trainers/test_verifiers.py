@@ -1,151 +1,250 @@
-"""verifiers adapter: its own rollout loop against a loopback OpenAI-compatible server.
+"""verifiers 0.4 adapter: verifiers' own rollout code against a loopback model server.
 
-verifiers (0.2/0.3) pins mcp<2 and openai<3... and so conflicts with the main
-venv's mcp extra: .ci/run runs this file in .venv-verifiers.
+Each test runs ``Agent.run`` (verifiers' rollout: interception server,
+tool servers started per rollout in the subprocess runtime, its bundled
+chat program as the harness) with :class:`ToolservicesToolset` as the
+task's toolset, against ``ScriptedChatServer``. verifiers pins mcp 2 and
+openai 2, unlike the main venv: .ci/run runs this file in .venv-verifiers.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import threading
-import warnings
+import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
+import psutil
 import pytest
 
-pytest.importorskip("verifiers")
+vf = pytest.importorskip("verifiers.v1")
 
-# Run in a venv of their own (.ci/run), where their durations were not measured
-# against the suite's 60 s: they keep the bound they had.
+#: each rollout starts a toolset server process (33-83 s a test on a loaded 2-core machine)
 pytestmark = pytest.mark.timeout(300)
 
-import httpx  # noqa: E402  (verifiers brings it; the main venv has httpx2 only)
+import httpx  # noqa: E402  (verifiers brings it)
+from pydantic import ValidationError  # noqa: E402
+from verifiers.v1.clients import EvalClientConfig  # noqa: E402
+from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import verifiers as vf
-    from datasets import Dataset
-    from openai import AsyncOpenAI
-    from verifiers.clients import OpenAIChatCompletionsClient
+from toolservices.rollout.testing import Raw, ScriptedChatServer  # noqa: E402
+from toolservices.trainers.verifiers import (  # noqa: E402
+    TOOLS,
+    ToolservicesToolset,
+    ToolservicesToolsetConfig,
+    mcp_rollout_url,
+)
 
-    from toolservices import tool
-    from toolservices.env import python_tool
-    from toolservices.trainers.verifiers import EPISODE_KEY, ToolservicesEnv, mcp_rollout_url
-
-sys.path.insert(0, str(Path(__file__).parent))
-import _chat_server  # noqa: E402
-from _hang_tool import hang  # noqa: E402
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from _vf_support import LOG_ENV, LocalNullHarness, LoggedToolset  # noqa: E402
 
 sys.path.pop(0)
 
-
-@tool
-def lookup(query: str) -> str:
-    """Look a word up.
-
-    Args:
-        query: The word.
-    """
-    return query.upper()
+COUNT = "n = globals().get('n', 0) + 1; print(n)"
+PROGRAM = "def add(a, b):\n    return a - b\n\nprint(add(2, 3))\n"
+TEST = "from calc import add\nassert add(2, 3) == 5\nprint('ok')\n"
 
 
-@pytest.fixture(scope="module")
-def server_url():
-    with _chat_server.serve() as url:
-        yield url
-
-
-def make_env(executor, **kwargs) -> ToolservicesEnv:
-    dataset = Dataset.from_list([{"question": "count", "answer": "2"}])
-    return ToolservicesEnv([python_tool(executor), lookup], dataset=dataset, max_turns=5, **kwargs)
-
-
-@pytest.fixture
-async def llm(server_url):
-    openai_client = AsyncOpenAI(base_url=server_url, api_key="loopback")
-    yield OpenAIChatCompletionsClient(openai_client)
-    await openai_client.close()
-
-
-def rollout_input(prompt: str, example_id: int = 0) -> dict:
+def call(name: str, **args: Any) -> dict[str, Any]:
     return {
-        "prompt": [{"role": "user", "content": prompt}],
-        "answer": "",
-        "example_id": example_id,
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{uuid.uuid4().hex[:8]}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ],
     }
 
 
-def tool_texts(state) -> list[str]:
-    return [str(m.content).strip() for m in state["completion"] if m.role == "tool"]
+SCRIPT: dict[str, list[Any]] = {
+    "count": [call("python", code=COUNT), call("python", code=COUNT), "done"],
+    "spin": [call("python", code="while True: pass"), "done"],
+    "shell": [
+        call("write_file", path="calc.py", content=PROGRAM),
+        call("write_file", path="test_calc.py", content=TEST),
+        call("bash", command="python3 test_calc.py"),
+        call("str_replace", path="calc.py", old_str="a - b", new_str="a + b"),
+        call("bash", command="python3 test_calc.py"),
+        call("read_file", path="calc.py", start_line=2, end_line=2),
+        "done",
+    ],
+    # the model server breaks down after the first call: the rollout ends in an error
+    "broken": [
+        call("python", code="print('before')"),
+        Raw(body="<html>bad gateway</html>", status=400, content_type="text/html"),
+    ],
+    "url": [
+        call("python_execute", code="x = 20", session_id="s"),
+        call("python_execute", code="print(x + 1)", session_id="s"),
+        "done",
+    ],
+    "url-peek": [call("python_execute", code="print(x)", session_id="s"), "done"],
+}
 
 
-def test_tool_defs_come_from_the_toolservices_tools(executor):
-    env = make_env(executor)
-    names = [t.name for t in env.tool_defs]
-    assert names == ["python", "lookup"]
-    lookup_def = env.tool_defs[1]
-    assert lookup_def.parameters["required"] == ["query"]
-    assert EPISODE_KEY not in str(lookup_def.parameters)
+@pytest.fixture(scope="module")
+def model():
+    with ScriptedChatServer(SCRIPT) as server:
+        yield server
 
 
-@pytest.mark.anyio
-async def test_rollouts_keep_state_within_and_never_across(executor, llm):
-    env = make_env(executor)
-    first = await env.rollout(rollout_input("count"), llm, "scripted")
-    assert first["error"] is None
-    assert tool_texts(first) == ["1", "2"]  # one session through the rollout
-    assert EPISODE_KEY not in first  # the cleanup handler took it out and closed it
-    assert executor.stats()["sessions"] == 0
-    second = await env.rollout(rollout_input("count", 1), llm, "scripted")
-    assert tool_texts(second) == ["1", "2"]  # a fresh session
+@pytest.fixture
+def lifecycle(tmp_path, monkeypatch) -> Path:
+    """The log the test's tool servers write, and their import path."""
+    log = tmp_path / "lifecycle.jsonl"
+    monkeypatch.setenv(LOG_ENV, str(log))
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), path])))
+    monkeypatch.setenv("TOOLSERVICES_VF_TEST_KEY", "loopback")
+    return log
 
 
-@pytest.mark.anyio
-async def test_concurrent_rollouts_are_isolated(executor, llm):
-    env = make_env(executor)
-    states = []
-
-    async def one(k: int) -> None:
-        states.append(await env.rollout(rollout_input("count", k), llm, "scripted"))
-
-    async with anyio.create_task_group() as tg:
-        for k in range(3):
-            tg.start_soon(one, k)
-    assert [tool_texts(s) for s in states] == [["1", "2"]] * 3
+def events(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-@pytest.mark.anyio
-async def test_runaway_code_and_unknown_tools_become_messages(executor, llm):
-    env = make_env(executor)
-    spun = await env.rollout(rollout_input("spin"), llm, "scripted")
-    (text,) = tool_texts(spun)
+def agent(model: ScriptedChatServer, **config: Any) -> Any:
+    client = EvalClientConfig(base_url=model.url, api_key_var="TOOLSERVICES_VF_TEST_KEY")
+    made = vf.make_agent(
+        vf.AgentConfig(model="scripted", runtime=vf.SubprocessConfig(), client=client, **config)
+    )
+    made.harness = LocalNullHarness(NullHarnessConfig(id="null"))
+    return made
+
+
+def task(prompt: str, toolset: Any) -> Any:
+    class OneTask(vf.Task):
+        @classmethod
+        def toolsets(cls, config: Any) -> list[Any]:
+            return [toolset()]
+
+    return OneTask(vf.TaskData(idx=0, prompt=prompt))
+
+
+def logged(**config: Any) -> Any:
+    return lambda: LoggedToolset(ToolservicesToolsetConfig(**config))
+
+
+def tool_texts(model: ScriptedChatServer, prompt: str) -> list[str]:
+    """The tool results the harness sent back to the model in its last request."""
+    last = [r for r in model.requests if r["messages"][0]["content"] == prompt][-1]
+    return [m["content"] for m in last["messages"] if m["role"] == "tool"]
+
+
+def assert_all_gone(log: Path) -> None:
+    """Every server set up was closed, and no process that served a call survives it."""
+    seen = events(log)
+    servers = {e["server"] for e in seen if e["event"] == "setup"}
+    assert servers and servers == {e["server"] for e in seen if e["event"] == "closed"}
+    for entry in (e for e in seen if e["event"] == "call"):
+        for pid, started in entry["pids"]:
+            try:
+                alive = psutil.Process(pid).create_time() == started
+            except psutil.NoSuchProcess:
+                alive = False
+            assert not alive, f"process {pid} that served a {entry['tool']} call outlived it"
+
+
+async def test_one_python_session_per_rollout_closed_with_it(model, lifecycle):
+    async with agent(model) as solver:
+        first = await solver.run(task("count", logged(tools=["python"])))
+        second = await solver.run(task("count", logged(tools=["python"])))
+    for trace in (first, second):
+        assert trace.stop_condition == "agent_completed" and not trace.errors
+    assert tool_texts(model, "count") == ["1\n", "2\n"]  # the second rollout: a fresh session
+    offered = [t["function"]["name"] for t in model.requests[-1]["tools"]]
+    assert offered == ["python"]
+    assert len({e["server"] for e in events(lifecycle) if e["event"] == "setup"}) == 2
+    assert_all_gone(lifecycle)
+
+
+async def test_concurrent_rollouts_are_isolated(model, lifecycle):
+    traces = []
+    start = len(model.requests)
+    async with agent(model) as solver:
+
+        async def one() -> None:
+            traces.append(await solver.run(task("count", logged(tools=["python"]))))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(one)
+    assert [t.stop_condition for t in traces] == ["agent_completed"] * 2
+    # Requests of the two rollouts interleave; each saw only its own counter.
+    seen = [
+        [m["content"] for m in r["messages"] if m["role"] == "tool"] for r in model.requests[start:]
+    ]
+    assert sorted(seen) == [[], [], ["1\n"], ["1\n"], ["1\n", "2\n"], ["1\n", "2\n"]]
+    assert_all_gone(lifecycle)
+
+
+async def test_shell_tools_write_run_fix_and_test(model, lifecycle):
+    async with agent(model) as solver:
+        trace = await solver.run(task("shell", logged()))
+    assert trace.stop_condition == "agent_completed" and not trace.errors
+    offered = {t["function"]["name"]: t["function"] for t in model.requests[-1]["tools"]}
+    assert sorted(offered) == sorted(TOOLS)
+    properties = offered["str_replace"]["parameters"]["properties"]
+    assert set(properties) == {"path", "old_str", "new_str"}
+    texts = tool_texts(model, "shell")
+    assert texts[0].startswith("Wrote ") and texts[1].startswith("Wrote ")
+    assert "AssertionError" in texts[2] and "[exit status 1]" in texts[2]
+    assert texts[3].startswith("Edited calc.py")
+    assert texts[4] == "5\nok\n"  # calc.py prints when imported, then the test passes
+    assert texts[5].startswith("     2\t    return a + b")
+    assert_all_gone(lifecycle)
+
+
+async def test_runaway_code_is_stopped_and_the_model_reads_why(model, lifecycle):
+    async with agent(model) as solver:
+        trace = await solver.run(task("spin", logged(tools=["python"], timeout=1.0)))
+    assert trace.stop_condition == "agent_completed"
+    (text,) = tool_texts(model, "spin")
     assert "time limit" in text
-    unknown = await env.rollout(rollout_input("unknown"), llm, "scripted")
-    (text,) = tool_texts(unknown)
-    assert "nope" in text and "Error" in text
+    assert_all_gone(lifecycle)
 
 
-@pytest.mark.anyio
-async def test_a_hanging_tool_times_out(llm):
-    dataset = Dataset.from_list([{"question": "hang"}])
-    env = ToolservicesEnv([hang], timeout=0.5, dataset=dataset, max_turns=3)
-    state = await env.rollout(rollout_input("hang"), llm, "scripted")
-    (text,) = tool_texts(state)
-    assert "timed out" in text.lower()
-    assert state["completion"][-1].content == "done"  # the rollout went on after it
+async def test_a_rollout_that_fails_still_closes_its_sessions(model, lifecycle):
+    """The model server fails on the second turn: the rollout ends in an error,
+    and the runtime's teardown ends the tool server, which closes the sandboxes."""
+    async with agent(model) as solver:
+        trace = await solver.run(task("broken", logged()))
+    assert trace.errors and trace.stop_condition != "agent_completed"
+    calls = [e for e in events(lifecycle) if e["event"] == "call"]
+    assert [c["tool"] for c in calls] == ["python"] and calls[0]["pids"]
+    assert_all_gone(lifecycle)
 
 
-REPO = Path(__file__).resolve().parents[2]
-#: ``toolservices serve --mcp`` needs the MCP SDK 2, verifiers <0.4 pins 1.x: the server
-#: runs from the main venv (CI builds it first), as it would in production: its own process.
+def test_the_config_names_the_valid_tools():
+    with pytest.raises(ValidationError, match="valid: python, bash, read_file"):
+        ToolservicesToolsetConfig(tools=["python", "nope"])
+    with pytest.raises(ValidationError, match="timeout must be positive"):
+        ToolservicesToolsetConfig(timeout=0)
+
+
+async def test_a_shared_server_is_refused(monkeypatch):
+    """Taskset-scoped servers get no per-rollout state channel: one set of
+    sessions would serve every rollout, so setup says where to put the toolset."""
+    monkeypatch.delenv("VF_STATE_URL", raising=False)
+    toolset = ToolservicesToolset(ToolservicesToolsetConfig(tools=["python"]))
+    with pytest.raises(vf.ToolsetError, match=r"Task\.toolsets"):
+        await toolset.setup()
+
+
+REPO = HERE.parents[1]
+#: ``toolservices serve --mcp`` needs a newer MCP SDK than the 2.0.0 verifiers 0.4 pins: the
+#: server runs from the main venv (CI builds it first), as in production: its own process.
 SERVER_BIN = Path(os.environ.get("TOOLSERVICES_MCP_BIN", REPO / ".venv" / "bin" / "toolservices"))
-#: The token the test's server accepts (given to it in its environment, as an operator would).
 MCP_TOKEN = "vf-test-token-0123456789abcdef"
 
 
@@ -165,27 +264,24 @@ def mcp_server_url():
         text=True,
         start_new_session=True,
     )
-    lines: queue.Queue[str] = queue.Queue()
+    ready = threading.Event()
+    found: list[str] = []
+    seen: list[str] = []
 
     def pump() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
-            lines.put(line)
-        lines.put("")
+            seen.append(line)
+            if "ready:" in line and not found:
+                found.append(line.split("ready:", 1)[1].strip())
+                ready.set()
+        ready.set()
 
     pumping = threading.Thread(target=pump, daemon=True)
     pumping.start()
-    url = None
-    seen = []
-    while url is None:
-        line = lines.get(timeout=120)
-        seen.append(line)
-        if not line:
-            raise AssertionError(f"MCP server exited: {''.join(seen)}")
-        if "ready:" in line:
-            url = line.split("ready:", 1)[1].strip()
     try:
-        yield url
+        assert ready.wait(120) and found, f"MCP server did not start: {''.join(seen)}"
+        yield found[0]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -198,86 +294,33 @@ def mcp_server_url():
         proc.stderr.close()
 
 
-async def _harness_run(mcp_urls: dict[str, str], server_url: str, prompt: str) -> list[dict]:
-    """verifiers' own null-harness program, given the tool servers as NullHarness.launch does
-    (an ``mcpServers`` URL config); the tool results it sent back to the model."""
-    import verifiers.v1 as v1
+async def test_our_mcp_server_by_url_one_namespace_per_rollout(mcp_server_url, model, monkeypatch):
+    """The other route: a shared ``serve --mcp --session-scope namespace`` server,
+    each rollout's toolset given a URL with the token and a fresh namespace."""
 
-    mcp_config = {
-        "mcpServers": {name: {"url": url, "timeout": 60} for name, url in mcp_urls.items()}
-    }
-    program = Path(v1.__file__).parent / "harnesses" / "null" / "program.py"
-    result = await anyio.run_process(
-        [sys.executable, str(program), "--base-url", server_url, "--api-key", "loopback"]
-        + ["--model", "scripted", "--prompt", prompt, "--mcp-config", json.dumps(mcp_config)],
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr.decode()
-    tools = [m["content"] for m in _chat_server.LAST_MESSAGES[prompt] if m["role"] == "tool"]
-    return [json.loads(text) for text in tools]
-
-
-@pytest.mark.anyio
-async def test_our_mcp_server_as_a_verifiers_toolset_by_url(mcp_server_url, server_url):
-    """The docs' recipe: a task-scoped v1 Toolset whose URL carries the token and a fresh
-    namespace per rollout (``mcp_rollout_url``), on ``serve --mcp --session-scope namespace``.
-
-    verifiers' own ``serve_tools`` resolves each rollout's toolsets to URLs
-    (nothing is launched), and its own harness program lists and calls our
-    server's tools, on a new MCP connection per call, while talking to the
-    loopback model server. Python state lasts through a rollout and stays in it.
-    """
-    import verifiers.v1 as v1
-    from verifiers.v1.mcp import serve_tools
-    from verifiers.v1.runtimes import SubprocessConfig, SubprocessRuntime
-
-    class ToolservicesPython(v1.Toolset[v1.ToolsetConfig]):
+    class ToolservicesPython(vf.Toolset[vf.ToolsetConfig]):
         TOOL_PREFIX = None  # keep the server's tool names (python_execute, ...)
 
-    class PythonTask(v1.Task):
-        @classmethod
-        def toolsets(cls, config: v1.TaskConfig) -> list[v1.Toolset]:
-            url = mcp_rollout_url(mcp_server_url, token=MCP_TOKEN)
-            return [ToolservicesPython(v1.ToolsetConfig(url=url))]
+    first_url = mcp_rollout_url(mcp_server_url, token=MCP_TOKEN)
 
-    async def rollout_urls() -> dict[str, str]:  # what a rollout hands its harness
-        toolsets = PythonTask.toolsets(v1.TaskConfig())
-        async with serve_tools(toolsets, SubprocessRuntime(SubprocessConfig())) as urls:
-            return dict(urls)
+    def by_url(url: str) -> Any:
+        return lambda: ToolservicesPython(vf.ToolsetConfig(url=url))
 
-    first = await rollout_urls()
-    assert first[""].startswith(mcp_server_url + "?access_token=")
-    results = await _harness_run(first, server_url, "mcp")
-    assert results[0]["stdout"] == "42\n"
-    assert results[1]["success"] is True
-    # Three calls, three MCP connections, one Python session: the rollout's namespace.
-    assert results[2]["stdout"] == "21\n"
-    (peek,) = await _harness_run(await rollout_urls(), server_url, "mcp-peek")
-    assert peek["exception"]["type"] == "NameError"  # another rollout: another namespace
-    (again,) = await _harness_run(first, server_url, "mcp-peek")
-    assert again["stdout"] == "20\n"  # the first rollout's URL still reaches its state
-    # Without the token the server refuses: the harness cannot even list the tools.
-    async with httpx.AsyncClient() as client:
+    monkeypatch.setenv("TOOLSERVICES_VF_TEST_KEY", "loopback")
+    async with agent(model) as solver:
+        trace = await solver.run(task("url", by_url(first_url)))
+        assert trace.stop_condition == "agent_completed"
+        results = [json.loads(t) for t in tool_texts(model, "url")]
+        assert results[1]["stdout"] == "21\n"  # two calls, two connections, one session
+        other = mcp_rollout_url(mcp_server_url, token=MCP_TOKEN)
+        await solver.run(task("url-peek", by_url(other)))
+        (peek,) = [json.loads(t) for t in tool_texts(model, "url-peek")]
+        assert peek["exception"]["type"] == "NameError"  # another namespace
+        await solver.run(task("url-peek", by_url(first_url)))
+        (again,) = [json.loads(t) for t in tool_texts(model, "url-peek")]
+        assert again["stdout"] == "20\n"
+    async with httpx.AsyncClient() as client:  # without the token the server refuses
         assert (await client.post(mcp_server_url, json={})).status_code == 401
-
-
-@pytest.mark.anyio
-async def test_evaluate_scores_rollouts_with_a_rubric(executor, llm):
-    """The docs' recipe end to end: verifiers' evaluate(), our env, a reward function."""
-
-    def correct(completion, answer) -> float:
-        tool_text = [m.content for m in completion if m.role == "tool"]
-        return 1.0 if tool_text and str(tool_text[-1]).strip() == answer else 0.0
-
-    env = ToolservicesEnv(
-        [python_tool(executor), lookup],
-        timeout=10.0,
-        dataset=Dataset.from_list([{"question": "count", "answer": "2"}] * 2),
-        rubric=vf.Rubric(funcs=[correct]),
-        max_turns=8,
-    )
-    results = await env.evaluate(llm, "scripted", num_examples=2, rollouts_per_example=2)
-    assert [o["reward"] for o in results["outputs"]] == [1.0] * 4
 
 
 def test_mcp_rollout_url_adds_the_token_and_a_fresh_namespace():

@@ -34,10 +34,12 @@ with warnings.catch_warnings():  # verl imports Ray's deprecated state API
     from verl.tools.tool_registry import initialize_tools_from_config
     from verl.workers.rollout.replica import TokenOutput
 
+    from toolservices.trainers import verl as verl_adapter
     from toolservices.trainers.verl import (
         ToolservicesAgentLoop,
         ToolservicesTool,
         shared_executor,
+        shared_shell,
     )
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -238,3 +240,46 @@ async def test_runaway_python_is_killed_inside_a_trajectory(executor):
     assert metrics["failed"] is True
     await tool.release(instance)
     assert await tool.calc_reward(instance) == 0.0
+
+
+@pytest.mark.anyio
+async def test_shell_tools_share_one_session_per_trajectory(tmp_path):
+    """bash and write_file from YAML: in one trajectory they act on one shell session,
+    another trajectory gets its own, and both end with their trajectory."""
+    path = write_yaml(
+        tmp_path,
+        """
+        tools:
+          - class_name: toolservices.trainers.verl.ToolservicesTool
+            config: {type: native, tool: write_file, shell: {pool_size: 1, timeout: 10}}
+          - class_name: toolservices.trainers.verl.ToolservicesTool
+            config: {type: native, tool: bash, shell: {pool_size: 1, timeout: 10}}
+        """,
+    )
+    write, bash = initialize_tools_from_config(str(path))
+    shell = shared_shell(pool_size=1, timeout=10)
+    assert write.tool.shell is shell and bash.tool.shell is shell
+    assert write.tool_schema.function.parameters.required == ["path", "content"]
+
+    class Request:  # what the agent loop hands a tool as agent_data
+        def __init__(self, request_id: str) -> None:
+            self.request_id = request_id
+
+    async def run(tool: Any, request: Request, args: dict[str, Any]) -> str:
+        instance, _ = await tool.create()
+        response, _, _ = await tool.execute(instance, args, agent_data=request)
+        await tool.release(instance)
+        return str(response.text)
+
+    trajectory = verl_adapter._Trajectory()  # what ToolservicesAgentLoop.run sets up
+    token = verl_adapter._TRAJECTORY.set(trajectory)
+    try:
+        one, two = Request("r1"), Request("r2")
+        assert (await run(write, one, {"path": "a.txt", "content": "hi"})).startswith("Wrote")
+        assert await run(bash, one, {"command": "cat a.txt"}) == "hi"
+        assert "No such file" in await run(bash, two, {"command": "cat a.txt"})
+        assert shell.stats()["sessions"] == 2
+    finally:
+        verl_adapter._TRAJECTORY.reset(token)
+        await trajectory.aclose()
+    assert shell.stats()["sessions"] == 0

@@ -1,8 +1,11 @@
-"""``toolservices demo``: a batch of tool-using episodes in eight model formats.
+"""``toolservices demo``: a batch of tool-using episodes in eight model formats,
+then one shell episode.
 
 Each format gets its own :class:`~toolservices.env.ToolEnv`; all of them step
 concurrently, so the wall time shows how calls of different items overlap.
-The run fails (non-zero exit) when any episode does not end as scripted.
+The shell scenario (:mod:`toolservices.cli._demo_shell`) writes a program,
+runs its test, fixes it with ``str_replace`` and runs the test again. The
+run fails (non-zero exit) when any episode does not end as scripted.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, TextIO
 import anyio
 
 from toolservices.cli._demo_data import FORMAT_TURNS, SCENARIOS, Scenario
+from toolservices.cli._demo_shell import run_shell_demo
 from toolservices.cli._demo_tools import DEMO_TOOLS
 from toolservices.dispatch import EpisodeMetrics, StepMetrics
 from toolservices.env import ToolEnv
@@ -135,6 +139,7 @@ def run_demo(*, repeats: int = 1, out: TextIO) -> int:
     )
     if failed:
         print(f"{len(failed)} episode(s) did not end as scripted", file=out)
-        return 1
-    print("all episodes ended as scripted", file=out)
-    return 0
+    else:
+        print("all episodes ended as scripted", file=out)
+    shell_ok = anyio.run(run_shell_demo, out)
+    return 0 if shell_ok and not failed else 1

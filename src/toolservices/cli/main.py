@@ -95,6 +95,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "users in the process list: prefer --tokens-file or $TOOLSERVICES_MCP_TOKENS)",
     )
     serve.add_argument("--tokens-file", help="file of bearer tokens, one a line (# comments)")
+    serve.add_argument(
+        "--shell",
+        action="store_true",
+        help="also serve the shell tools (bash, read_file, write_file, str_replace) in "
+        "sandboxed shell sessions, scoped and limited like the Python sessions",
+    )
     return parser
 
 
@@ -154,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             session_scope=args.session_scope,
             tokens=args.token,
             tokens_file=args.tokens_file,
+            shell=args.shell,
         )
     raise AssertionError(f"unhandled command {args.command}")
 

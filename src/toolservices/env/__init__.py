@@ -4,6 +4,14 @@ trajectory, :class:`ToolEnv` for batches stepped in lockstep, and the
 makes its episodes from."""
 
 from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
+from toolservices.env._shell_tools import (
+    ShellTool,
+    bash_tool,
+    read_file_tool,
+    shell_tools,
+    str_replace_tool,
+    write_file_tool,
+)
 from toolservices.env._spec import EpisodeSpec, check_episode_options
 from toolservices.env.chat import EnvStep, ToolEnv
 from toolservices.env.episode import Episode
@@ -14,8 +22,14 @@ __all__ = [
     "EpisodeSpec",
     "PythonRender",
     "PythonTool",
+    "ShellTool",
     "ToolEnv",
+    "bash_tool",
     "check_episode_options",
     "exec_result_text",
     "python_tool",
+    "read_file_tool",
+    "shell_tools",
+    "str_replace_tool",
+    "write_file_tool",
 ]

@@ -37,6 +37,7 @@ from toolservices.dispatch import (
     to_openai_messages,
 )
 from toolservices.env._python_tool import PYTHON_SESSION_KEY, PythonTool
+from toolservices.env._shell_tools import SHELL_SESSION_KEY, ShellTool
 from toolservices.errors import UserError
 from toolservices.parsing import ParserLike, as_parser
 from toolservices.parsing.base import ParseResult, ToolCall, response_text
@@ -44,6 +45,7 @@ from toolservices.tools import ToolRegistry
 
 if TYPE_CHECKING:
     from toolservices.python import PythonExecutorService
+    from toolservices.shell import ShellService
 
 __all__ = [
     "CLOSE_REASONS",
@@ -113,6 +115,11 @@ class Episode:
     ``_state["python_session"]``; :func:`~toolservices.python_tool` runs code
     there. If ``python`` is not given and the tools include a ``python_tool``,
     its executor is used. :meth:`aclose` (or ``async with``) ends the session.
+
+    Shell: when the tools include shell tools (:func:`~toolservices.shell_tools`),
+    the episode has its own ``shell_session`` on their service (created on
+    first use, forked by :meth:`fork`, ended by :meth:`aclose`), handed to
+    them in ``_state["shell_session"]``.
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class Episode:
         self.registry = registry
         self.parser = as_parser(parser, tools=registry)
         self.python = resolve_python(registry, python)
+        self.shell = _resolve_shell(registry)
         if dispatcher is None:
             dispatcher = Dispatcher(registry, timeout=timeout)
         if (
@@ -166,6 +174,9 @@ class Episode:
         self.python_session: str | None = (
             f"{self.id}:{uuid.uuid4().hex[:8]}" if self.python is not None else None
         )
+        self.shell_session: str | None = (
+            f"{self.id}:sh-{uuid.uuid4().hex[:8]}" if self.shell is not None else None
+        )
         self.messages: list[Message] = _conversation(prompt, system_prompt)
         self.state: dict[str, Any] = dict(state or {})
         #: Read-only ``_state`` entries of every call (a layer's ``batch_index``...).
@@ -181,6 +192,7 @@ class Episode:
         #: Orders the turns handed over by :meth:`astep_calls` (any loop may wait on it).
         self._turns = ConcurrencyBound(1)
         self._finalizer = self._watch_session()
+        self._shell_finalizer = self._watch_shell()
 
     # -- views -----------------------------------------------------------------------------
 
@@ -318,15 +330,15 @@ class Episode:
         Each call gets its own dict; what a tool writes to the user's keys
         goes back into :attr:`state` once the call has ended.
         """
-        return EpisodeState(
-            self.state,
-            {
-                **self.context,
-                "episode_id": self.id,
-                "turn": self.turns + 1,
-                PYTHON_SESSION_KEY: self.python_session,
-            },
-        )
+        standard = {
+            **self.context,
+            "episode_id": self.id,
+            "turn": self.turns + 1,
+            PYTHON_SESSION_KEY: self.python_session,
+        }
+        if self.shell is not None:
+            standard[SHELL_SESSION_KEY] = self.shell_session
+        return EpisodeState(self.state, standard)
 
     def _assistant_message(self, response: str | Mapping[str, Any], outcome: ItemResult) -> Message:
         message: Message = {"role": "assistant", "content": response_text(response)}
@@ -369,8 +381,9 @@ class Episode:
 
         Each copy gets a copy of the messages, ``state`` (deep-copied),
         metrics, counters and, with an executor, of the Python session (its
-        variables and working-directory files, via ``fork_session``). Copies
-        share the tools, parser and concurrency bound.
+        variables and working-directory files, via ``fork_session``), and of
+        the shell session (workspace files, working directory, exported
+        variables). Copies share the tools, parser and concurrency bound.
         """
         if n < 1:
             raise UserError(f"fork() needs n >= 1, got {n}")
@@ -385,25 +398,36 @@ class Episode:
                 f"cannot fork episode {self.id!r}: its state could not be copied ({exc})"
             ) from exc
         sessions: list[str | None] = [None] * n
-        if self.python is not None and self.python_session is not None:
-            self._busy = True
-            try:
+        shells: list[str | None] = [None] * n
+        self._busy = True
+        try:
+            if self.python is not None and self.python_session is not None:
                 # fork_session copies a live interpreter: make sure there is one
                 await self.python.aexecute("pass", session_id=self.python_session)
                 sessions = list(await self.python.afork_session(self.python_session, n))
-            finally:
-                self._busy = False
-        return [self._copy(states[k], sessions[k]) for k in range(n)]
+            if self.shell is not None and self.shell_session is not None:
+                try:
+                    await self.shell.arun("true", session_id=self.shell_session)
+                    shells = list(await self.shell.afork_session(self.shell_session, n))
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await _discard_sessions(self.python, [s for s in sessions if s])
+                    raise
+        finally:
+            self._busy = False
+        return [self._copy(states[k], sessions[k], shells[k]) for k in range(n)]
 
-    def _copy(self, state: dict[str, Any], session: str | None) -> Episode:
+    def _copy(self, state: dict[str, Any], session: str | None, shell: str | None) -> Episode:
         twin = copy.copy(self)
         twin.id = f"{self.id}/{uuid.uuid4().hex[:8]}"
         twin.python_session = session
+        twin.shell_session = shell
         twin.messages = copy.deepcopy(self.messages)
         twin.state = state
         twin.metrics = dataclasses.replace(self.metrics)
         twin._turns = ConcurrencyBound(1)
         twin._finalizer = twin._watch_session()
+        twin._shell_finalizer = twin._watch_shell()
         return twin
 
     def _watch_session(self) -> weakref.finalize[Any, Any] | None:
@@ -412,6 +436,14 @@ class Episode:
             return None
         finalizer = weakref.finalize(self, _release_session, self.python, self.python_session)
         finalizer.atexit = False  # at exit the executor's own shutdown ends every session
+        return finalizer
+
+    def _watch_shell(self) -> weakref.finalize[Any, Any] | None:
+        """The same safety net for the shell session."""
+        if self.shell is None or self.shell_session is None:
+            return None
+        finalizer = weakref.finalize(self, _release_session, self.shell, self.shell_session)
+        finalizer.atexit = False
         return finalizer
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -428,10 +460,15 @@ class Episode:
         model's next answer) or ``"infrastructure_error"``. A finished
         episode keeps its own reason, and the first close wins.
         """
+        shell = self.shell_session if not self.closed and self.shell is not None else None
         session = self._mark_closed(reason)
-        if session is not None and self.python is not None:
-            with anyio.CancelScope(shield=True):
-                await self.python.aclose_session(session)
+        with anyio.CancelScope(shield=True):
+            try:
+                if session is not None and self.python is not None:
+                    await self.python.aclose_session(session)
+            finally:
+                if shell is not None and self.shell is not None:
+                    await self.shell.aclose_session(shell)
 
     def _mark_closed(self, reason: CloseReason = "closed") -> str | None:
         """Mark the episode closed; the Python session still to release, if any."""
@@ -443,6 +480,8 @@ class Episode:
         self.closed = True
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._shell_finalizer is not None:
+            self._shell_finalizer.detach()
         if not self.done:
             self.done = True
             self.reason = reason
@@ -511,7 +550,18 @@ def check_limits(max_turns: int | None, max_failed_turns: int | None, result_for
         raise UserError(f"Unknown result_format {result_format!r}; valid: 'openai', 'tool_results'")
 
 
-def _release_session(executor: PythonExecutorService, session_id: str) -> None:
+async def _discard_sessions(service: PythonExecutorService | None, sessions: list[str]) -> None:
+    """Close ``sessions`` of ``service`` (forks a failed fork made); failures are not raised."""
+    if service is None:
+        return
+    for session in sessions:
+        try:
+            await service.aclose_session(session)
+        except Exception:  # the fork already failed: that error is the one to raise
+            pass
+
+
+def _release_session(executor: PythonExecutorService | ShellService, session_id: str) -> None:
     """Schedule the end of a dropped episode's session on the executor's loop.
 
     Runs wherever the garbage collector does (possibly on that loop), so it
@@ -520,6 +570,17 @@ def _release_session(executor: PythonExecutorService, session_id: str) -> None:
     loop = _portal.started_loop()
     if loop is not None:  # no loop, no session was ever started
         asyncio.run_coroutine_threadsafe(executor.aclose_session(session_id), loop)
+
+
+def _resolve_shell(registry: ToolRegistry) -> ShellService | None:
+    """The shell service of the tools' shell tools; never two services."""
+    services = {id(t.shell): t.shell for t in registry if isinstance(t, ShellTool)}
+    if len(services) > 1:
+        raise UserError(
+            "the tools include shell tools on different ShellServices; "
+            "build them all with shell_tools(<one service>)"
+        )
+    return next(iter(services.values()), None)
 
 
 def _conversation(prompt: Prompt, system_prompt: str | None) -> list[Message]:

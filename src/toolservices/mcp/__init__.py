@@ -11,8 +11,9 @@ executor) as an MCP server.
 from toolservices.mcp._config import HttpServer, ServerConfig, StdioServer
 from toolservices.mcp._connection import MCPAuthError, MCPConnectionError, ServerState
 from toolservices.mcp._content import Audio, Image, Resource, ResourceLink
-from toolservices.mcp._python_tools import PythonSessions, python_tools, serve_main
+from toolservices.mcp._python_tools import PythonSessions, python_tools
 from toolservices.mcp._result import ContentPart, MCPResult
+from toolservices.mcp._serve_main import serve_main
 from toolservices.mcp._server import (
     aserve,
     build_server,

@@ -1,4 +1,4 @@
-"""The sandboxed Python executor as MCP-servable tools, and the ``serve --mcp`` entry point.
+"""The sandboxed Python executor as MCP-servable tools.
 
 Python sessions belong to the MCP connection that opened them: two clients
 that both say ``session_id="a"`` get two interpreters, and neither can close
@@ -20,32 +20,21 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import sys
-import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from types import FrameType
 from typing import Any, Literal
 
 import anyio
 
 from toolservices.env import PythonTool
 from toolservices.errors import ToolError, UserError
-from toolservices.mcp._auth import TOKENS_ENV, Tokens, load_tokens
 from toolservices.mcp._server import (
-    DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_SHUTDOWN_GRACE,
-    Transport,
-    _announce,
     current_connection,
     current_namespace,
-    serve,
 )
 from toolservices.tools import FunctionTool, Tool
 
-__all__ = ["PythonSessions", "python_tools", "serve_main"]
+__all__ = ["DEFAULT_MAX_SESSIONS", "PythonSessions", "SessionScope", "python_tools"]
 
 logger = logging.getLogger(__name__)
 
@@ -230,114 +219,3 @@ def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> li
         return f"Session {session_id} was not open (nothing to close)"
 
     return [python_execute, FunctionTool(python_close_session)]
-
-
-class _Terminated(BaseException):
-    """SIGTERM before the server took over the signals (startup)."""
-
-
-def serve_main(
-    *,
-    transport: Transport = "stdio",
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    path: str = "/mcp",
-    pool_size: int = 4,
-    timeout: float = 10.0,
-    max_sessions: int = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
-    session_scope: SessionScope = "connection",
-    tokens: Sequence[str] = (),
-    tokens_file: str | None = None,
-) -> int:
-    """``toolservices serve --mcp``: the sandboxed Python executor as an MCP server.
-
-    Serves until the client disconnects (stdio) or SIGINT/SIGTERM (drained,
-    see :func:`~toolservices.mcp.aserve`); the executor's interpreters are shut
-    down on the way out. ``session_scope="namespace"`` (HTTP only) keys Python
-    sessions by the caller's bearer token, from ``tokens``, ``tokens_file`` and
-    ``$TOOLSERVICES_MCP_TOKENS``; any token configured makes every HTTP request
-    need one. Returns the exit status (0; 2 for a bad configuration, said on stderr).
-    """
-    from toolservices.python import PythonExecutorService
-
-    try:
-        checked = _check_tokens(transport, session_scope, tokens, tokens_file)
-    except UserError as exc:
-        print(f"toolservices serve: {exc}", file=sys.stderr)
-        return 2
-
-    executor = PythonExecutorService(
-        pool_size=pool_size, timeout=timeout, max_sessions=max(max_sessions, pool_size)
-    )
-    sessions = PythonSessions(
-        executor, max_sessions=max_sessions, idle_timeout=session_idle_timeout, scope=session_scope
-    )
-    main = threading.current_thread() is threading.main_thread()
-    previous: dict[int, Any] = {}
-    if main:
-        # Until aserve owns the signals (and after): unwind through the finally
-        # below; the interpreters live in their own process groups and would
-        # outlive a default-handled SIGTERM.
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        serve(
-            python_tools(executor, sessions=sessions),
-            transport=transport,
-            host=host,
-            port=port,
-            path=path,
-            on_ready=_announce,
-            max_request_bytes=max_request_bytes,
-            session_idle_timeout=session_idle_timeout,
-            shutdown_grace=shutdown_grace,
-            on_disconnect=sessions.release,
-            background=sessions.expire_idle,
-            tokens=checked,
-        )
-    except (KeyboardInterrupt, _Terminated):
-        logger.info("interrupted")
-    finally:
-        if main:  # closing is bounded; a repeated signal must not cut it short
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous.setdefault(sig, signal.getsignal(sig))
-                signal.signal(sig, signal.SIG_IGN)
-        try:
-            executor.close()
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-    return 0
-
-
-def _check_tokens(
-    transport: Transport,
-    scope: SessionScope,
-    tokens: Sequence[str],
-    tokens_file: str | None,
-) -> list[str] | None:
-    """The tokens the server checks (``None``: none), or a UserError saying what is wrong."""
-    if scope not in ("connection", "namespace"):
-        raise UserError(f"Unknown session scope {scope!r}; valid: 'connection', 'namespace'")
-    found = load_tokens(tokens, tokens_file=tokens_file)
-    if transport != "http":
-        if scope == "namespace" or tokens or tokens_file is not None:
-            raise UserError(
-                "--session-scope namespace and tokens need --transport http "
-                "(a stdio server has one client: the process that started it)"
-            )
-        return None  # $TOOLSERVICES_MCP_TOKENS is for HTTP servers
-    if scope == "namespace" and not found:
-        raise UserError(
-            f"--session-scope namespace needs tokens: --token, --tokens-file or ${TOKENS_ENV}"
-        )
-    if found:
-        Tokens(found)  # checked now, so a bad token is said before serving
-        return found
-    return None
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated

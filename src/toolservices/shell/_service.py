@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from toolservices.errors import InfrastructureError, UserError
-from toolservices.python.host._result import ExecResult
-from toolservices.python.host._service import PythonExecutorService
-from toolservices.python.sandbox._config import check_config, default_config
+from toolservices.python import ExecResult, PythonExecutorService
+from toolservices.python.sandbox import check_config, default_config
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -55,7 +54,7 @@ _BOOTSTRAP = (
 
 
 def _landlock_abi() -> int:
-    from toolservices.python.runtime._confine import landlock_abi
+    from toolservices.python.runtime import landlock_abi
 
     return landlock_abi()
 

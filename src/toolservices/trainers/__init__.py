@@ -2,8 +2,8 @@
 
 * :mod:`toolservices.trainers.trl`: ``trl_environment(...)``, a class for
   TRL's ``GRPOTrainer(environment_factory=...)``;
-* :mod:`toolservices.trainers.verifiers`: ``ToolservicesEnv``, a verifiers
-  ``StatefulToolEnv`` with one episode (and Python session) per rollout;
+* :mod:`toolservices.trainers.verifiers`: ``ToolservicesToolset``, a verifiers
+  0.4 ``vf.Toolset`` with one episode (Python and shell sessions) per rollout;
 * :mod:`toolservices.trainers.verl`: ``ToolservicesTool`` (a verl
   ``BaseTool`` for its YAML tool configs) and ``ToolservicesAgentLoop``
   (registered as ``"toolservices_agent"``), one session per trajectory.
@@ -19,7 +19,7 @@ from toolservices._lazy import lazy_attributes
 _LAZY = {
     "trl_environment": "toolservices.trainers.trl",
     "TRLEnvironment": "toolservices.trainers.trl",
-    "ToolservicesEnv": "toolservices.trainers.verifiers",
+    "ToolservicesToolset": "toolservices.trainers.verifiers",
     "ToolservicesTool": "toolservices.trainers.verl",
     "ToolservicesAgentLoop": "toolservices.trainers.verl",
 }
@@ -29,7 +29,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 __all__ = [
     "TRLEnvironment",
     "ToolservicesAgentLoop",
-    "ToolservicesEnv",
+    "ToolservicesToolset",
     "ToolservicesTool",
     "trl_environment",
 ]

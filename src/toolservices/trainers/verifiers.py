@@ -1,40 +1,57 @@
-"""PrimeIntellect verifiers: a ``StatefulToolEnv`` with one episode per rollout.
+"""PrimeIntellect verifiers 0.4: a ``vf.Toolset`` whose tools run in toolservices sessions.
 
-``ToolservicesEnv`` is a verifiers ``StatefulToolEnv`` (the classic tool API,
-``verifiers.StatefulToolEnv`` in 0.2 and 0.3; verifiers 0.4 dropped it) whose
-tools are toolservices tools::
+verifiers 0.4 is v1 only: tools are ``@vf.tool`` methods of a ``vf.Toolset``,
+served over MCP to the harness program, and a task-scoped toolset (one that
+``Task.toolsets`` returns) runs as its own server process for each rollout::
 
-    env = ToolservicesEnv([python_tool(executor), add], dataset=dataset, rubric=rubric)
+    import verifiers.v1 as vf
+    from toolservices.trainers.verifiers import ToolservicesToolset, ToolservicesToolsetConfig
 
-Per rollout, ``setup_state`` opens an :class:`~toolservices.Episode` (its
-own Python session, started on first use), ``update_tool_args`` hands it to
-each call, and a cleanup handler closes it when the rollout ends, however it
-ends. Calls run through the episode: per-call timeout, argument validation,
-and every failure as a tool message the model reads.
+    class MyTask(vf.Task):
+        @classmethod
+        def toolsets(cls, config):
+            return [ToolservicesToolset(ToolservicesToolsetConfig(tools=["python", "bash"]))]
 
-For tools served by ``toolservices serve --mcp`` (streamable HTTP), build the
-tools with ``toolservices.mcp`` (``MCPToolset``) and pass them here, or give
-verifiers' own (v1) harness the server as a toolset by URL: verifiers opens a
-new MCP connection for every call and passes tool servers by URL only, so
-run the server with ``--session-scope namespace`` and hand each rollout the
-URL :func:`mcp_rollout_url` makes (token and a fresh namespace as URL
-parameters); see ``docs/trainers.md``.
+:class:`ToolservicesToolset` offers ``python``, ``bash``, ``read_file``,
+``write_file`` and ``str_replace`` (choose with ``tools=``). Each rollout
+gets one :class:`~toolservices.Episode` (parser-free), so one Python
+session and one shell session, started on first use; every call runs
+through it (per-call time limit, argument validation, failures as text the
+model reads). The episode, its sessions and the sandboxes behind them end
+with the rollout's server, whatever way the rollout ends: verifiers stops
+the server with SIGTERM, on which it shuts down and closes them. (The
+server's SIGTERM handler makes that so: uvicorn re-raises the signal once
+it has stopped serving, which would otherwise end the process before the
+toolset's exit stack runs.)
+
+Subclasses defined in your own module must end it with
+``if __name__ == "__main__": MyToolset.run()``: verifiers starts a server
+as ``python -m <the class's module>``.
+
+The 0.2/0.3 ``StatefulToolEnv`` adapter (``ToolservicesEnv``) is gone with
+verifiers 0.3: ``toolservices[verifiers]`` now installs verifiers 0.4.
+:func:`mcp_rollout_url` still serves the other route, a shared
+``toolservices serve --mcp --session-scope namespace`` reached by URL.
 """
 
 from __future__ import annotations
 
-import functools
+import os
 import secrets
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
-    import verifiers as vf
-    from verifiers.types import ToolMessage
+    import verifiers.v1 as vf
+    from pydantic import field_validator
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "toolservices.trainers.verifiers needs verifiers 0.2 or 0.3: "
+        "toolservices.trainers.verifiers needs verifiers 0.4: "
         f"pip install 'toolservices[verifiers]' ({exc})"
     ) from exc
 
@@ -42,93 +59,166 @@ from toolservices.trainers._calls import adapter_spec, run_call
 
 if TYPE_CHECKING:
     from toolservices.env import Episode
-    from toolservices.python import PythonExecutorService
-    from toolservices.tools import ToolRegistry
 
-__all__ = ["EPISODE_KEY", "ToolservicesEnv", "mcp_rollout_url"]
+__all__ = [
+    "TOOLS",
+    "ToolservicesToolset",
+    "ToolservicesToolsetConfig",
+    "mcp_rollout_url",
+]
 
-#: Where the rollout's episode lives in the verifiers state (and the hidden tool argument).
-EPISODE_KEY = "toolservices_episode"
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: ``@vf.tool`` (marks a method as an MCP tool), typed where verifiers is not installed.
+_vf_tool: Callable[[_F], _F] = vf.tool
+
+#: The tools a :class:`ToolservicesToolset` can offer, in the order they are listed.
+TOOLS = ("python", "bash", "read_file", "write_file", "str_replace")
+_SHELL_TOOLS = frozenset(TOOLS[1:])
 
 
-class ToolservicesEnv(vf.StatefulToolEnv):
-    """verifiers ``StatefulToolEnv`` running toolservices tools, one episode per rollout.
+class ToolservicesToolsetConfig(vf.ToolsetConfig):
+    """What every rollout's toolset gets.
 
-    * ``tools``: toolservices tools (``@tool`` functions, ``Tool`` objects,
-      services, ``python_tool(executor)``).
-    * ``python``: the executor whose sessions the episodes use (defaults to
-      the executor of a ``python_tool`` among ``tools``).
-    * ``timeout``: seconds per tool call (a tool's own limit wins).
-    * other keyword arguments (``dataset``, ``rubric``, ``max_turns``,
-      ``system_prompt``...) go to ``StatefulToolEnv``.
+    * ``tools``: which of :data:`TOOLS` to offer.
+    * ``timeout``: seconds per call of ``python`` and ``bash`` (the sandbox
+      kills the code's process tree and the model reads why).
     """
 
-    def __init__(
-        self,
-        tools: ToolRegistry | Iterable[Any],
-        *,
-        python: PythonExecutorService | None = None,
-        timeout: float | None = 10.0,
-        **kwargs: Any,
-    ) -> None:
-        self.spec = adapter_spec(tools, python=python, timeout=timeout, max_turns=None)
-        super().__init__(tools=[], **kwargs)
-        defs = []
-        for tool in self.spec.registry:
-            function = tool.openai_spec()["function"]
-            defs.append(
-                {
-                    "name": function["name"],
-                    "description": function["description"],
-                    "parameters": function["parameters"],
-                }
+    tools: list[str] = list(TOOLS)
+    timeout: float = 10.0
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, tools: list[str]) -> list[str]:
+        unknown = [name for name in tools if name not in TOOLS]
+        if unknown or not tools:
+            raise ValueError(
+                f"unknown tools {unknown}; valid: {', '.join(TOOLS)}"
+                if unknown
+                else f"tools is empty; valid: {', '.join(TOOLS)}"
             )
-            self.tool_map[tool.name] = functools.partial(self._call, tool.name)
-            self.skipped_args[tool.name] = [EPISODE_KEY]
-            self.tool_monitor_rubric.add_tool_metric(tool.name)
-        self.tool_defs = self._normalize_tool_defs(defs)
+        return tools
 
-    async def setup_state(self, state: vf.State) -> vf.State:
-        """Open this rollout's episode (named after the rollout's trajectory id)."""
-        state = await super().setup_state(state) or state
-        state[EPISODE_KEY] = self.spec.new_episode(episode_id=f"vf-{state['trajectory_id']}")
-        return state
+    @field_validator("timeout")
+    @classmethod
+    def _positive(cls, timeout: float) -> float:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        return timeout
 
-    def update_tool_args(
-        self,
-        tool_name: str,
-        tool_args: dict[str, Any],
-        messages: vf.Messages,
-        state: vf.State,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        """Hand the rollout's episode to the call (never shown to the model)."""
-        return {**tool_args, EPISODE_KEY: state.get(EPISODE_KEY)}
 
-    async def call_tool(
-        self, tool_name: str, tool_args: dict[str, Any], tool_call_id: str, **kwargs: Any
-    ) -> ToolMessage:
-        """Run the call in the rollout's episode; failures come back as the message text.
+class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
+    """Sandboxed Python and shell tools, one set of sessions per rollout.
 
-        Every name goes through the episode, so an unknown tool gets the same
-        readable error as any other failure.
-        """
-        text = await self._call(tool_name, **tool_args)
-        return ToolMessage(role="tool", content=text, tool_call_id=tool_call_id)
+    Task-scoped only (return it from ``Task.toolsets``): a taskset-scoped
+    (shared) server would serve every rollout from one set of sessions, so
+    its ``setup`` refuses. Tools keep their own names (no prefix).
+    """
 
-    async def _call(self, tool_name: str, /, **tool_args: Any) -> str:
-        episode: Episode | None = tool_args.pop(EPISODE_KEY, None)
-        if episode is None:  # called outside a rollout: a throwaway episode
-            async with self.spec.new_episode() as throwaway:
-                return await run_call(throwaway, tool_name, tool_args)
-        return await run_call(episode, tool_name, tool_args)
+    TOOL_PREFIX: ClassVar[str | None] = None
 
-    @vf.cleanup
-    async def close_episode(self, state: vf.State) -> None:
-        """End the rollout's episode and its Python session."""
-        episode = state.pop(EPISODE_KEY, None)
-        if episode is not None:
-            await episode.aclose()
+    _episode: Episode | None = None
+
+    async def setup(self) -> None:
+        """Start the rollout's sandboxes and open its episode; both end with the server."""
+        if not os.environ.get("VF_STATE_URL"):
+            raise vf.ToolsetError(
+                f"{type(self).__name__} runs one set of sessions per rollout: return it from "
+                "Task.toolsets (task-scoped), not Taskset.toolsets (shared by all rollouts)"
+            )
+        names = list(self.config.tools)
+        tools: list[Any] = []
+        stack = self._exit_stack
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn (which serves the toolset) shuts down on SIGTERM, restores the
+            # handler it found and raises the signal again: with this handler that
+            # unwinds through the exit stack instead of killing the process there.
+            signal.signal(signal.SIGTERM, _unwind)
+        if "python" in names:
+            from toolservices.env import python_tool
+            from toolservices.python import PythonExecutorService
+
+            # one session for the rollout's whole life: no spare interpreters forked ahead
+            executor = PythonExecutorService(pool_size=1, timeout=self.config.timeout, spares=0)
+            stack.push_async_callback(executor.aclose)
+            tools.append(python_tool(executor))
+        if _SHELL_TOOLS.intersection(names):
+            from toolservices.env import shell_tools
+            from toolservices.shell import ShellService
+
+            shell = ShellService(pool_size=1, timeout=self.config.timeout, spares=0)
+            stack.push_async_callback(shell.aclose)
+            tools += [t for t in shell_tools(shell) if t.name in names]
+        spec = adapter_spec(tools, timeout=None)
+        episode = spec.new_episode(episode_id=f"vf-{uuid.uuid4().hex[:12]}")
+        stack.push_async_callback(episode.aclose)  # first out: sessions before services
+        self._episode = episode
+
+    def register(self, mcp: Any) -> None:
+        """Register the configured tools only."""
+        super().register(_OnlyTools(mcp, set(self.config.tools)))
+
+    async def _call(self, name: str, args: dict[str, Any]) -> str:
+        if self._episode is None:
+            raise vf.ToolsetError(f"{type(self).__name__} was not set up")
+        return await run_call(self._episode, name, {k: v for k, v in args.items() if v is not None})
+
+    @_vf_tool
+    async def python(self, code: str) -> str:
+        """Run Python code in a persistent interpreter: variables, imports and files are
+        kept between calls. Returns what the code prints (use print() to see values)."""
+        return await self._call("python", {"code": code})
+
+    @_vf_tool
+    async def bash(self, command: str) -> str:
+        """Run one bash command in a persistent shell: the working directory, exported
+        variables and files are kept between calls. Returns stdout, stderr and the exit
+        status. stdin is closed: do not start interactive programs."""
+        return await self._call("bash", {"command": command})
+
+    @_vf_tool
+    async def read_file(
+        self, path: str, start_line: int | None = None, end_line: int | None = None
+    ) -> str:
+        """Show a text file with line numbers (or a directory's entries); give start_line
+        and end_line (1-based, inclusive) for a range."""
+        args = {"path": path, "start_line": start_line, "end_line": end_line}
+        return await self._call("read_file", args)
+
+    @_vf_tool
+    async def write_file(self, path: str, content: str) -> str:
+        """Create or overwrite a text file with the given content."""
+        return await self._call("write_file", {"path": path, "content": content})
+
+    @_vf_tool
+    async def str_replace(self, path: str, old_str: str, new_str: str) -> str:
+        """Replace old_str, which must occur exactly once in the file (same characters,
+        whitespace and indentation), with new_str."""
+        args = {"path": path, "old_str": old_str, "new_str": new_str}
+        return await self._call("str_replace", args)
+
+
+def _unwind(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM in a toolset server: exit through the exit stacks (once; a second is ignored)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+class _OnlyTools:
+    """An MCP server as ``Toolset.register`` sees it, taking only the named tools."""
+
+    def __init__(self, mcp: Any, names: set[str]) -> None:
+        self._mcp = mcp
+        self._names = names
+
+    def add_tool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        name = kwargs.get("name") or getattr(fn, "__name__", None)
+        if name in self._names:
+            return self._mcp.add_tool(fn, *args, **kwargs)
+        return None
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._mcp, attribute)
 
 
 def mcp_rollout_url(url: str, *, token: str, namespace: str | None = None) -> str:
@@ -149,3 +239,8 @@ def mcp_rollout_url(url: str, *, token: str, namespace: str | None = None) -> st
     ]
     query += [("access_token", token), ("namespace", namespace or f"vf-{secrets.token_hex(8)}")]
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+# verifiers starts a task-scoped server as ``python -m <module of its class>``.
+if __name__ == "__main__":  # pragma: no cover - run by verifiers in the rollout's runtime
+    ToolservicesToolset.run()

@@ -23,6 +23,12 @@ YAML (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
 
 and select the loop with ``agent_name: toolservices_agent`` in the data (or
 ``actor_rollout_ref.rollout.agent.default_agent_loop``).
+
+Shell tools: ``tool: bash`` (or ``read_file``, ``write_file``, ``str_replace``), with
+``shell: {pool_size: 8, timeout: 30}`` (keyword arguments of ``ShellService``). The
+shell tools of one worker with the same ``shell`` config share one service and, in a
+trajectory of the agent loop, one shell session (one episode), so a file written with
+``write_file`` is there for ``bash``.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"toolservices.trainers.verl needs verl 0.9: pip install 'toolservices[verl]' ({exc})"
     ) from exc
 
-from toolservices.env import Episode, python_tool
+from toolservices.env import Episode, python_tool, shell_tools
 from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
@@ -55,7 +61,10 @@ __all__ = [
     "ToolservicesTool",
     "close_shared_executors",
     "shared_executor",
+    "shared_shell",
 ]
+
+_SHELL_TOOLS = ("bash", "read_file", "write_file", "str_replace")
 
 
 def shared_executor(**config: Any) -> PythonExecutorService:
@@ -69,15 +78,21 @@ def shared_executor(**config: Any) -> PythonExecutorService:
 
 
 def close_shared_executors() -> None:
-    """Close the executors the python tools of this process share (after training)."""
+    """Close the executors and shell services the tools of this process share (after training)."""
     SHARED_EXECUTORS.close()
+
+
+def shared_shell(**config: Any) -> Any:
+    """The process's ``ShellService`` for ``config`` (one per distinct configuration),
+    owned by :data:`~toolservices.trainers._executors.SHARED_EXECUTORS` like the executors."""
+    return SHARED_EXECUTORS.shell(**config)
 
 
 class _Trajectory:
     """The episodes one agent-loop run opened, keyed by (tool name, request id)."""
 
     def __init__(self) -> None:
-        self.episodes: dict[tuple[str, str], Episode] = {}
+        self.episodes: dict[tuple[str, ...], Episode] = {}
 
     async def aclose(self) -> None:
         episodes, self.episodes = list(self.episodes.values()), {}
@@ -91,16 +106,17 @@ _TRAJECTORY: contextvars.ContextVar[_Trajectory | None] = contextvars.ContextVar
 
 def _load_tool(config: dict[str, Any]) -> tuple[Tool, PythonExecutorService | None]:
     ref = config.get("tool")
+    valid = (
+        "'python', 'bash', 'read_file', 'write_file', 'str_replace' or 'package.module:attribute'"
+    )
     if not isinstance(ref, str) or not ref:
-        raise UserError(
-            "ToolservicesTool config needs 'tool': 'python' or 'package.module:attribute'"
-        )
+        raise UserError(f"ToolservicesTool config needs 'tool': {valid}")
     if ref == "python":
         executor = shared_executor(**dict(config.get("executor") or {}))
         return python_tool(executor, name=config.get("name") or "python"), executor
     module_name, _, attribute = ref.partition(":")
     if not attribute:
-        raise UserError(f"tool {ref!r}: expected 'package.module:attribute' or 'python'")
+        raise UserError(f"tool {ref!r}: expected {valid}")
     obj: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
         obj = getattr(obj, part)
@@ -160,19 +176,29 @@ def _json_types(prop: dict[str, Any]) -> str | list[str]:
 class ToolservicesTool(BaseTool):
     """A verl ``BaseTool`` running one toolservices tool with per-trajectory episodes.
 
-    ``config`` (the YAML ``config:`` block): ``tool`` ("python" or an import
-    path), ``timeout`` (seconds per call, default 10), ``executor`` (keyword
-    arguments of :class:`~toolservices.PythonExecutorService` for the python
-    tool), ``name`` (rename the python tool).
+    ``config`` (the YAML ``config:`` block): ``tool`` ("python", a shell tool
+    name or an import path), ``timeout`` (seconds per call, default 10),
+    ``executor`` (keyword arguments of :class:`~toolservices.PythonExecutorService`
+    for the python tool), ``shell`` (keyword arguments of ``ShellService`` for
+    the shell tools), ``name`` (rename the python tool).
     """
 
     def __init__(
         self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
     ) -> None:
-        self.tool, executor = _load_tool(config)
-        self.spec = adapter_spec(
-            [self.tool], python=executor, timeout=config.get("timeout", 10.0), max_turns=None
-        )
+        timeout = config.get("timeout", 10.0)
+        self.tool: Tool
+        self._shell_key: str | None = None
+        if config.get("tool") in _SHELL_TOOLS:
+            # all four in the episode: the worker's shell tools share it per trajectory
+            shell = shared_shell(**dict(config.get("shell") or {}))
+            tools = shell_tools(shell)
+            self.tool = next(t for t in tools if t.name == config["tool"])
+            self._shell_key = f"shell-{id(shell)}"
+            self.spec = adapter_spec(tools, timeout=timeout, max_turns=None)
+        else:
+            self.tool, executor = _load_tool(config)
+            self.spec = adapter_spec([self.tool], python=executor, timeout=timeout, max_turns=None)
         self._instances: dict[str, Episode] = {}
         super().__init__(config, tool_schema or verl_schema(self.tool))
 
@@ -204,11 +230,12 @@ class ToolservicesTool(BaseTool):
         trajectory = _TRAJECTORY.get()
         request_id = getattr(agent_data, "request_id", None)
         if trajectory is not None and request_id is not None:
-            key = (self.name, str(request_id))
+            owner = self._shell_key or self.name
+            key = (owner, str(request_id))
             episode = trajectory.episodes.get(key)
             if episode is None:
                 episode = trajectory.episodes[key] = self.spec.new_episode(
-                    episode_id=f"{request_id}-{self.name}-{uuid.uuid4().hex[:6]}"
+                    episode_id=f"{request_id}-{owner}-{uuid.uuid4().hex[:6]}"
                 )
             return episode
         episode = self._instances.get(instance_id)

@@ -1,0 +1,93 @@
+"""``toolservices serve --mcp --shell``: the shell tools over MCP, end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolservices.mcp import HttpServer, MCPToolset, StdioServer
+
+pytest.importorskip("toolservices.shell")
+
+CLI = str(Path(sys.executable).parent / "toolservices")
+#: A source checkout run through PYTHONPATH: the stdio child (which gets an
+#: allowlisted environment) must see the same code.
+CHILD_ENV = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+WAIT = 30.0
+SHELL_TOOLS = {"bash", "read_file", "write_file", "str_replace", "shell_close_session"}
+
+
+def _text(ts: MCPToolset, tool: str, args: dict[str, Any]) -> str:
+    result = ts.call(f"sh.{tool}", args)
+    return ("Error: " if result.is_error else "") + result.text
+
+
+def _check_shell_tools(ts: MCPToolset) -> None:
+    names = {name.split(".", 1)[1] for name in ts.names()}
+    assert names == SHELL_TOOLS | {"python_execute", "python_close_session"}
+    s1 = {"session_id": "s1"}
+    assert _text(ts, "bash", {"command": "mkdir w && cd w && export V=7", **s1}) == "[no output]"
+    assert _text(ts, "bash", {"command": 'echo "$V $(basename $PWD)"', **s1}) == "7 w\n"
+    program = "print(1 - 2)\n"
+    assert _text(ts, "write_file", {"path": "w/p.py", "content": program, **s1}).startswith(
+        "Wrote 13 bytes"
+    )
+    edit = {"path": "w/p.py", "old_str": "1 - 2", "new_str": "1 + 2", **s1}
+    assert _text(ts, "str_replace", edit).startswith("Edited w/p.py")
+    assert _text(ts, "bash", {"command": "python3 p.py", **s1}) == "3\n"
+    assert _text(ts, "read_file", {"path": "w/p.py", **s1}) == "     1\tprint(1 + 2)"
+    again = _text(ts, "str_replace", edit)
+    assert "not found in w/p.py" in again and again.startswith("Error")
+    # without a session: a fresh shell, closed after the call
+    assert "No such file" in _text(ts, "bash", {"command": "cat w/p.py"})
+    assert _text(ts, "shell_close_session", s1) == "Session s1 closed"
+    assert "No such file" in _text(ts, "bash", {"command": "cat w/p.py", **s1})
+    assert "was not open" in _text(ts, "shell_close_session", {"session_id": "never"})
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_serve_mcp_stdio_offers_the_shell_tools_with_sessions() -> None:
+    server = StdioServer(command=CLI, args=("serve", "--mcp", "--shell"), env=CHILD_ENV)
+    with MCPToolset({"sh": server}, timeout=WAIT, connect_timeout=WAIT) as ts:
+        _check_shell_tools(ts)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_without_shell_only_python_is_served() -> None:
+    server = StdioServer(command=CLI, args=("serve", "--mcp"), env=CHILD_ENV)
+    with MCPToolset({"sh": server}, timeout=WAIT, connect_timeout=WAIT) as ts:
+        assert set(ts.names()) == {"sh.python_execute", "sh.python_close_session"}
+
+
+@pytest.fixture
+def http_cli(announced_server: Callable[..., tuple[subprocess.Popen[str], str]]) -> Any:
+    return announced_server(
+        [CLI, "serve", "--mcp", "--shell", "--transport", "http", "--port", "0"], timeout=WAIT
+    )
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_http_connections_own_their_shell_sessions(
+    http_cli: tuple[subprocess.Popen[str], str],
+) -> None:
+    """Two clients both saying session "a" get two shells; a client's sessions end
+    with its connection, and SIGTERM stops the server cleanly."""
+    proc, url = http_cli
+    with (
+        MCPToolset({"sh": HttpServer(url=url)}, timeout=WAIT) as one,
+        MCPToolset({"sh": HttpServer(url=url)}, timeout=WAIT) as two,
+    ):
+        _text(one, "write_file", {"path": "mine.txt", "content": "one", "session_id": "a"})
+        assert "No such file" in _text(two, "bash", {"command": "cat mine.txt", "session_id": "a"})
+        assert _text(one, "bash", {"command": "cat mine.txt", "session_id": "a"}) == "one"
+    with MCPToolset({"sh": HttpServer(url=url)}, timeout=WAIT) as ts:
+        _check_shell_tools(ts)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) == 0

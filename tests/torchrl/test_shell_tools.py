@@ -1,0 +1,39 @@
+"""The shell tools in TorchRL's ExecuteToolsInOrder: one shell session per batch item."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from toolservices import shell_tools
+from toolservices.torchrl import ExecuteToolsInOrder, ToolRegistry
+
+shell_module = pytest.importorskip("toolservices.shell")
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[Any]:
+    with shell_module.ShellService(pool_size=2, timeout=10.0) as svc:
+        yield svc
+
+
+def test_each_batch_item_has_its_own_shell_until_reset(chat: Any, shell: Any) -> None:
+    before = shell.stats()["sessions"]
+    driver = chat(ExecuteToolsInOrder(ToolRegistry(shell_tools(shell)), "xml_block"), 2)
+    driver.step(
+        [
+            '<tool name="bash">{"command": "cd /tmp && echo one > mine"}</tool>',
+            '<tool name="write_file">{"path": "mine", "content": "two"}</tool>',
+        ]
+    )
+    assert "succeeded" in driver.tool_texts(0)[0] and "Wrote 3 bytes" in driver.tool_texts(1)[0]
+    driver.step(['<tool name="bash">{"command": "cat mine"}</tool>'] * 2)
+    assert "one" in driver.tool_texts(0)[0]  # the shell stayed in /tmp
+    assert "two" in driver.tool_texts(1)[0] and "one" not in driver.tool_texts(1)[0]
+    assert shell.stats()["sessions"] == before + 2
+    driver.reset()
+    driver.step(['<tool name="bash">{"command": "cat /tmp/mine"}</tool>', "done"])
+    assert "No such file" in driver.tool_texts(0)[0]  # a reset item: a new session
+    assert shell.stats()["sessions"] == before + 1  # the reset closed the two old ones
