@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 import anyio
 
@@ -45,6 +46,7 @@ EXPIRED_MEMORY = 4096
 
 _Key = tuple[str, str]  # (MCP connection or "ns:" namespace, the client's session_id)
 SessionScope = Literal["connection", "namespace"]
+_T = TypeVar("_T")
 
 
 class PythonSessions:
@@ -84,29 +86,16 @@ class PythonSessions:
         """Run ``code`` in the caller's session ``session_id`` (or a fresh interpreter)."""
         if session_id is None:
             return dict(await self.executor.aexecute(code))
-        key = self._key(session_id)
-        if key not in self._last_used:
-            if len(self._last_used) >= self.max_sessions:
-                raise ToolError(
-                    f"Too many Python sessions are open (the limit is {self.max_sessions}); "
-                    f"session {session_id!r} was not started. Close a session you no longer "
-                    "need with python_close_session, or call python_execute without a "
-                    "session_id for a one-off run."
-                )
-            self._last_used[key] = anyio.current_time()
-        self._busy[key] = self._busy.get(key, 0) + 1
-        try:
-            result = await self.executor.aexecute(code, session_id=_executor_id(key))
-        finally:
-            self._busy[key] -= 1
-            if not self._busy[key]:
-                del self._busy[key]
-            if key in self._last_used:  # unless closed meanwhile
-                self._last_used[key] = anyio.current_time()
+        result, expired = await self.in_session(
+            session_id,
+            lambda executor_id: self.executor.aexecute(code, session_id=executor_id),
+            kind="Python",
+            hint="Close a session you no longer need with python_close_session, or call "
+            "python_execute without a session_id for a one-off run.",
+        )
         data = dict(result)  # ExecResult is a JSON-ready Mapping
         data["session_id"] = session_id
-        if key in self._expired:
-            del self._expired[key]
+        if expired:
             data["restarted"] = True
             data["notice"] = (
                 f"Python session {session_id!r} was closed after {self.idle_timeout:g} s "
@@ -114,6 +103,37 @@ class PythonSessions:
                 "imports are gone)."
             )
         return data
+
+    async def in_session(
+        self, session_id: str, run: Callable[[str], Awaitable[_T]], *, kind: str, hint: str
+    ) -> tuple[_T, bool]:
+        """``run(<the executor's session id>)`` in the caller's session ``session_id``.
+
+        Returns its value and whether an idle expiry had closed the session
+        since the caller's last call (the caller tells the model). A new
+        session beyond ``max_sessions`` is refused with ``hint``.
+        """
+        key = self._key(session_id)
+        if key not in self._last_used:
+            if len(self._last_used) >= self.max_sessions:
+                raise ToolError(
+                    f"Too many {kind} sessions are open (the limit is {self.max_sessions}); "
+                    f"session {session_id!r} was not started. {hint}"
+                )
+            self._last_used[key] = anyio.current_time()
+        self._busy[key] = self._busy.get(key, 0) + 1
+        try:
+            value = await run(_executor_id(key))
+        finally:
+            self._busy[key] -= 1
+            if not self._busy[key]:
+                del self._busy[key]
+            if key in self._last_used:  # unless closed meanwhile
+                self._last_used[key] = anyio.current_time()
+        expired = key in self._expired
+        if expired:
+            del self._expired[key]
+        return value, expired
 
     async def close(self, session_id: str) -> bool:
         """Close the caller's session ``session_id``; whether it was open."""

@@ -19,8 +19,7 @@ from typing import Any
 import anyio
 
 from toolservices.env import ShellTool, shell_tools
-from toolservices.errors import ToolError
-from toolservices.mcp._python_tools import PythonSessions, _executor_id
+from toolservices.mcp._python_tools import PythonSessions
 from toolservices.tools import FunctionTool, Tool
 
 __all__ = ["ShellExtension", "ShellSessions", "mcp_shell_tools", "shell_extension"]
@@ -45,27 +44,14 @@ class ShellSessions(PythonSessions):
             finally:
                 with anyio.CancelScope(shield=True):
                     await self.executor.aclose_session(one_off)
-        key = self._key(session_id)
-        if key not in self._last_used:
-            if len(self._last_used) >= self.max_sessions:
-                raise ToolError(
-                    f"Too many shell sessions are open (the limit is {self.max_sessions}); "
-                    f"session {session_id!r} was not started. Close a session you no longer "
-                    "need with shell_close_session, or call without a session_id for a "
-                    "one-off command."
-                )
-            self._last_used[key] = anyio.current_time()
-        self._busy[key] = self._busy.get(key, 0) + 1
-        try:
-            text = await run(_executor_id(key))
-        finally:
-            self._busy[key] -= 1
-            if not self._busy[key]:
-                del self._busy[key]
-            if key in self._last_used:  # unless closed meanwhile
-                self._last_used[key] = anyio.current_time()
-        if key in self._expired:
-            del self._expired[key]
+        text, expired = await self.in_session(
+            session_id,
+            run,
+            kind="shell",
+            hint="Close a session you no longer need with shell_close_session, or call "
+            "without a session_id for a one-off command.",
+        )
+        if expired:
             text = (
                 f"[shell session {session_id!r} was closed after {self.idle_timeout:g} s "
                 "without calls; this call ran in a new session: earlier files and shell "
