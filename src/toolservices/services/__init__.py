@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from toolservices.errors import UserError
+from toolservices.services._executor import ServiceExecutor
 from toolservices.services._local import LocalServiceClient, LocalServiceRegistry
 from toolservices.services.base import DEFAULT_NAMESPACE, ServiceClient, ServiceRegistry
 
@@ -30,6 +31,7 @@ __all__ = [
     "RayServiceClient",
     "RayServiceRegistry",
     "ServiceClient",
+    "ServiceExecutor",
     "ServiceRegistry",
     "get_services",
 ]
