@@ -30,13 +30,12 @@ _DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
 _DS_CALL_END = "<｜tool▁call▁end｜>"
 _DS_SEP = "<｜tool▁sep｜>"
 _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
-#: One well-formed V3 call exactly as DeepSeek-V3 writes it (and as ``render``
-#: does). A section made only of these is read in one regex pass; anything
-#: else (spaces between calls, V3.1 layout, bad JSON) takes the general path.
-_DS_V3_CALL = re.compile(
-    f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n(.*?)\n```{_DS_CALL_END}",
-    re.DOTALL,
-)
+#: The head of one well-formed V3 call exactly as DeepSeek-V3 writes it (and
+#: as ``render`` does); its arguments run to the first ``_DS_V3_TAIL``. A
+#: section made only of such calls is read without the general scan; anything
+#: else (spaces between calls, the V3.1 layout, bad JSON) takes the general path.
+_DS_V3_HEAD = re.compile(f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n")
+_DS_V3_TAIL = f"\n```{_DS_CALL_END}"
 _loads = json.loads
 
 
@@ -133,21 +132,24 @@ def _fast_section(text: str, block: Block, found: Collector) -> bool:
     nothing) for any section it does not fully recognise.
     """
     calls = []
-    pos = block.body_start
-    for match in _DS_V3_CALL.finditer(text, pos, block.body_end):
-        payload = match.group(2)
-        if match.start() != pos or _DS_CALL_END in payload:
+    pos, stop = block.body_start, block.body_end
+    while pos < stop:
+        head = _DS_V3_HEAD.match(text, pos, stop)
+        if head is None:
             return False
-        name = match.group(1).strip()
+        close = text.find(_DS_V3_TAIL, head.end(), stop)
+        if close == -1 or text.find(_DS_CALL_END, head.end(), close) != -1:
+            return False
+        name = head.group(1).strip()
         try:
-            args = _loads(payload)
+            args = _loads(text[head.end() : close])
         except (ValueError, RecursionError):
             return False
         if type(args) is not dict or not name:
             return False
-        calls.append((name, args, match.group(0)))
-        pos = match.end()
-    if pos != block.body_end or not calls:
+        pos = close + len(_DS_V3_TAIL)
+        calls.append((name, args, text[head.start() : pos]))
+    if not calls:
         return False
     for name, args, piece in calls:
         found.call(name, args, raw=piece)
