@@ -13,13 +13,24 @@ Then large inputs (1 MB and 10 MB of characters) per family: valid calls (the
 first half of a call (``prefix``) and a call missing its last three characters
 (``unclosed``). Parsing is linear, so MB/s should stay flat from 1 to 10 MB.
 
+Then, when vLLM is importable (a scratch venv: docs/benchmarks.md says how
+to build one), vLLM's own tool parsers side by side with ours on the same
+vectors (``--vllm-only`` skips everything else): per family and call count
+the median CPU µs of each over alternating runs and ``speed`` = vLLM time /
+our time (above 1: ours is faster). vLLM's ``llama3_json`` and ``pythonic``
+only accept a response that *is* the calls, and its ``mistral`` (without a
+Mistral tokenizer) only the ``[TOOL_CALLS][{...}]`` JSON array, so those rows
+use such responses (``form`` says which); ours parse both forms.
+
 Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]
-[--large-mb 1,10 | --large-mb none]``
+[--large-mb 1,10 | --large-mb none] [--vllm-only] [--vllm-repeats 3]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import statistics
 import sys
 import time
@@ -151,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     options.add_argument(
         "--large-mb", default="1,10", help="sizes (MB) of the large-input table, or 'none'"
     )
+    options.add_argument("--vllm-only", action="store_true", help="only the vLLM comparison")
+    options.add_argument("--vllm-repeats", type=int, default=3)
     args = options.parse_args(argv)
+    if args.vllm_only:
+        return _compare_vllm(repeats=args.vllm_repeats, target=args.target)
 
     print(f"# parse throughput (median of {args.repeats} repeats; CPU µs per response)")
     print(f"{'format':<16} {'1 call µs':>10} {'calls/s':>10} {'4 calls µs':>11} {'calls/s':>10}")
@@ -198,6 +213,97 @@ def main(argv: list[str] | None = None) -> int:
                 target=args.target,
             )
             print(f"{family:<16} {count:>5} {mine * 1e6:>13.1f} {other * 1e6:>9.1f} {ratio:>13.2f}")
+    return _compare_vllm(repeats=args.vllm_repeats, target=args.target)
+
+
+#: Our family -> vLLM's tool-parser name, and the response form vLLM accepts.
+VLLM_FAMILIES = {
+    "llama3_json": "calls only",
+    "mistral": "JSON array",
+    "pythonic": "calls only",
+    "qwen3_coder": "prose+calls",
+    "hermes": "prose+calls",
+    "deepseek_v3": "prose+calls",
+}
+_SPECIAL_TOKENS = (
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "<tool_call>",
+    "</tool_call>",
+    "<\uff5ctool\u2581calls\u2581begin\uff5c>",
+    "<\uff5ctool\u2581calls\u2581end\uff5c>",
+    "<\uff5ctool\u2581call\u2581begin\uff5c>",
+    "<\uff5ctool\u2581call\u2581end\uff5c>",
+    "<\uff5ctool\u2581sep\uff5c>",
+)
+
+
+class _Vocab:
+    """The little of a tokenizer that vLLM's parsers read: ids of their special tokens."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {token: i for i, token in enumerate(_SPECIAL_TOKENS)}
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self.get_vocab()
+
+
+def _vllm_response(family: str, count: int) -> str:
+    ours = get_parser(family, tools=SPECS)
+    calls = _calls_for(family, count)
+    form = VLLM_FAMILIES[family]
+    if form == "JSON array":
+        body = [{"name": c.tool, "arguments": c.args} for c in calls]
+        return "[TOOL_CALLS]" + json.dumps(body, ensure_ascii=False)
+    return ours.render(calls, PROSE if form == "prose+calls" else "")
+
+
+def _compare_vllm(*, repeats: int, target: float) -> int:
+    """Ours vs vLLM's own parsers on the same responses; skipped without vLLM."""
+    try:
+        import vllm
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.tool_parsers import ToolParserManager
+    except ImportError:
+        print("\nvllm not importable: side-by-side comparison with vLLM skipped")
+        return 0
+    logging.getLogger("vllm").setLevel(logging.CRITICAL)
+    request = ChatCompletionRequest(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": spec} for spec in SPECS],
+    )
+    print(
+        f"\n# side by side with vLLM {vllm.__version__}'s own tool parsers (same responses, "
+        f"alternating runs, medians of {repeats}; CPU µs per response)"
+    )
+    print(
+        f"{'format':<13} {'form':<12} {'calls':>5} {'ours':>8} {'vllm':>8} {'speed ours/vllm':>16}"
+    )
+    for family, form in VLLM_FAMILIES.items():
+        theirs = ToolParserManager.get_tool_parser(family)(_Vocab(), tools=request.tools)
+        ours = get_parser(family, tools=SPECS)
+        for count in (1, 4):
+            response = _vllm_response(family, count)
+            got = theirs.extract_tool_calls(response, request)
+            mine = ours(response)
+            assert [c.function.name for c in got.tool_calls] == [c.tool for c in mine.calls], (
+                family,
+                count,
+            )
+            assert len(mine.calls) == count and not mine.errors, (family, mine.errors)
+            t_ours, t_vllm, ratio = _side_by_side(
+                lambda r=response, f=ours: f(r),
+                lambda r=response, f=theirs: f.extract_tool_calls(r, request),
+                repeats=repeats,
+                target=target,
+            )
+            print(
+                f"{family:<13} {form:<12} {count:>5} {t_ours * 1e6:>8.1f} {t_vllm * 1e6:>8.1f} "
+                f"{1 / ratio:>15.2f}x",
+                flush=True,
+            )
     return 0
 
 

@@ -8,42 +8,86 @@ interpreters), ``toolservices.shell`` (sandboxed shells), ``toolservices.service
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from toolservices._lazy import lazy_attributes
-from toolservices.dispatch import (
-    CallResult,
-    Dispatcher,
-    EpisodeMetrics,
-    ItemResult,
-    StepMetrics,
-    render_tool_results,
-    to_openai_messages,
-)
-from toolservices.env import EnvStep, Episode, ToolEnv, python_tool, shell_tools
-from toolservices.errors import (
-    ExecutorBusyError,
-    InfrastructureError,
-    SandboxUnavailableError,
-    ServiceExistsError,
-    ServiceNotFoundError,
-    ServiceTimeoutError,
-    ServiceUnavailableError,
-    ToolArgumentError,
-    ToolBusyError,
-    ToolDefinitionError,
-    ToolError,
-    ToolExecutionError,
-    ToolNotFoundError,
-    ToolServicesError,
-    ToolTimeoutError,
-    UserError,
-)
-from toolservices.parsing import ParseError, ParseFailure, ParseResult, ToolCall, ToolParser
-from toolservices.tools import FunctionTool, Tool, ToolRegistry, ToolService, tool
+
+if TYPE_CHECKING:  # what type checkers see; at run time every name loads on first use
+    from toolservices.dispatch import (
+        CallResult,
+        Dispatcher,
+        EpisodeMetrics,
+        ItemResult,
+        StepMetrics,
+        render_tool_results,
+        to_openai_messages,
+    )
+    from toolservices.env import EnvStep, Episode, ToolEnv, python_tool, shell_tools
+    from toolservices.errors import (
+        ExecutorBusyError,
+        InfrastructureError,
+        SandboxUnavailableError,
+        ServiceExistsError,
+        ServiceNotFoundError,
+        ServiceTimeoutError,
+        ServiceUnavailableError,
+        ToolArgumentError,
+        ToolBusyError,
+        ToolDefinitionError,
+        ToolError,
+        ToolExecutionError,
+        ToolNotFoundError,
+        ToolServicesError,
+        ToolTimeoutError,
+        UserError,
+    )
+    from toolservices.parsing import ParseError, ParseFailure, ParseResult, ToolCall, ToolParser
+    from toolservices.tools import FunctionTool, Tool, ToolRegistry, ToolService, tool
 
 __version__ = "0.1.0.dev0"
 
-# Names served from subpackages that are imported only when first used.
+# Every public name loads its subpackage on first use: ``import toolservices``
+# (and so ``from toolservices.parsing import get_parser``) loads neither the
+# dispatcher nor pydantic.
 _LAZY = {
+    "CallResult": "toolservices.dispatch",
+    "Dispatcher": "toolservices.dispatch",
+    "EpisodeMetrics": "toolservices.dispatch",
+    "ItemResult": "toolservices.dispatch",
+    "StepMetrics": "toolservices.dispatch",
+    "render_tool_results": "toolservices.dispatch",
+    "to_openai_messages": "toolservices.dispatch",
+    "EnvStep": "toolservices.env",
+    "Episode": "toolservices.env",
+    "ToolEnv": "toolservices.env",
+    "python_tool": "toolservices.env",
+    "shell_tools": "toolservices.env",
+    "ExecutorBusyError": "toolservices.errors",
+    "InfrastructureError": "toolservices.errors",
+    "SandboxUnavailableError": "toolservices.errors",
+    "ServiceExistsError": "toolservices.errors",
+    "ServiceNotFoundError": "toolservices.errors",
+    "ServiceTimeoutError": "toolservices.errors",
+    "ServiceUnavailableError": "toolservices.errors",
+    "ToolArgumentError": "toolservices.errors",
+    "ToolBusyError": "toolservices.errors",
+    "ToolDefinitionError": "toolservices.errors",
+    "ToolError": "toolservices.errors",
+    "ToolExecutionError": "toolservices.errors",
+    "ToolNotFoundError": "toolservices.errors",
+    "ToolServicesError": "toolservices.errors",
+    "ToolTimeoutError": "toolservices.errors",
+    "UserError": "toolservices.errors",
+    "ParseError": "toolservices.parsing",
+    "ParseFailure": "toolservices.parsing",
+    "ParseResult": "toolservices.parsing",
+    "ToolCall": "toolservices.parsing",
+    "ToolParser": "toolservices.parsing",
+    "FunctionTool": "toolservices.tools",
+    "Tool": "toolservices.tools",
+    "ToolRegistry": "toolservices.tools",
+    "ToolService": "toolservices.tools",
+    "tool": "toolservices.tools",
     "get_parser": "toolservices.parsing",
     "as_parser": "toolservices.parsing",
     "available_parsers": "toolservices.parsing",

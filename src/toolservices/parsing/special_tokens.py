@@ -6,6 +6,7 @@ Kimi's and Harmony's use ASCII ``<|...|>``. They are matched exactly.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,13 @@ _DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
 _DS_CALL_END = "<｜tool▁call▁end｜>"
 _DS_SEP = "<｜tool▁sep｜>"
 _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+#: The head of one well-formed V3 call exactly as DeepSeek-V3 writes it (and
+#: as ``render`` does); its arguments run to the first ``_DS_V3_TAIL``. A
+#: section made only of such calls is read without the general scan; anything
+#: else (spaces between calls, the V3.1 layout, bad JSON) takes the general path.
+_DS_V3_HEAD = re.compile(f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n")
+_DS_V3_TAIL = f"\n```{_DS_CALL_END}"
+_loads = json.loads
 
 
 def _section_calls(
@@ -63,6 +71,8 @@ class DeepSeekV3Parser(SyntaxParser):
 
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, _DS_CALLS_BEGIN, _DS_CALLS_END):
+            if block.closed and _fast_section(text, block, found):
+                continue
             raw = text[block.start : block.end]
             pieces, complete = _section_calls(text, block, _DS_CALL_BEGIN, _DS_CALL_END)
             if not complete or (not pieces and not block.closed):
@@ -113,6 +123,38 @@ class DeepSeekV3Parser(SyntaxParser):
             for c in calls
         )
         return after_text(text, f"{_DS_CALLS_BEGIN}{parts}{_DS_CALLS_END}")
+
+
+def _fast_section(text: str, block: Block, found: Collector) -> bool:
+    """Read a closed section of well-formed V3 calls whose arguments are JSON objects.
+
+    Gives the same calls as the general path; returns False (recording
+    nothing) for any section it does not fully recognise.
+    """
+    calls = []
+    pos, stop = block.body_start, block.body_end
+    while pos < stop:
+        head = _DS_V3_HEAD.match(text, pos, stop)
+        if head is None:
+            return False
+        close = text.find(_DS_V3_TAIL, head.end(), stop)
+        if close == -1 or text.find(_DS_CALL_END, head.end(), close) != -1:
+            return False
+        name = head.group(1).strip()
+        try:
+            args = _loads(text[head.end() : close])
+        except (ValueError, RecursionError):
+            return False
+        if type(args) is not dict or not name:
+            return False
+        pos = close + len(_DS_V3_TAIL)
+        calls.append((name, args, text[head.start() : pos]))
+    if not calls:
+        return False
+    for name, args, piece in calls:
+        found.call(name, args, raw=piece)
+    found.cut(block.start, block.end)
+    return True
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):

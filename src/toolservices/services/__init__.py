@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolservices.errors import UserError
+from toolservices.services._executor import ServiceExecutor
 from toolservices.services._local import LocalServiceClient, LocalServiceRegistry
 from toolservices.services.base import DEFAULT_NAMESPACE, Service, ServiceClient, ServiceRegistry
 
@@ -41,6 +42,7 @@ __all__ = [
     "ServiceBackend",
     "ServiceBase",
     "ServiceClient",
+    "ServiceExecutor",
     "ServiceRegistry",
     "get_services",
 ]

@@ -1,0 +1,59 @@
+"""Fast paths give exactly what the general scan gives, on well-formed and odd input."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolservices.parsing import ToolCall, get_parser
+from toolservices.parsing import special_tokens as st
+
+B, E, CB, CE, SEP = (
+    st._DS_CALLS_BEGIN,
+    st._DS_CALLS_END,
+    st._DS_CALL_BEGIN,
+    st._DS_CALL_END,
+    st._DS_SEP,
+)
+
+
+def _v3(name: str, payload: str) -> str:
+    return f"{CB}function{SEP}{name}\n```json\n{payload}\n```{CE}"
+
+
+DEEPSEEK_INPUTS = [
+    get_parser("deepseek_v3").render(
+        [ToolCall("a", {"x": 1}), ToolCall("b", {"y": [1, "é"]})], "hi"
+    ),
+    B + _v3("a", '{"x": 1}') + E,
+    B + _v3("a", '{"x": 1}') + " " + _v3("b", "{}") + E,  # a space between calls
+    B + _v3(" a ", '{"x": 1}') + E,  # name with spaces
+    B + _v3("a", '"{\\"x\\": 1}"') + E,  # arguments as a JSON string
+    B + _v3("a", "[1]") + E,  # not an object
+    B + _v3("a", '{"x": ') + E,  # bad JSON
+    B + _v3("a", "") + E,  # blank arguments
+    B + _v3("a", '{"code": "```\\n```"}') + E,  # fences inside a string
+    B + f"{CB}function{SEP}a\n```json\n{{}}```{CE}" + E,  # no newline before the fence
+    B + f'{CB}a{SEP}{{"x": 1}}{CE}' + E,  # the V3.1 layout
+    B + _v3("a", '{"x": 1}') + _v3("b", '{"y": 2}'),  # section never closed
+    B + f"{CB}function{SEP}a\n```json\n{{}}" + E,  # call never closed
+    B + _v3("a", '{"s": "\\ud800"}') + E,  # a lone surrogate by escape
+    B + E,  # empty section
+    "text " + B + _v3("a", "{}") + E + " more " + B + _v3("b", "{}") + E,
+]
+
+
+@pytest.mark.parametrize("text", DEEPSEEK_INPUTS)
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v31"])
+def test_deepseek_fast_section_matches_the_general_scan(
+    family: str, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = get_parser(family)
+    fast = parser(text)
+    monkeypatch.setattr(st, "_fast_section", lambda *args: False)
+    slow = parser(text)
+    assert fast.text == slow.text
+    assert [(c.tool, c.args, c.id, c.raw) for c in fast.calls] == [
+        (c.tool, c.args, c.id, c.raw) for c in slow.calls
+    ]
+    assert fast.errors == slow.errors
+    assert fast.meta == slow.meta
