@@ -77,6 +77,16 @@ def test_timeout_kills_the_command_and_files_survive(shell: ShellService, sid: s
     assert after.stdout == "1[]\ndata\n" and not after.restarted
 
 
+def test_the_command_after_a_timeout_gets_a_live_shell(shell: ShellService, sid: str) -> None:
+    # The next command's bash is started while a command runs; a timeout's tree kill
+    # must not leave it dead for the next command (it came back killed, -9, restarted).
+    for _ in range(4):
+        late = shell.run("sleep 30", session_id=sid, timeout=0.5)
+        assert late.timed_out
+        after = shell.run("echo ok", session_id=sid, timeout=10)
+        assert (after.stdout, after.returncode, after.restarted) == ("ok\n", 0, False), after
+
+
 def test_file_tools_round_trip(shell: ShellService, sid: str) -> None:
     assert shell.write_file("dir/a.txt", "héllo\n", session_id=sid) == len("héllo\n".encode())
     assert shell.read_file("dir/a.txt", session_id=sid) == "héllo\n"

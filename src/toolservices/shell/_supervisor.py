@@ -248,6 +248,20 @@ class Shell:
             return spare
         raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
 
+    def _discard_pending(self) -> None:
+        """Drop the spare asked for while the command ran (it was born after the command,
+        so the timeout's tree kill may have hit it: a later command must not get a dead bash)."""
+        stale, self.pending = self.pending, None
+        if stale is None:
+            return
+        try:
+            if self.spawner is not None:
+                stale.pid = self.spawner.reply()
+                _killpg(stale.pid)
+        except OSError:
+            self._drop_spawner()
+        stale.close()
+
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
         self._adopt_fork()
         started = time.monotonic()
@@ -269,6 +283,7 @@ class Shell:
             if timed_out:
                 spawner = 0 if self.spawner is None else self.spawner.pid
                 _kill_tree(self.pid, pid, born, spawner)
+                self._discard_pending()
             saved = _read_all(spare.state_out)
             kept = (spare.out_r, spare.err_r)
             spare.out_r = spare.err_r = -1
