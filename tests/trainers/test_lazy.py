@@ -28,6 +28,7 @@ def test_the_adapters_need_a_tool_and_a_positive_timeout():
 
     with pytest.raises(UserError, match="at least one tool"):
         trl_environment([])
+
     def echo(text: str) -> str:
         """Say it back."""
         return text
