@@ -60,7 +60,7 @@ async def timed(executor: PythonExecutorService, code: str, session: str) -> tup
     return time.perf_counter() - started, result
 
 
-async def run_level(level: int, pool: int, progress: Progress) -> dict[str, float]:
+async def run_level(level: int, pool: int, progress: Progress) -> dict[str, Any]:
     executor = PythonExecutorService(pool_size=pool, max_sessions=level, timeout=120)
     try:
         await executor.aexecute("pass")  # start and warm the fork server
@@ -69,14 +69,21 @@ async def run_level(level: int, pool: int, progress: Progress) -> dict[str, floa
         sessions = [f"s{i}" for i in range(level)]
         task = progress.add_task(f"{level:>5} sessions: create", total=level)
 
+        done_at: list[float] = []
+
         async def create(i: int, session: str) -> tuple[float, Any]:
             out = await timed(executor, f"x = {i}", session)
+            done_at.append(time.perf_counter())
             progress.advance(task)
             return out
 
         started = time.perf_counter()
         created = await asyncio.gather(*(create(i, s) for i, s in enumerate(sessions)))
         create_wall = time.perf_counter() - started
+        # ms per session for each quarter of the sessions, in the order they came up:
+        # flat when creation is linear, rising when it slows with the sessions already live
+        edges = [started] + [done_at[level * q // 4 - 1] for q in (1, 2, 3, 4)]
+        quarters = [(b - a) / (level / 4) * 1e3 for a, b in zip(edges, edges[1:], strict=True)]
         assert all(r.success for _, r in created), "a session failed to start"
         pss = descendants_pss() - base
 
@@ -103,12 +110,13 @@ async def run_level(level: int, pool: int, progress: Progress) -> dict[str, floa
             "calls_per_s": 2 * level / warm_wall,
             "p50_ms": median(latencies) * 1e3,
             "p99_ms": percentile(latencies, 99) * 1e3,
+            "quarters": quarters,
         }
     finally:
         await executor.aclose()
 
 
-def plot(rows: list[dict[str, float]], path: str) -> None:
+def plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,6 +167,9 @@ def main() -> None:
             f"| {r['pss_mib_each']:.2f} MiB | {r['calls_per_s']:,.0f} | {r['p50_ms']:.1f} ms "
             f"| {r['p99_ms']:.1f} ms |"
         )
+    for r in rows:
+        steps = " / ".join(f"{q:.2f}" for q in r["quarters"])
+        print(f"{r['sessions']:,} sessions: creation ms/session by quarter: {steps}")
     if 1024 in levels and 4096 in levels:
         ratio = (
             rows[levels.index(4096)]["create_ms_each"] / rows[levels.index(1024)]["create_ms_each"]
