@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 import time
@@ -83,7 +84,7 @@ async def run_level(level: int, pool: int, progress: Progress) -> dict[str, Any]
         # ms per session for each quarter of the sessions, in the order they came up:
         # flat when creation is linear, rising when it slows with the sessions already live
         edges = [started] + [done_at[level * q // 4 - 1] for q in (1, 2, 3, 4)]
-        quarters = [(b - a) / (level / 4) * 1e3 for a, b in zip(edges, edges[1:], strict=True)]
+        quarters = [(b - a) / (level / 4) * 1e3 for a, b in itertools.pairwise(edges)]
         assert all(r.success for _, r in created), "a session failed to start"
         pss = descendants_pss() - base
 
