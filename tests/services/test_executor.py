@@ -148,3 +148,17 @@ def test_raw_handle_calls_overlap(ray_started: dict[str, Any], namespace: str) -
         assert a_start < b_end and b_start < a_end
     finally:
         registry.reset()
+
+
+async def test_executor_reports_a_session_its_client_used_before_as_restarted() -> None:
+    """The hint a Ray client sends for sessions it used: unknown here means state lost."""
+    with PythonExecutorService(pool_size=2, spares=0) as executor:
+        lost = executor.execute("print(1)", session_id="a", _session_known=True)
+        assert lost.restarted and lost.stdout == "1\n"
+        held = executor.execute("x = 2", session_id="a", _session_known=True)
+        assert not held.restarted
+        moved = await executor.aexecute("print(3)", session_id="b", _session_known=True)
+        assert moved.restarted and moved.stdout == "3\n"
+        new = await executor.aexecute("print(x)", session_id="a")
+        assert not new.restarted and new.stdout == "2\n"
+        assert executor.stats()["restarts"] == 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ from svc_helpers import (
 )
 
 from toolservices.errors import ServiceTimeoutError, ServiceUnavailableError, UserError
+from toolservices.python import PythonExecutorService
 from toolservices.services import ServiceRegistry, get_services
 
 ray = pytest.importorskip("ray")
@@ -275,6 +278,74 @@ def test_dead_replica_moves_only_its_sessions(services: ServiceRegistry) -> None
     # A fresh client (another worker) agrees with the old one on every session.
     fresh = services.client("sess")
     assert all(fresh.call("whoami", session_id=s) == after[s] for s in sessions)
+
+
+def _executor_pid(handle: Any) -> int:
+    return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60))
+
+
+def _kill_executor(handle: Any, *, restart: bool) -> None:
+    pid = _executor_pid(handle)
+    ray.kill(handle, no_restart=not restart)
+    try:
+        psutil.Process(pid).wait(timeout=30)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _first_answer(client: Any, code: str, session_id: str) -> Any:
+    """The call's result once Ray has restarted the replica (retryable errors until then)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return client.call("execute", code, session_id=session_id)
+        except ServiceUnavailableError as exc:
+            assert exc.retryable, exc
+            assert time.monotonic() < deadline, "the replica never came back"
+
+
+def test_sessions_of_a_restarted_executor_come_back_restarted(services: ServiceRegistry) -> None:
+    services.register(
+        "py", PythonExecutorService, pool_size=2, spares=0, num_cpus=0, max_restarts=1
+    )
+    client = services.client("py", timeout=60)
+    assert client.call("execute", "v = 1", session_id="old")["success"]
+    _kill_executor(services["py"], restart=True)
+
+    lost = _first_answer(client, "print(v)", "old")
+    assert lost.restarted and "NameError" in lost.stderr, lost
+    again = client.call("execute", "v = 2; print(v)", session_id="old")
+    assert not again.restarted and again.stdout == "2\n"
+    new = client.call("execute", "print(3)", session_id="new")  # never used: plainly new
+    assert not new.restarted and new.stdout == "3\n"
+    # A closed session is new again, not lost.
+    assert client.call("close_session", session_id="old")
+    assert not client.call("execute", "v = 4", session_id="old").restarted
+
+
+async def test_sessions_moved_off_a_dead_replica_come_back_restarted(
+    services: ServiceRegistry,
+) -> None:
+    services.register(
+        "py", PythonExecutorService, pool_size=2, spares=0, num_cpus=0, num_replicas=2
+    )
+    client = services.client("py", timeout=60)
+    sessions = [f"m{i}" for i in range(8)]
+    for i, session in enumerate(sessions):
+        assert (await client.acall("execute", f"v = {i}", session_id=session))["success"]
+    before = {s: client.replica_for(s) for s in sessions}
+    victim = before[sessions[0]]
+    assert victim is not None and len(set(before.values())) == 2
+    _kill_executor(services.replicas("py")[victim], restart=False)
+    with pytest.raises(ServiceUnavailableError, match="remaining replicas"):
+        await client.acall("execute", "print(v)", session_id=sessions[0])
+    for i, session in enumerate(sessions):
+        out = await client.acall("execute", "print(v)", session_id=session)
+        if before[session] == victim:  # moved to the other replica: its state is gone
+            assert out.restarted and "NameError" in out.stderr, (session, out)
+        else:
+            assert not out.restarted and out.stdout == f"{i}\n", (session, out)
+    assert not (await client.acall("execute", "v = 0", session_id=sessions[0])).restarted
 
 
 def test_sync_call_timeout_cancels(services: ServiceRegistry) -> None:

@@ -21,7 +21,9 @@ import functools
 import importlib
 import inspect
 import re
-from collections.abc import Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import anyio
@@ -73,6 +75,17 @@ _NOT_STARTED_STATES = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION"})
 
 #: The method by which a record actor of a Service owner is recognised.
 _CLIENT_METHOD = "toolservices_owned_client"
+
+#: A service with this method (the Python executor) accepts ``_session_known=True``
+#: on ``execute`` / ``aexecute`` from a client that used the session before, and
+#: reports ``restarted`` if it does not hold that session (its replica restarted).
+_SESSION_HINT_METHOD = "toolservices_session_hint"
+_SESSION_KNOWN = "_session_known"
+_HINTED_METHODS = frozenset({"execute", "aexecute"})
+_CLOSING_METHODS = frozenset({"close_session", "aclose_session"})
+
+#: How many session ids a client remembers having used (least recently used dropped).
+SESSIONS_REMEMBERED = 65536
 
 
 class _ClientRecord:
@@ -496,6 +509,13 @@ class RayServiceClient(ServiceClient):
     If the class defines an ``a``-prefixed twin of a method (``execute`` /
     ``aexecute``), both ``call`` and ``acall`` use the twin: in an async actor
     a synchronous method would block the actor's event loop for everyone.
+
+    The client remembers the sessions it ran code in; calling the Python
+    executor again for one of them it says so, and a replica that does not
+    hold the session (Ray restarted it, or the session's replica died and it
+    moved) answers ``restarted`` rather than running it as a new session.
+    Only this client's own sessions are covered: a copy shipped to another
+    worker, or another client, starts knowing none.
     """
 
     def __init__(
@@ -505,6 +525,9 @@ class RayServiceClient(ServiceClient):
         self._ray = _import_ray()
         self._handles: list[Any] = [head] + [None] * (len(names) - 1)
         self._methods: dict[str, str] = {}
+        self._hinted: dict[str, bool] = {}  # method -> passes the session-known hint
+        self._used: OrderedDict[Hashable, None] = OrderedDict()
+        self._used_lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Ship the client to other workers (a transform pickled into a collector).
@@ -541,13 +564,38 @@ class RayServiceClient(ServiceClient):
             else:
                 raise AttributeError(f"Service '{self.name}' has no method '{method}'")
             self._methods[method] = actual
+            self._hinted[method] = actual in _HINTED_METHODS and hasattr(
+                handle, _SESSION_HINT_METHOD
+            )
+        session_id = kwargs.get("session_id")
+        if session_id is not None and self._hinted[method]:
+            with self._used_lock:
+                if session_id in self._used:
+                    kwargs = {**kwargs, _SESSION_KNOWN: True}
+        elif actual in _CLOSING_METHODS:
+            closed = args[0] if args else session_id
+            with self._used_lock:
+                self._used.pop(closed, None)
         return getattr(handle, actual).remote(*args, **kwargs)
+
+    def _served(self, method: str, kwargs: dict[str, Any]) -> None:
+        """Remember a session that a call ran in (after it came back)."""
+        session_id = kwargs.get("session_id")
+        if session_id is None or not self._hinted.get(method):
+            return
+        with self._used_lock:
+            self._used[session_id] = None
+            self._used.move_to_end(session_id)
+            while len(self._used) > SESSIONS_REMEMBERED:
+                self._used.popitem(last=False)
 
     def _call(self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ray = self._ray
         ref = self._submit(index, method, args, kwargs)
         try:
-            return ray.get(ref, timeout=self.timeout)
+            result = ray.get(ref, timeout=self.timeout)
+            self._served(method, kwargs)
+            return result
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref)
             raise self._timeout(method) from None
@@ -567,10 +615,13 @@ class RayServiceClient(ServiceClient):
         try:
             with anyio.move_on_after(self.timeout):
                 if on_asyncio:
-                    return await ref
-                return await anyio.to_thread.run_sync(
-                    functools.partial(ray.get, ref), abandon_on_cancel=True
-                )
+                    result = await ref
+                else:
+                    result = await anyio.to_thread.run_sync(
+                        functools.partial(ray.get, ref), abandon_on_cancel=True
+                    )
+                self._served(method, kwargs)
+                return result
         except ray.exceptions.RayActorError as exc:
             raise self._unavailable(index, exc) from exc
         ray.cancel(ref)

@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: how many evicted session ids are remembered (to tell their next call its state is gone)
 EVICTED_MEMORY = 65536
+
+#: The keyword of ``execute`` / ``aexecute`` by which a service client says it used
+#: the session before (services/_ray.py sends it to services with ``toolservices_session_hint``).
+SESSION_KNOWN_KWARG = "_session_known"
 #: the warm-up call of a new spare interpreter ("pass")
 SPAWN_WARMUP_TIMEOUT = 10.0
 #: the default of ``busy_poll``: a warm print(1) round trip is 30-80 us of work
@@ -187,7 +191,12 @@ class PythonExecutorService:
     # --- sync faces --------------------------------------------------------------
 
     def execute(
-        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        _session_known: bool = False,
     ) -> ExecResult:
         """Run ``code``; see :meth:`aexecute`."""
         limit = self._call_limit(timeout)
@@ -195,7 +204,7 @@ class PythonExecutorService:
             result = self._execute_direct(code, _check_session_id(session_id), limit)
             if result is not None:
                 return result
-        return _portal.run_sync(self._execute, code, session_id, limit)
+        return _portal.run_sync(self._execute, code, session_id, limit, _session_known)
 
     def close_session(self, session_id: str) -> bool:
         """End one session: after a call running in it, kill its process tree, delete its
@@ -257,17 +266,26 @@ class PythonExecutorService:
         *,
         session_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the per-call limit, as in execute()
+        _session_known: bool = False,
     ) -> ExecResult:
         """Run ``code`` in session ``session_id`` (created on first use) or a fresh interpreter.
 
         Never raises for what the code does (exceptions, exits, crashes,
         timeouts are in the result); raises :class:`ExecutorBusyError` when the
         queue is full and :class:`InfrastructureError` when the machinery fails.
+        ``_session_known`` is set by a service client that has used the session
+        before: if this executor does not hold it (a restarted Ray replica, or
+        another replica after the session's one died), the call reports
+        ``restarted`` instead of looking like a new session.
         """
         limit = self._call_limit(timeout)
         if session_id is not None:
             session_id = _check_session_id(session_id)
-        return await self._hop(self._execute, code, session_id, limit)
+        return await self._hop(self._execute, code, session_id, limit, _session_known)
+
+    def toolservices_session_hint(self) -> str:
+        """The keyword by which service clients say they used a session before."""
+        return SESSION_KNOWN_KWARG
 
     async def aclose_session(self, session_id: str) -> bool:
         """See :meth:`close_session`."""
@@ -419,6 +437,7 @@ class PythonExecutorService:
         code: str,
         session_id: str | None,
         timeout: float | None,  # noqa: ASYNC109 - the caller's per-call limit, checked here
+        known: bool = False,
     ) -> ExecResult:
         if not isinstance(code, str):
             raise UserError(f"code must be a str, got {type(code).__name__}")
@@ -435,7 +454,7 @@ class PythonExecutorService:
                 finally:
                     self._admission.release(None)
             else:
-                result = await self._run_session(session_id, code, limit, ticket)
+                result = await self._run_session(session_id, code, limit, ticket, known)
         finally:
             ticket.leave()  # counted once, however the call ended (cancelled, raised)
         self._count(result)
@@ -513,13 +532,15 @@ class PythonExecutorService:
                 self._spawn_background(self._discard(handle, wait=False))
             self._schedule_refill()
 
-    def _slot_for(self, session_id: str) -> _Slot:
+    def _slot_for(self, session_id: str, known: bool = False) -> _Slot:
         slot = self._slots.get(session_id)
         if slot is not None:
             return slot
         if len(self._slots) >= self.max_sessions:
             self._evict_one()
-        lost = session_id in self._evicted  # evicted earlier: its next call must say so
+        # evicted earlier, or used before by the caller (its state was in another
+        # process): its next call must say so
+        lost = known or session_id in self._evicted
         self._evicted.pop(session_id, None)
         slot = _Slot(session_id, lost=lost)
         self._slots[session_id] = slot
@@ -549,11 +570,11 @@ class PythonExecutorService:
             victim.handle = None
 
     async def _run_session(
-        self, session_id: str, code: str, limit: float, ticket: Ticket
+        self, session_id: str, code: str, limit: float, ticket: Ticket, known: bool = False
     ) -> ExecResult:
         admission = self._admission
         while True:
-            slot = self._slot_for(session_id)
+            slot = self._slot_for(session_id, known)
             slot.pending += 1
             try:
                 # closed or evicted while we waited for its gate: look it up again
