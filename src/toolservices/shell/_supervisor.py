@@ -239,6 +239,12 @@ class Shell:
                 self._drop_spawner()
                 continue
             self.pending = None
+            if _state(spare.pid) in (b"Z", b"X"):
+                # killed with the tree of the previous command (timeout, waiting for keys),
+                # which it looked part of: reap it and use another
+                _reap()
+                spare.close()
+                continue
             if _parent(spare.pid) != os.getpid():
                 # started while we were not a subreaper (fork_session clears it for a moment):
                 # someone else reaps it, so we could not learn its status. Use another.
@@ -540,6 +546,13 @@ def _stat(pid: int | str) -> list[bytes]:
     """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1])."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         return fh.read().rsplit(b")", 1)[1].split()
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return _stat(pid)[0]
+    except (OSError, IndexError):
+        return b"X"
 
 
 def _parent(pid: int) -> int:
