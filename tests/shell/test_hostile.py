@@ -122,6 +122,16 @@ def disk_full(res: ShellResult) -> bool:
     )
 
 
+def waited_for_keys(res: ShellResult) -> bool:
+    """Stopped for waiting on a terminal: not a timeout, and the message says why and what to do."""
+    return (
+        not res.timed_out
+        and not res.success
+        and "was waiting for keys from a terminal" in res.stderr
+        and "write_file" in res.stderr
+    )
+
+
 def clean_end(res: ShellResult) -> bool:
     """A clear result: it ended by itself (no hang) and said something or failed."""
     return not res.timed_out and res.duration < 4.0
@@ -271,8 +281,18 @@ CASES: dict[str, Case] = {
         "grep CapEff /proc/self/status", lambda r: r.stdout.split()[-1] == "0000000000000000"
     ),
     # TTYs and stdin
-    # full-screen editors wait for keys that never come: they end at the time limit, said so
-    "vi": Case("vi x.txt", lambda r: r.timed_out and "timed out" in r.stderr, timeout=1),
+    # full-screen editors would wait for keys that never come: stopped well before the limit
+    "vi": Case("vi x.txt", waited_for_keys, timeout=60),
+    "vim-no-file": Case("vim", waited_for_keys, timeout=60),
+    "view-piped": Case("echo a | view -", lambda r: not r.timed_out, timeout=60),
+    "vi-in-subshell": Case("(cd /tmp && vi y)", waited_for_keys, timeout=60),
+    # stdin turned into a write-only descriptor, but not waiting for it: left alone
+    "stdin-write-only": Case(
+        "sleep 1.5 0>&2; echo slept", lambda r: r.success and r.stdout == "slept\n", timeout=60
+    ),
+    "ssh-password": Case(
+        "ssh -o StrictHostKeyChecking=no -o BatchMode=no nobody@127.0.0.1", clean_end
+    ),
     "vim-ex": Case("vim -es -c 'q!'", clean_end, timeout=5),
     "python-repl": Case(PY, lambda r: r.success and clean_end(r)),
     "less": Case("echo page | less", lambda r: r.stdout == "page\n"),

@@ -267,6 +267,12 @@ class ShellService:
                 f"\n[timed out after {reply['limit']:g} s: the command and every process it "
                 "started were killed]\n"
             )
+        if reply.get("no_terminal"):
+            err += (
+                f"\n[{reply['no_terminal']} was waiting for keys from a terminal, and commands "
+                "have none: it and every process the command started were killed. Edit files "
+                "with write_file, str_replace or sed; run programs non-interactively]\n"
+            )
         restarted = bool(reply["restarted"]) or lost
         if session_id is None:
             restarted = False  # a fresh shell has no state to lose

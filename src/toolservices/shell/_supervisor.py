@@ -239,6 +239,12 @@ class Shell:
                 self._drop_spawner()
                 continue
             self.pending = None
+            if _state(spare.pid) in (b"Z", b"X"):
+                # killed with the tree of the previous command (timeout, waiting for keys),
+                # which it looked part of: reap it and use another
+                _reap()
+                spare.close()
+                continue
             if _parent(spare.pid) != os.getpid():
                 # started while we were not a subreaper (fork_session clears it for a moment):
                 # someone else reaps it, so we could not learn its status. Use another.
@@ -279,8 +285,10 @@ class Shell:
             # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
             writes = {spare.cmd_w: script, spare.in_w: stdin or b""}
             spare.cmd_w = spare.in_w = -1
-            status, outs, timed_out = self._collect(pid, spare.out_r, spare.err_r, writes, timeout)
-            if timed_out:
+            status, outs, timed_out, stuck = self._collect(
+                pid, spare.out_r, spare.err_r, writes, timeout
+            )
+            if timed_out or stuck:
                 spawner = 0 if self.spawner is None else self.spawner.pid
                 _kill_tree(self.pid, pid, born, spawner)
                 self._discard_pending()
@@ -292,7 +300,7 @@ class Shell:
             spare.close()
         text = saved.decode("utf-8", "surrogateescape")
         restarted = True
-        if not timed_out and text.endswith(_STATE_END + "\n"):
+        if not timed_out and not stuck and text.endswith(_STATE_END + "\n"):
             self.state = text
             restarted = False
         _reap()
@@ -305,6 +313,7 @@ class Shell:
         if timed_out:
             code = -1
         return {
+            "no_terminal": stuck,
             "returncode": code,
             "timed_out": timed_out,
             "restarted": restarted,
@@ -318,10 +327,12 @@ class Shell:
 
     def _collect(
         self, pid: int, out_r: int, err_r: int, writes: dict[int, bytes], timeout: float
-    ) -> tuple[int, list[tuple[bytes, int]], bool]:
+    ) -> tuple[int, list[tuple[bytes, int]], bool, str]:
         """Feed ``writes`` (fd: data, closed once written) and read both streams until bash exits.
 
-        Not until EOF: background jobs may hold the streams open.
+        Not until EOF: background jobs may hold the streams open. The last item
+        names a program of the command found waiting for terminal input (then
+        the command was killed), or is empty.
         """
         cap = self.max_output
         bufs = [bytearray(), bytearray()]
@@ -342,6 +353,8 @@ class Shell:
         deadline = time.monotonic() + timeout
         status: int | None = None
         timed_out = False
+        stuck = ""
+        pipes = {os.fstat(fd).st_ino for fd in fds}
         # pidfd: wake up when bash exits, not only when it writes.
         pidfd = os.pidfd_open(pid)
         poller.register(pidfd, select.POLLIN)
@@ -353,7 +366,14 @@ class Shell:
                     _killpg(pid)
                     _, status = os.waitpid(pid, 0)
                     break
-                for fd, _events in poller.poll(min(left, 1.0) * 1000):
+                events = poller.poll(min(left, 1.0) * 1000)
+                if not events and not pending:  # a quiet second: waiting for keys?
+                    stuck = _waits_for_terminal(pid, pipes)
+                    if stuck:
+                        _killpg(pid)
+                        _, status = os.waitpid(pid, 0)
+                        break
+                for fd, _events in events:
                     if fd == pidfd:
                         done, st = os.waitpid(pid, os.WNOHANG)
                         if done:
@@ -379,7 +399,8 @@ class Shell:
             os.close(pidfd)
             for fd in pending:
                 os.close(fd)
-        return status, [(bytes(bufs[0]), totals[0]), (bytes(bufs[1]), totals[1])], timed_out
+        outs = [(bytes(bufs[0]), totals[0]), (bytes(bufs[1]), totals[1])]
+        return status, outs, timed_out, stuck
 
     # --- files ---------------------------------------------------------------------
 
@@ -542,11 +563,51 @@ def _stat(pid: int | str) -> list[bytes]:
         return fh.read().rsplit(b")", 1)[1].split()
 
 
+def _state(pid: int) -> bytes:
+    try:
+        return _stat(pid)[0]
+    except (OSError, IndexError):
+        return b"X"
+
+
 def _parent(pid: int) -> int:
     try:
         return int(_stat(pid)[1])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _waits_for_terminal(group: int, pipes: set[int]) -> str:
+    """The name of a sleeping process of ``group`` whose stdin is a write-only output pipe, or "".
+
+    With no terminal, vim (``vi``, ``view``, ``ex``) takes its stderr as its input
+    once stdin ends, and waits for it to become readable: a write-only pipe
+    never does. Nothing can ever arrive there, so the wait would last until
+    the time limit.
+    """
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = _stat(name)
+            if int(fields[2]) != group or fields[0] != b"S":
+                continue
+            if os.stat(f"/proc/{name}/fd/0").st_ino not in pipes:
+                continue
+            with open(f"/proc/{name}/wchan", "rb") as fh:
+                wchan = fh.read()
+            if b"select" not in wchan and b"poll" not in wchan:
+                continue  # asleep for another reason (sleep, a child, a lock)
+            with open(f"/proc/{name}/fdinfo/0", "rb") as fh:
+                info = fh.read()
+            flags = int(info.split(b"flags:", 1)[1].split()[0], 8)
+            if flags & os.O_ACCMODE != os.O_WRONLY:
+                continue
+            with open(f"/proc/{name}/comm", "rb") as fh:
+                return fh.read().strip().decode("utf-8", "replace") or "?"
+        except (OSError, ValueError, IndexError):
+            continue
+    return ""
 
 
 def _start_time(pid: int) -> int:
