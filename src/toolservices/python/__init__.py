@@ -48,6 +48,7 @@ from toolservices.python.host import (
     ExecResult,
     PersistentPythonProcess,
     PythonExecutorService,
+    ResultMapping,
     self_test,
 )
 from toolservices.python.sandbox import (
@@ -62,6 +63,7 @@ __all__ = [
     "ExecResult",
     "PersistentPythonProcess",
     "PythonExecutorService",
+    "ResultMapping",
     "SandboxConfig",
     "format_isolation_report",
     "format_self_test",

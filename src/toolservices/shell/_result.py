@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from toolservices.errors import ToolError
+from toolservices.python import ResultMapping
 
 __all__ = ["FileEntry", "ShellFileError", "ShellResult"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class ShellResult(Mapping[str, Any]):
+class ShellResult(ResultMapping):
     """Outcome of one command, a :class:`~collections.abc.Mapping` like ``ExecResult``.
 
     * ``success``: the command exited with status 0 (and did not time out).
@@ -35,32 +34,6 @@ class ShellResult(Mapping[str, Any]):
     truncated: bool = False
     restarted: bool = False
     session_id: str | None = None
-
-    @property
-    def state_lost(self) -> bool:
-        """Alias of :attr:`restarted`, named for what it means to the caller."""
-        return self.restarted
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in _KEYS:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_KEYS)
-
-    def __len__(self) -> int:
-        return len(_KEYS)
-
-    def __repr__(self) -> str:
-        return f"ShellResult({', '.join(f'{k}={getattr(self, k)!r}' for k in _KEYS)})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict (JSON-serialisable) with every field."""
-        return {key: getattr(self, key) for key in _KEYS}
-
-
-_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ShellResult))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from toolservices.python.host._persistent import PersistentPythonProcess
-from toolservices.python.host._result import ExceptionInfo, ExecResult
+from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
 from toolservices.python.host._service import PythonExecutorService
 
@@ -23,5 +23,6 @@ __all__ = [
     "ExecResult",
     "PersistentPythonProcess",
     "PythonExecutorService",
+    "ResultMapping",
     "self_test",
 ]

@@ -2,11 +2,56 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["ExceptionInfo", "ExecResult"]
+__all__ = ["ExceptionInfo", "ExecResult", "ResultMapping"]
+
+
+@functools.cache
+def _keys(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+class ResultMapping(Mapping[str, Any]):
+    """A frozen dataclass result read as the contract's dict: its fields are the keys.
+
+    Shared by :class:`ExecResult` and the shell's ``ShellResult``, so code written
+    for a plain dict (``result["success"]``) works on both. Subclasses are
+    ``@dataclass(frozen=True, kw_only=True, eq=False)`` with a ``restarted`` field;
+    :meth:`_plain` turns a field's value into what the dict holds.
+    """
+
+    restarted: bool
+
+    @property
+    def state_lost(self) -> bool:
+        """Alias of :attr:`restarted`, named for what it means to the caller."""
+        return self.restarted
+
+    def _plain(self, value: Any) -> Any:
+        return value
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _keys(type(self)):
+            raise KeyError(key)
+        return self._plain(getattr(self, key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_keys(type(self)))
+
+    def __len__(self) -> int:
+        return len(_keys(type(self)))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in _keys(type(self)))
+        return f"{type(self).__name__}({shown})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-serialisable) with every field."""
+        return {key: self[key] for key in _keys(type(self))}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -18,7 +63,7 @@ class ExceptionInfo:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class ExecResult(Mapping[str, Any]):
+class ExecResult(ResultMapping):
     """Outcome of running one snippet.
 
     A :class:`~collections.abc.Mapping`, so code written for the contract's
@@ -50,29 +95,5 @@ class ExecResult(Mapping[str, Any]):
     restarted: bool = False
     session_id: str | None = None
 
-    @property
-    def state_lost(self) -> bool:
-        """Alias of :attr:`restarted`, named for what it means to the caller."""
-        return self.restarted
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in _KEYS:
-            raise KeyError(key)
-        value = getattr(self, key)
+    def _plain(self, value: Any) -> Any:
         return asdict(value) if isinstance(value, ExceptionInfo) else value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_KEYS)
-
-    def __len__(self) -> int:
-        return len(_KEYS)
-
-    def __repr__(self) -> str:
-        return f"ExecResult({', '.join(f'{k}={getattr(self, k)!r}' for k in _KEYS)})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict (JSON-serialisable) with every field."""
-        return {key: self[key] for key in _KEYS}
-
-
-_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ExecResult))
