@@ -504,6 +504,24 @@ def test_background_job_survives_calls_and_other_timeouts(shell: ShellService) -
     assert gone_within(mark)
 
 
+def test_job_started_after_the_next_spare_is_not_killed_by_the_next_timeout(
+    shell: ShellService,
+) -> None:
+    # The next command's bash is started while this command runs; a job this command puts
+    # in the background after that (a higher pid, a later start) is still this command's.
+    sid, mark = new_sid(), marker()
+    shell.run(
+        "for _ in $(seq 500); do [ $(pgrep -cx bash) -ge 2 ] && break; sleep 0.01; done; "
+        f"exec -a {mark} sleep 300 &",
+        session_id=sid,
+    )
+    assert shell.run("sleep 30", session_id=sid, timeout=0.5).timed_out
+    probe = shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=sid)
+    assert probe.stdout == "alive\n"
+    shell.close_session(sid)
+    assert gone_within(mark)
+
+
 def test_timeout_kills_the_jobs_its_command_started(shell: ShellService) -> None:
     sid, mark = new_sid(), marker()
     res = shell.run(

@@ -275,6 +275,9 @@ class Shell:
         spare = self._take_spare()
         pid = spare.pid
         born = _start_time(pid)
+        # Background jobs of earlier commands, reparented to us: never this command's,
+        # even when they forked after this command's bash was started as a spare.
+        earlier = _children(self.pid)
         try:  # the next command's bash starts while this one runs
             self._request_spare()
         except OSError:
@@ -290,7 +293,7 @@ class Shell:
             )
             if timed_out or stuck:
                 spawner = 0 if self.spawner is None else self.spawner.pid
-                _kill_tree(self.pid, pid, born, spawner)
+                _kill_tree(self.pid, pid, born, spawner, earlier)
                 self._discard_pending()
             saved = _read_all(spare.state_out)
             kept = (spare.out_r, spare.err_r)
@@ -617,15 +620,33 @@ def _start_time(pid: int) -> int:
         return 0
 
 
-def _kill_tree(root: int, bash: int, born: int, spared: int) -> None:
+def _children(root: int) -> dict[int, int]:
+    """``root``'s children now, pid -> start time (to tell a reused pid apart)."""
+    pids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{root}/task"):
+            with open(f"/proc/{root}/task/{task}/children", "rb") as fh:
+                pids.extend(int(p) for p in fh.read().split())
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: scan
+        pids = [
+            int(name)
+            for name in os.listdir("/proc")
+            if name.isdigit() and _parent(int(name)) == root
+        ]
+    return {pid: _start_time(pid) for pid in pids}
+
+
+def _kill_tree(root: int, bash: int, born: int, spared: int, earlier: dict[int, int]) -> None:
     """Kill the timed-out command's tree, and nothing of the commands before it.
 
     Orphans come back to ``root`` (a subreaper). Among its children, the
     command's are those in its process group (``bash``'s pid) or started after
     its bash (a higher pid and a start time not before ``born``: ``setsid``,
-    double forks); everything below them goes too. Background jobs of earlier
-    commands are older and in older groups, and so are the processes they
-    start later; ``spared`` (the spawner) stays.
+    double forks) and not among ``earlier`` (root's children when the command
+    started: the spare bash is started while the previous command runs, so a job
+    that command put in the background can be younger than it); everything below
+    them goes too. Background jobs of earlier commands are in older groups, and
+    so are the processes they start later; ``spared`` (the spawner) stays.
     """
     for _ in range(16):
         info: dict[int, tuple[int, int, int, bytes]] = {}  # pid -> ppid, pgid, start, state
@@ -639,7 +660,9 @@ def _kill_tree(root: int, bash: int, born: int, spared: int) -> None:
         frontier = {
             pid
             for pid, (ppid, pgid, start, _state) in info.items()
-            if ppid == root and pid != spared and (pgid == bash or (pid >= bash and start >= born))
+            if ppid == root
+            and pid != spared
+            and (pgid == bash or (pid >= bash and start >= born and earlier.get(pid, -1) != start))
         }
         tree: set[int] = set()
         while frontier:
