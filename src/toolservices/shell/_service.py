@@ -21,7 +21,7 @@ __all__ = ["ShellService"]
 
 #: seconds the supervisor gets beyond a command's own limit to kill its tree and report
 _GRACE = 5.0
-#: the default size cap of a session's workspace (shared with its fork_session copies)
+#: the default size cap of a session's workspace (each fork_session copy has its own)
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
@@ -99,9 +99,11 @@ class ShellService:
       calls allowed to wait before :class:`~toolservices.ExecutorBusyError`.
     * ``max_output``: bytes kept of stdout and of stderr per command.
     * ``max_file_size``: the largest file ``read_file``/``write_file`` move.
-    * ``disk_quota``: bytes a session's workspace may hold (with its copies);
-      ``None`` keeps ``sandbox.disk_quota``. Needs session namespaces (see
-      ``isolation_report()``); without them only ``file_size`` caps each file.
+    * ``disk_quota``: bytes a session's workspace may hold (each copy made by
+      ``fork_session`` has its own); ``None`` keeps ``sandbox.disk_quota``.
+      Needs session namespaces (see ``isolation_report()``); without them
+      only ``file_size`` caps each file. With them every workspace is at one
+      fixed path (``/workspace`` at L3; the report's ``workspace``).
     * ``sandbox``: a :class:`~toolservices.python.SandboxConfig`.
     """
 
@@ -132,6 +134,8 @@ class ShellService:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
             config = dataclasses.replace(config, disk_quota=disk_quota)
+        # every session's workspace at one path (where session namespaces allow it)
+        config = dataclasses.replace(config, fixed_workspace=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
         self._python = PythonExecutorService(
             pool_size=pool_size,
@@ -151,9 +155,6 @@ class ShellService:
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
         self._booted: set[str] = set()
-        # sessions sharing a disk quota with others (forked, or copies): closing one of them
-        # must empty its workspace, which the lineage's tmpfs would otherwise keep
-        self._shared: set[str] = set()
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
     # --- requests ------------------------------------------------------------------
@@ -437,60 +438,63 @@ class ShellService:
 
     # --- sessions ----------------------------------------------------------------------
 
+    # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
+    # the same path), seeded with the source's files by the fork server and then given the
+    # source's shell state, which is text: no memory of the source is needed.
+
     def fork_session(self, src: str, n: int = 1) -> list[str]:
         """``n`` copies of session ``src``: its workspace files and shell state; ``src`` runs on."""
         _check_session(src, required=True)
-        if src not in self._booted:  # a copy must carry a loaded supervisor
-            self._ensure_booted(src)
-        copies = self._python.fork_session(src, n)
-        self._share(src, copies)
+        res, _ = self._request("state", {}, src, self._file_limit())
+        state = str(self._reply(res)["state"])
+        copies = self._python.spawn_with_files(src, n)
+        try:
+            for copy in copies:
+                if state:
+                    res, _ = self._request("adopt", {"state": state}, copy, self._file_limit())
+                    self._adopted(res)
+        except BaseException:
+            for copy in copies:
+                self.close_session(copy)
+            raise
         return copies
 
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
         """Async :meth:`fork_session`."""
         _check_session(src, required=True)
-        if src not in self._booted:
-            res, _ = await self._arequest("workspace", {}, src, self._file_limit())
-            self._reply(res)
-        copies = await self._python.afork_session(src, n)
-        self._share(src, copies)
+        res, _ = await self._arequest("state", {}, src, self._file_limit())
+        state = str(self._reply(res)["state"])
+        copies = await self._python.aspawn_with_files(src, n)
+        try:
+            for copy in copies:
+                if state:
+                    args = {"state": state}
+                    res, _ = await self._arequest("adopt", args, copy, self._file_limit())
+                    self._adopted(res)
+        except BaseException:
+            for copy in copies:
+                await self.aclose_session(copy)
+            raise
         return copies
 
-    def _share(self, src: str, copies: list[str]) -> None:
-        if len(self._shared) > 4 * self.max_sessions:
-            self._shared.clear()  # forgetting only leaves a closed copy's files to its lineage
-        self._shared.update((src, *copies))
-
-    def _ensure_booted(self, src: str) -> None:
-        res, _ = self._request("workspace", {}, src, self._file_limit())
-        self._reply(res)
-
-    def _live(self, session_id: str) -> bool:
-        # a request to a session that is gone would create it: only wipe live ones
-        return session_id in self._python._slots
+    def _adopted(self, res: ExecResult) -> None:
+        reply = self._reply(res)
+        if not reply.get("ok"):
+            raise InfrastructureError(
+                f"fork_session: a copy refused the shell state: {reply.get('message')}",
+                retryable=False,
+            )
 
     def close_session(self, session_id: str) -> bool:
         """Kill every process the session started and free its files; False: no such session."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
-        if session_id in self._shared and self._live(session_id):
-            self._shared.discard(session_id)
-            try:
-                self._request("wipe", {}, session_id, self._file_limit())
-            except InfrastructureError:
-                pass  # closing kills it anyway; only its share of the quota stays taken
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
-        if session_id in self._shared and self._live(session_id):
-            self._shared.discard(session_id)
-            try:
-                await self._arequest("wipe", {}, session_id, self._file_limit())
-            except InfrastructureError:
-                pass
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:

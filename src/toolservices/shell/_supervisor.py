@@ -152,28 +152,16 @@ class Shell:
 
     # --- commands ------------------------------------------------------------------
 
-    def _adopt_fork(self) -> None:
-        """A copy made by fork_session: rewrite the source's workspace path to ours.
+    def adopt(self, state: str) -> dict[str, Any]:
+        """Take a shell state saved by another session (``fork_session``: a fresh copy).
 
-        The spawner and the spare bash belong to the source: forget them (never kill).
+        It is the text the source's own bash wrote; this session's bash runs it
+        with this session's rights, as it would run any command.
         """
-        if os.getpid() == self.pid:
-            return
-        self.pid = os.getpid()
-        here = os.getcwd()
-        if here != self.workspace:
-            self.state = self.state.replace(self.workspace, here)
-            self.workspace = here
-        os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = here
-        if self.pending is not None:
-            self.pending.close()
-            self.pending = None
-        if self.spawner is not None:
-            self.spawner.close()
-            self.spawner = None
-        for fd in self.lingering:
-            os.close(fd)
-        self.lingering = []
+        if not state.endswith(_STATE_END + "\n"):
+            return {"ok": False, "errno": "EINVAL", "message": "not a saved shell state"}
+        self.state = state
+        return {"ok": True}
 
     def _drain_lingering(self, keep: tuple[int, ...] = ()) -> None:
         """Discard what background jobs printed since; close the pipes nobody writes anymore."""
@@ -269,7 +257,6 @@ class Shell:
         stale.close()
 
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
-        self._adopt_fork()
         started = time.monotonic()
         self._drain_lingering()
         spare = self._take_spare()
@@ -408,7 +395,6 @@ class Shell:
     # --- files ---------------------------------------------------------------------
 
     def _path(self, path: str) -> str:
-        self._adopt_fork()
         return os.path.join(self.workspace, path)
 
     def write_file(self, path: str, data_b64: str, mode: int) -> dict[str, Any]:
@@ -467,15 +453,6 @@ class Shell:
             return _error(exc)
         return {"ok": True, "data": base64.b64encode(b"".join(chunks)).decode()}
 
-    def wipe(self) -> dict[str, Any]:
-        """Empty the workspace: a closing copy's files share the lineage's disk quota."""
-        self._adopt_fork()
-        try:
-            _wipe_tree(self.workspace)
-        except OSError as exc:
-            return _error(exc)
-        return {"ok": True}
-
     def list_files(self, path: str, limit: int) -> dict[str, Any]:
         full = self._path(path)
         entries: list[list[Any]] = []
@@ -502,23 +479,6 @@ class Shell:
             return _error(exc)
         entries.sort()
         return {"ok": True, "entries": entries}
-
-
-def _wipe_tree(top: str) -> None:
-    """Delete what is inside ``top``, never following symlinks (shutil's fd-based walk)."""
-    import shutil
-
-    with os.scandir(top) as entries:
-        names = [entry.name for entry in entries]
-    for name in names:
-        path = os.path.join(top, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
 
 def _error(exc: OSError) -> dict[str, Any]:
@@ -722,11 +682,12 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.read_file(args["path"])
     elif op == "list":
         reply = shell.list_files(args["path"], args["limit"])
-    elif op == "wipe":
-        reply = shell.wipe()
     elif op == "workspace":
-        shell._adopt_fork()
         reply = {"ok": True, "workspace": shell.workspace}
+    elif op == "state":
+        reply = {"ok": True, "state": shell.state}
+    elif op == "adopt":
+        reply = shell.adopt(args["state"])
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
     print(json.dumps(reply))

@@ -59,6 +59,9 @@ __all__ = ["ForkServerClient", "SessionHandle", "SessionLost"]
 SERVER_START_TIMEOUT = 60.0
 #: a forked session answers HELLO in milliseconds; this only guards against a wedged server
 SESSION_START_TIMEOUT = 10.0
+#: a session seeded with a copy of another's files says HELLO once the copy is made: a
+#: 1 GiB workspace copies in about a second
+SEED_START_TIMEOUT = 120.0
 #: a KILL sweeps with SIGKILL and reaps; only a process stuck in the kernel could take longer
 KILL_TIMEOUT = 10.0
 #: after closing the control socket the server sweeps and exits; then SIGTERM, then SIGKILL
@@ -287,10 +290,13 @@ class ForkServerClient:
         async with self.lock:
             return await self.request_locked(message, fds)
 
-    async def spawn(self) -> SessionHandle:
+    async def spawn(self, *, seed: SessionHandle | None = None) -> SessionHandle:
+        """A new session; with ``seed`` (a live session) holding a copy of its files."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        source = None if seed is None else seed.workdir
+        fds = (theirs.fileno(), *(() if seed is None else seed.ns_fds))
         try:
-            reply = await self.request(Spawn(), (theirs.fileno(),))
+            reply = await self.request(Spawn(seed=source), fds)
         except BaseException:
             ours.close()
             raise
@@ -299,7 +305,8 @@ class ForkServerClient:
         if reply.workdir is None:
             ours.close()
             raise InfrastructureError("fork server: SPAWN reply without a workdir", retryable=True)
-        return await SessionHandle.connect(self, ours, reply.workdir)
+        limit = SESSION_START_TIMEOUT if seed is None else SEED_START_TIMEOUT
+        return await SessionHandle.connect(self, ours, reply.workdir, start_timeout=limit)
 
     async def kill(self, workdir: str) -> int | None:
         """Kill a session's tree, reap it, delete its directory; its exit status."""
@@ -350,16 +357,22 @@ class SessionHandle:
         self.err_fd = -1
         self.dead = False
         self.calls = 0
+        self.ns_fds: tuple[int, ...] = ()
         server.handles.add(self)
 
     @classmethod
     async def connect(
-        cls, server: ForkServerClient, sock: socket.socket, workdir: str
+        cls,
+        server: ForkServerClient,
+        sock: socket.socket,
+        workdir: str,
+        *,
+        start_timeout: float = SESSION_START_TIMEOUT,
     ) -> SessionHandle:
         """Wait for the worker's HELLO (its pid and its two output memfds)."""
         handle = cls(server, Channel(sock, max_body=MAX_META), workdir)
         try:
-            with anyio.fail_after(SESSION_START_TIMEOUT):
+            with anyio.fail_after(start_timeout):
                 frame = await handle.chan.recv()
             handle._accept_hello(frame)
         except BaseException as exc:
@@ -375,11 +388,12 @@ class SessionHandle:
         fds = frame.fds
         if frame.kind == Kind.ERROR:
             raise ProtocolViolation(f"session set-up failed: {Error.decode(frame).error}")
-        if frame.kind != Kind.HELLO or len(fds) != 2:
+        if frame.kind != Kind.HELLO or len(fds) not in (2, 4):
             for fd in fds:
                 os.close(fd)
             raise ProtocolViolation(f"expected HELLO with 2 descriptors, got kind {frame.kind}")
-        self.out_fd, self.err_fd = fds
+        self.out_fd, self.err_fd = fds[:2]
+        self.ns_fds = tuple(fds[2:])  # its user and mount namespaces: seeds copies (_seed)
         self.pid = int(Hello.decode(frame).pid)
 
     async def kill(self, *, wait: bool = True) -> int | None:
@@ -413,10 +427,11 @@ class SessionHandle:
         self._close_fds()
 
     def _close_fds(self) -> None:
-        for fd in (self.out_fd, self.err_fd):
+        for fd in (self.out_fd, self.err_fd, *self.ns_fds):
             if fd >= 0:
                 os.close(fd)
         self.out_fd = self.err_fd = -1
+        self.ns_fds = ()
 
     def _begin(self, code: str) -> tuple[int, bytes]:
         """The next sequence number and the request body; refuses a broken session."""

@@ -225,6 +225,16 @@ class PythonExecutorService:
         """
         return _portal.run_sync(self._fork_session, _check_session_id(src_session_id), n)
 
+    def spawn_with_files(self, src_session_id: str, n: int = 1) -> list[str]:
+        """``n`` new sessions whose working directory starts as a copy of ``src``'s files.
+
+        Unlike :meth:`fork_session` nothing of the source's memory is copied:
+        each is a fresh interpreter with namespaces, disk quota, process
+        budget and memory group of its own (it shares nothing with the
+        source). No command of the source runs while its files are copied.
+        """
+        return _portal.run_sync(self._spawn_with_files, _check_session_id(src_session_id), n)
+
     def isolation_report(self) -> dict[str, Any]:
         """Which isolation layers the sessions get, and why others are missing."""
         if self._server is not None and self._server.report:
@@ -293,6 +303,10 @@ class PythonExecutorService:
 
     async def afork_session(self, src_session_id: str, n: int = 1) -> list[str]:
         return await self._hop(self._fork_session, _check_session_id(src_session_id), n)
+
+    async def aspawn_with_files(self, src_session_id: str, n: int = 1) -> list[str]:
+        """See :meth:`spawn_with_files`."""
+        return await self._hop(self._spawn_with_files, _check_session_id(src_session_id), n)
 
     async def aclose(self) -> None:
         await self._hop(self._aclose)
@@ -650,6 +664,43 @@ class PythonExecutorService:
                     if slot.handle.dead:  # killed: its next call must say its state is gone
                         slot.handle = None
                         slot.lost = True
+                    raise
+        finally:
+            slot.pending -= 1
+        ids = []
+        for handle in handles:
+            new = _Slot(f"{src}/{uuid.uuid4().hex[:12]}", handle=handle, lost=slot.lost)
+            new.last_used = next(_clock)
+            self._slots[new.id] = new
+            ids.append(new.id)
+        self._bump("forks", n)
+        return ids
+
+    async def _spawn_with_files(self, src: str, n: int) -> list[str]:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(f"spawn_with_files needs n >= 1, got {n!r}")
+        server = await self._ensure_started()
+        slot = self._slots.get(src)
+        if slot is None:
+            raise UserError(f"cannot copy unknown session {src!r}; create it with execute() first")
+        handles: list[SessionHandle] = []
+        slot.pending += 1
+        try:
+            async with slot.gate:  # no call of the source runs while its files are copied
+                if slot.closed:
+                    raise UserError(f"session {src!r} was closed or evicted")
+                if slot.handle is None or slot.handle.dead:
+                    slot.handle = await self._spawn()
+                    server = await self._ensure_started()
+                for _ in range(n - (self.max_sessions - len(self._slots))):
+                    self._evict_one()
+                try:
+                    for _ in range(n):
+                        handles.append(await server.spawn(seed=slot.handle))
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        for handle in handles:
+                            await self._discard(handle)
                     raise
         finally:
             slot.pending -= 1

@@ -33,12 +33,14 @@ from ._linux import (
     load_seccomp,
     set_no_new_privs,
 )
+from ._seed import copy_into, open_seed
 
 __all__ = [
     "STATE_ENV",
     "SessionSetupError",
     "enter_copy",
     "enter_session",
+    "fixed_workspace",
     "landlock_abi",
     "fork_confined",
     "last_enter_seconds",
@@ -213,7 +215,13 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
 
 
 def enter_session_namespaces(
-    *, lineage: str, tmp_size: int, keep: Sequence[str] = (), disk_quota: int | None = None
+    *,
+    lineage: str,
+    tmp_size: int,
+    keep: Sequence[str] = (),
+    disk_quota: int | None = None,
+    workspace: str | None = None,
+    home: str | None = None,
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -228,6 +236,8 @@ def enter_session_namespaces(
     directory, read-only paths such as a virtualenv under ``/tmp``) is bound
     back on top. With ``disk_quota`` the lineage directory itself becomes a
     tmpfs of that size (its files live and die with this mount namespace).
+    With ``workspace`` the session's own directory ``home`` (in the lineage)
+    is also bound on that fixed path, the same in every session.
     The capabilities the new namespace grants are dropped before
     user code runs (seccomp and Landlock, applied after this, deny mounts and
     new namespaces anyway).
@@ -260,6 +270,11 @@ def enter_session_namespaces(
         finally:
             for _path, fd in held:
                 os.close(fd)
+    if workspace:
+        own = home or lineage
+        os.makedirs(own, 0o700, exist_ok=True)  # on the quota's tmpfs when there is one
+        os.makedirs(workspace, 0o755, exist_ok=True)  # L3: bubblewrap made it; L2: in /tmp
+        _mount(own, workspace, None, _MS_BIND, None)
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
@@ -321,13 +336,31 @@ def _load_state() -> dict[str, Any] | None:
     return _state_cache
 
 
-def enter_session(state: dict[str, Any] | None = None, *, workdir: str) -> None:
+def fixed_workspace(state: dict[str, Any] | None = None) -> str | None:
+    """The fixed path every session's directory is bound on, or None (each has its own path)."""
+    state = _load_state() if state is None else state
+    session_ns = None if state is None else state.get("session_ns")
+    return session_ns.get("workspace") if session_ns else None
+
+
+def enter_session(
+    state: dict[str, Any] | None = None,
+    *,
+    workdir: str,
+    home: str | None = None,
+    seed_fd: int | None = None,
+) -> str:
     """Confine the calling process (a freshly forked session) before it runs user code.
 
-    In order: own session (``setsid``), no_new_privs, rlimits with hard =
-    soft, the working directory and ``HOME``/``TMPDIR``, Landlock (writes only
-    in the workdir and the private ``/tmp``, ``/dev/shm``; TCP and signal
-    scoping), and seccomp when the launcher could not apply it. The layer
+    In order: own session (``setsid``), namespaces, the seed copy (``seed_fd``:
+    a directory whose tree becomes the session's files, see ``_seed``),
+    no_new_privs, rlimits with hard = soft, the working directory and
+    ``HOME``/``TMPDIR``, Landlock (writes only in the workdir and the private
+    ``/tmp``, ``/dev/shm``; TCP and signal scoping), and seccomp when the
+    launcher could not apply it. ``workdir`` is the directory the session may
+    write (its lineage), ``home`` its own directory in it (``workdir`` by
+    default); returns where it works: ``home``, or the fixed workspace path
+    that shows it. The layer
     list comes from the server's launch state; ``state`` is only needed when
     the server was not started through ``plan_server_launch`` (the sandbox's
     ``enter_session`` builds it from a ``SandboxConfig``).
@@ -349,13 +382,21 @@ def enter_session(state: dict[str, Any] | None = None, *, workdir: str) -> None:
         except PermissionError:  # already a process-group leader: keep its group
             pass
     session_ns = state.get("session_ns")
+    own = home or workdir
+    fixed = session_ns.get("workspace") if session_ns else None
     if session_ns:  # before the rlimits: a new user namespace starts its own NPROC count
         enter_session_namespaces(
             lineage=workdir,
             tmp_size=session_ns["tmp_size"],
             keep=session_ns.get("keep", ()),
             disk_quota=session_ns.get("disk_quota"),
+            workspace=fixed,
+            home=own,
         )
+    where = fixed or own
+    if seed_fd is not None:  # capabilities dropped already; Landlock would deny the source
+        os.makedirs(own, 0o700, exist_ok=True)
+        copy_into(seed_fd, where)
     set_no_new_privs()
     limits = dict(state["rlimits"])
     headroom = state.get("nproc_headroom")
@@ -367,12 +408,11 @@ def enter_session(state: dict[str, Any] | None = None, *, workdir: str) -> None:
         limits["NPROC"] = state.get("nproc_hidden", 0) + uid_tasks(os.getuid()) + headroom
     apply_rlimits(limits)
     try:
-        os.chdir(workdir)
+        os.makedirs(own, 0o700, exist_ok=True)  # hidden by a disk_quota mount on the lineage
+        os.chdir(where)
     except OSError as exc:
-        raise SessionSetupError(f"cannot enter the session workdir {workdir!r}: {exc}") from exc
-    os.environ["HOME"] = workdir
-    os.environ["TMPDIR"] = workdir
-    os.environ["PWD"] = workdir
+        raise SessionSetupError(f"cannot enter the session workdir {where!r}: {exc}") from exc
+    os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = where
     tempfile_module = sys.modules.get("tempfile")
     if tempfile_module is not None:  # the server may have cached its own temp dir
         tempfile_module.tempdir = None  # type: ignore[attr-defined]
@@ -381,7 +421,7 @@ def enter_session(state: dict[str, Any] | None = None, *, workdir: str) -> None:
         own_tmp = [p for p in SESSION_TMPFS if session_ns and p not in landlock["write"]]
         apply_landlock(
             read=landlock["read"],
-            write=[workdir, *landlock["write"], *own_tmp],
+            write=[workdir, *([fixed] if fixed else []), *landlock["write"], *own_tmp],
             devices=landlock["devices"],
             deny_tcp=landlock["deny_tcp"],
             scope=landlock["scope"],
@@ -391,6 +431,7 @@ def enter_session(state: dict[str, Any] | None = None, *, workdir: str) -> None:
     if program is not None:
         load_seccomp(bytes.fromhex(program))
     last_enter_seconds = time.perf_counter() - started
+    return where
 
 
 def remove_tree(path: str) -> None:
@@ -456,6 +497,7 @@ def fork_confined(
     lineage: str | None = None,
     prepare: Callable[[], None] | None = None,
     failed: Callable[[BaseException], None] | None = None,
+    seed: tuple[str, list[int]] | None = None,
 ) -> int:
     """Fork a session child and confine it: 0 in the child (confined), its pid in the parent.
 
@@ -463,9 +505,13 @@ def fork_confined(
     probe's check and the snippet runner): in the child, die with the parent,
     ``prepare()`` (the caller's own clean-up: descriptors, signals), then
     :func:`enter_session` (which may change identity, hence die-with-parent
-    again), and finally ``chdir`` into ``workdir``. ``lineage`` is the
-    directory the session may write (``workdir`` by default). If any step
-    raises, ``failed(exc)`` reports it and the child exits with status 71.
+    again), and finally ``chdir`` into ``workdir`` (or the fixed workspace
+    path that shows it). ``lineage`` is the directory the session may write
+    (``workdir`` by default). ``seed`` (a live session's workdir, and
+    descriptors of its namespaces or a pidfd of it, see ``_seed``) fills
+    the new session's directory with a copy of that session's files first.
+    If any step raises, ``failed(exc)`` reports it and the child exits with
+    status 71.
     """
     pid = os.fork()
     if pid:
@@ -474,11 +520,21 @@ def fork_confined(
         die_with_parent()  # a parent killed for hanging takes this one along
         if prepare is not None:
             prepare()
-        enter_session(workdir=lineage or workdir)
+        seed_fd = None
+        if seed is not None:  # opened before our own namespaces exist (see _seed)
+            state = _load_state()
+            session_ns = bool(state and state.get("session_ns"))
+            # namespace descriptors come from a session at the fixed workspace (_seed)
+            where = (len(seed[1]) == 2 and fixed_workspace(state)) or seed[0]
+            seed_fd = open_seed(seed[1], where, enter=session_ns)
+            for fd in seed[1]:
+                os.close(fd)
+        try:
+            enter_session(workdir=lineage or workdir, home=workdir, seed_fd=seed_fd)
+        finally:
+            if seed_fd is not None:
+                os.close(seed_fd)
         die_with_parent()  # a change of identity cleared it
-        os.makedirs(workdir, 0o700, exist_ok=True)  # hidden by a disk_quota mount on the lineage
-        os.chdir(workdir)
-        os.environ["HOME"] = os.environ["TMPDIR"] = os.environ["PWD"] = workdir
     except BaseException as exc:  # tell the parent why this session cannot start
         try:
             if failed is not None:

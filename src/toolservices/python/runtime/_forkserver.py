@@ -8,7 +8,9 @@ imports the configured modules once, then
 answers framed requests on its control socket one at a time:
 
 * ``SPAWN`` (with the session's channel end attached): make a private working
-  directory and fork a session worker into it;
+  directory and fork a session worker into it (with ``seed``: a new session
+  whose directory starts as a copy of that live session's files, see
+  ``_seed``);
 * ``KILL``: kill a session's whole process tree, reap it, delete its directory,
   report its exit status; ``DISCARD``: the same without waiting (cleanup
   happens when the kernel reports the death);
@@ -58,6 +60,7 @@ from ._protocol import (
     PeerClosed,
     Ready,
     Release,
+    Spawn,
     recv_frame,
     send_message,
 )
@@ -181,9 +184,29 @@ class ForkServer:
     # --- requests ---------------------------------------------------------------------
 
     def spawn(self, frame: Frame) -> Ok:
-        if len(frame.fds) != 1:
-            raise ValueError("SPAWN needs exactly one channel descriptor")
-        (chan_fd,) = frame.fds
+        """A new session on the attached channel end (then, with a seed: the source's
+        user and mount namespace descriptors, or none: a pidfd of it is taken here)."""
+        if len(frame.fds) not in (1, 3):
+            for fd in frame.fds:
+                os.close(fd)
+            raise ValueError("SPAWN needs one channel descriptor (and two namespaces)")
+        chan_fd, ns = frame.fds[0], list(frame.fds[1:])
+        source = Spawn.decode(frame).seed
+        seed = None
+        try:
+            if source is not None:
+                pid = self.sessions.get(source)
+                if pid is None:
+                    os.close(chan_fd)
+                    raise ValueError("the seed session is not a live session")
+                # a pidfd pins the source: its pid cannot be reused while the copy opens it
+                seed = (source, ns or [os.pidfd_open(pid)])
+            return self._spawn(chan_fd, seed)
+        finally:
+            for fd in seed[1] if seed is not None else ns:
+                os.close(fd)
+
+    def _spawn(self, chan_fd: int, seed: tuple[str, list[int]] | None) -> Ok:
         lineage = tempfile.mkdtemp(prefix="s", dir=self.base)
         workdir = os.path.join(lineage, "w0")
         os.mkdir(workdir, 0o700)
@@ -195,7 +218,7 @@ class ForkServer:
             except OSError:
                 self._release_dir(workdir)
                 raise
-        pid = self._fork_session(chan_fd, lineage, workdir, group)
+        pid = self._fork_session(chan_fd, lineage, workdir, group, seed)
         os.close(chan_fd)
         self.sessions[workdir] = pid
         return Ok(pid=pid, workdir=workdir)
@@ -223,7 +246,14 @@ class ForkServer:
             if self.memcg is not None:
                 self.memcg.remove(os.path.basename(lineage))
 
-    def _fork_session(self, chan_fd: int, lineage: str, workdir: str, group: str | None) -> int:
+    def _fork_session(
+        self,
+        chan_fd: int,
+        lineage: str,
+        workdir: str,
+        group: str | None,
+        seed: tuple[str, list[int]] | None = None,
+    ) -> int:
         """Fork and confine a session (the launch plan put what the layers need in our
         environment); in the child, serve it and never return."""
         chan = socket.socket(fileno=chan_fd)
@@ -243,7 +273,7 @@ class ForkServer:
             message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             send_message(chan, Error(message), 0)
 
-        pid = fork_confined(workdir, lineage=lineage, prepare=prepare, failed=failed)
+        pid = fork_confined(workdir, lineage=lineage, prepare=prepare, failed=failed, seed=seed)
         if pid == 0:
             serve_session(chan, max_output=self.max_output, busy_poll=self.busy_poll)
         chan.detach()  # the descriptor is closed by the caller

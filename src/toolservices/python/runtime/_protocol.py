@@ -277,9 +277,13 @@ class Config(Message):
 
 @dataclass
 class Spawn(Message):
-    """parent -> fork server: fork a session onto the attached channel end."""
+    """parent -> fork server: fork a session onto the attached channel end.
+
+    ``seed``: the workdir of a live session whose files the new one starts with.
+    """
 
     KIND = Kind.SPAWN
+    seed: str | None = None
 
 
 @dataclass

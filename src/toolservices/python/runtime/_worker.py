@@ -31,7 +31,7 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from ._confine import enter_copy
+from ._confine import enter_copy, fixed_workspace
 from ._linux import die_with_parent, libc, set_subreaper
 from ._protocol import (
     EXIT_BROKEN,
@@ -227,8 +227,18 @@ class _Worker:
         self.err = _text_stream(self.err_raw, line_buffering=False)
         self.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives with the worker
 
-    def hello(self) -> None:
-        send_message(self.chan, Hello(self.pid), 0, (self.out_fd, self.err_fd))
+    def hello(self, *, namespaces: bool = True) -> None:
+        """Say HELLO with the output memfds and, in a session of its own at the fixed
+        workspace, descriptors of its user and mount namespaces (``spawn_with_files``)."""
+        extra: list[int] = []
+        try:
+            if namespaces and fixed_workspace():
+                for name in ("user", "mnt"):
+                    extra.append(os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC))
+            send_message(self.chan, Hello(self.pid), 0, (self.out_fd, self.err_fd, *extra))
+        finally:
+            for fd in extra:
+                os.close(fd)
 
     def _own_fds_intact(self) -> bool:
         try:
@@ -419,7 +429,7 @@ class _Worker:
         os.close(self.out_fd)
         os.close(self.err_fd)
         self._new_outputs()
-        self.hello()
+        self.hello(namespaces=False)  # its namespaces are the source's
 
     # --- loop -------------------------------------------------------------------
 

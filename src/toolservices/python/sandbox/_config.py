@@ -16,9 +16,21 @@ from typing import Any
 from toolservices.errors import UserError
 from toolservices.python.runtime import STATE_ENV
 
-__all__ = ["LEVELS", "SandboxConfig", "check_config", "default_config", "fast_tmp_dir"]
+__all__ = [
+    "LEVELS",
+    "WORKSPACE",
+    "WORKSPACE_L2",
+    "SandboxConfig",
+    "check_config",
+    "default_config",
+    "fast_tmp_dir",
+]
 
 LEVELS = ("L0", "L1", "L2", "L3")
+#: where ``fixed_workspace`` shows each session's directory when bubblewrap builds the root
+WORKSPACE = "/workspace"
+#: the same on the host's root (L2), where only the session's private /tmp is its own
+WORKSPACE_L2 = "/tmp/workspace"
 _MiB = 1 << 20
 _GiB = 1 << 30
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -54,6 +66,11 @@ class SandboxConfig:
     ``disk_quota`` (bytes; needs session namespaces) mounts a private tmpfs of
     that size over each session's directory, shared with its fork_session
     copies: a full disk is ENOSPC for the session, never the host's.
+    ``fixed_workspace`` (needs session namespaces) shows each session's
+    directory at one fixed path, its working directory and ``HOME``:
+    :data:`WORKSPACE` (``/workspace``) at L3, :data:`WORKSPACE_L2`
+    (``/tmp/workspace``) at L2, where the host's root has no such directory;
+    the report's ``workspace`` says which (None: each session has its own path).
     """
 
     memory_limit: int | None = 2 * _GiB
@@ -79,6 +96,7 @@ class SandboxConfig:
     session_namespaces: bool = True
     memory_cgroup: bool = True
     disk_quota: int | None = None
+    fixed_workspace: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []

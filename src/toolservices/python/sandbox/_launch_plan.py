@@ -146,10 +146,12 @@ def session_state(
     seccomp_hex: str | None = None,
     session_ns: bool = False,
     keep: list[str] | None = None,
+    workspace: str | None = None,
 ) -> dict[str, Any]:
     """What each session applies to itself (serialised into the server's environment).
 
-    ``keep``: paths the session's own /tmp and /dev/shm must not hide.
+    ``keep``: paths the session's own /tmp and /dev/shm must not hide;
+    ``workspace``: the fixed path of every session's directory (needs ``session_ns``).
     """
     rlimits = {**config_rlimits(config), "NPROC": None}
     return {
@@ -157,6 +159,7 @@ def session_state(
             "tmp_size": config.tmp_size,
             "keep": list(keep or ()),
             "disk_quota": getattr(config, "disk_quota", None),
+            "workspace": workspace,
         }
         if session_ns
         else None,

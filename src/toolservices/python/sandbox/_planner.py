@@ -31,7 +31,7 @@ from toolservices.python.runtime import STATE_ENV, landlock_abi, remove_tree
 from toolservices.python.runtime import uid_tasks as _uid_tasks_here
 from toolservices.python.sandbox import _memcg
 from toolservices.python.sandbox import _probe as probe_mod
-from toolservices.python.sandbox._config import LEVELS, SandboxConfig
+from toolservices.python.sandbox._config import LEVELS, WORKSPACE, WORKSPACE_L2, SandboxConfig
 from toolservices.python.sandbox._launch_plan import (
     _INSIDE_BASE,
     WORKDIR_BASE_PLACEHOLDER,
@@ -117,6 +117,7 @@ def _bwrap_args(
     seccomp: bool,
     session_ns: bool = False,
     memcg_dir: str | None = None,
+    workspace: str | None = None,
 ) -> list[str]:
     args = [bwrap, "--unshare-all", "--unshare-user"]
     if config.network:
@@ -147,6 +148,8 @@ def _bwrap_args(
         if real != path and os.path.islink(path):  # e.g. /etc/localtime -> zoneinfo
             args += ["--symlink", os.readlink(path), path]
     args += ["--bind", host_base, _INSIDE_BASE, "--chdir", _INSIDE_BASE]
+    if workspace is not None:  # the mount point each session binds its directory on
+        args += ["--dir", workspace]
     if memcg_dir is not None:  # the fork server makes the sessions' groups in it
         args += ["--bind", memcg_dir, _memcg.INSIDE]
     if seccomp:
@@ -378,6 +381,7 @@ def _choose(
             seccomp_hex=attempt.seccomp_hex if attempt.session_ns else None,
             session_ns=attempt.session_ns,
             keep=[os.path.realpath(p) for p in ro_paths],
+            workspace=_workspace(attempt, config),
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
@@ -436,6 +440,7 @@ def _choose(
             python=python,
             bwrap=attempt.bwrap,
         )
+        report["workspace"] = _workspace(attempt, config)
         report["layers"]["memory_cgroup"] = layer = _memcg_layer(
             config, run_memcg, memcg_why, attempt
         )
@@ -457,6 +462,13 @@ def _choose(
         )
     reasons = "; ".join(f"{f['level']}: {f['error']}" for f in fallbacks)
     raise SandboxUnavailableError(f"no isolation level could be started here ({reasons})")
+
+
+def _workspace(attempt: _Attempt, config: SandboxConfig) -> str | None:
+    """The fixed workspace path at this level (None: each session has its own path)."""
+    if not config.fixed_workspace or not attempt.session_ns:
+        return None
+    return WORKSPACE if attempt.bwrap else WORKSPACE_L2
 
 
 def _memcg_layer(
@@ -524,6 +536,7 @@ def _spec_command(
             seccomp=attempt.seccomp_hex is not None and not attempt.session_ns,
             session_ns=attempt.session_ns,
             memcg_dir=memcg_dir,
+            workspace=_workspace(attempt, config) if attempt.bwrap else None,
         )
     else:
         argv = command

@@ -1,0 +1,259 @@
+"""Seeding a new session's working directory with a copy of another session's files.
+
+Runtime side, standard library only. A session made this way is a fresh
+session (its own namespaces, disk quota and working directory), not a fork of
+the source: only the files travel. The source's directory lives in the
+source's own mount namespace (a private tmpfs), so it is reached like this:
+
+1. the fork server forks the new session with descriptors of the source's
+   user and mount namespaces (which the source's worker handed the parent in
+   its HELLO, before any user code ran: a non-dumpable process's
+   namespaces cannot be opened from outside), or else a pidfd of the source;
+2. before the new session makes its own namespaces, it forks a short-lived
+   helper that enters the source's user and mount namespaces (it may: the
+   same uid owns them and it is still in their parent user namespace), opens
+   the source's directory and passes that one descriptor back, then exits;
+3. the new session makes its namespaces, drops its capabilities and, before
+   its Landlock and seccomp layers, copies the tree from that descriptor into
+   its own directory (:func:`copy_into`), then closes it. User code never
+   sees the descriptor.
+
+The copy resolves every name relative to an open directory with no symlink
+followed (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``, or one
+component at a time with ``O_NOFOLLOW``): a planted ``ln -s /etc x`` is
+copied as a symlink, never read through, so a copy gets no file its own
+shell could not read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import socket
+import stat
+
+from ._linux import SetupError, check, die_with_parent, libc
+
+__all__ = ["copy_into", "open_seed"]
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_SYS_OPENAT2 = 437  # the same on every architecture (a "new" syscall number)
+_RESOLVE_NO_XDEV = 0x01
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_openat2_works = True
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
+    """A read-only descriptor of directory ``path`` as the source session sees it.
+
+    ``ns``: descriptors of the source's user and mount namespaces, or one
+    pidfd of it. With ``enter`` a helper process joins those namespaces to
+    open it (the caller must still be in their parent user namespace);
+    without, the path is opened here (a shared namespace).
+    """
+    if not enter:
+        return os.open(path, _DIR_FLAGS)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # the helper: never returns
+        try:
+            ours.close()
+            die_with_parent()
+            if len(ns) == 2:  # the user namespace first: it grants the right to the other
+                check(libc().setns(ns[0], _CLONE_NEWUSER), "setns(the source's user namespace)")
+                check(libc().setns(ns[1], _CLONE_NEWNS), "setns(the source's mount namespace)")
+            else:
+                check(libc().setns(ns[0], _CLONE_NEWUSER | _CLONE_NEWNS), "setns(source pidfd)")
+            fd = os.open(path, _DIR_FLAGS)
+            socket.send_fds(theirs, [b"k"], [fd])
+        except BaseException as exc:
+            try:
+                theirs.sendall(b"e" + f"{type(exc).__name__}: {exc}".encode()[:400])
+            finally:
+                os._exit(1)
+        os._exit(0)
+    theirs.close()
+    try:
+        message, fds, _flags, _addr = socket.recv_fds(ours, 512, 1)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    if not fds:
+        why = message[1:].decode("utf-8", "replace") or "the helper died"
+        raise SetupError(f"cannot open the source session's directory: {why}")
+    return fds[0]
+
+
+def _open_beneath(root: int, rel: str, flags: int) -> int:
+    """Open ``rel`` (a relative path of directories) below ``root`` following no symlink."""
+    global _openat2_works
+    if not rel:
+        return os.open(".", flags, dir_fd=root)
+    if _openat2_works:
+        how = _OpenHow(
+            flags,
+            0,
+            _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV,
+        )
+        path = rel.encode("utf-8", "surrogateescape")
+        lib = libc()
+        fd = lib.syscall(_SYS_OPENAT2, root, path, ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return int(fd)
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.E2BIG, errno.EAGAIN):
+            raise OSError(err, os.strerror(err), rel)
+        if err != errno.EAGAIN:
+            _openat2_works = False
+    current = os.open(".", _DIR_FLAGS, dir_fd=root)  # one component at a time
+    try:
+        for part in rel.split("/"):
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=current)
+            os.close(current)
+            current = nxt
+    except BaseException:
+        os.close(current)
+        raise
+    return current
+
+
+def _copy_file(src_dir: int, dst_dir: int, name: str, info: os.stat_result) -> bool:
+    """Copy one regular file (holes stay holes; mode and times kept); False: skipped."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        src = os.open(name, flags, dir_fd=src_dir)
+    except PermissionError:
+        return False  # unreadable to the session itself
+    try:
+        now = os.fstat(src)
+        if not stat.S_ISREG(now.st_mode):  # swapped for a FIFO or a device meanwhile
+            return False
+        mode = stat.S_IMODE(info.st_mode)
+        create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        dst = os.open(name, create, 0o600, dir_fd=dst_dir)
+        try:
+            size, pos = now.st_size, 0
+            while pos < size:
+                try:
+                    start = os.lseek(src, pos, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # only a hole is left
+                        break
+                    raise
+                end = os.lseek(src, start, os.SEEK_HOLE)
+                os.lseek(dst, start, os.SEEK_SET)
+                offset = start
+                while offset < end:
+                    sent = os.sendfile(dst, src, offset, end - offset)
+                    if sent == 0:  # the source shrank meanwhile
+                        end = offset
+                        break
+                    offset += sent
+                pos = end
+            os.ftruncate(dst, size)
+            os.fchmod(dst, mode)
+            os.utime(dst, ns=(now.st_atime_ns, now.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return True
+
+
+def copy_into(src_root: int, dst_path: str) -> None:
+    """Copy the tree below directory descriptor ``src_root`` into directory ``dst_path``.
+
+    Regular files (content with holes, permission bits, times), directories
+    (permission bits, applied last so that a 0o500 one is still filled) and
+    symlinks (as links, never followed); hard links within the tree stay
+    links. FIFOs, sockets and devices are skipped, and so is what the source
+    made unreadable to itself. Iterative and by relative names: deep trees
+    hold two descriptors at a time.
+    """
+    dst_root = os.open(dst_path, _DIR_FLAGS)
+    try:
+        links: dict[tuple[int, int], str] = {}
+        dirs: list[tuple[str, int, int]] = []  # relative path, mode, mtime_ns (set at the end)
+        pending = [""]
+        while pending:
+            rel = pending.pop()
+            try:
+                src_dir = _open_beneath(src_root, rel, _DIR_FLAGS)
+            except PermissionError:
+                continue
+            try:
+                dst_dir = _open_beneath(dst_root, rel, _DIR_FLAGS)
+                try:
+                    _copy_dir(src_dir, dst_dir, dst_root, rel, links, dirs, pending)
+                finally:
+                    os.close(dst_dir)
+            finally:
+                os.close(src_dir)
+        for rel, mode, mtime in reversed(dirs):  # deepest first
+            fd = _open_beneath(dst_root, rel, _DIR_FLAGS)
+            try:
+                os.fchmod(fd, mode)
+                os.utime(fd, ns=(mtime, mtime))
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dst_root)
+
+
+def _copy_dir(
+    src_dir: int,
+    dst_dir: int,
+    dst_root: int,
+    rel: str,
+    links: dict[tuple[int, int], str],
+    dirs: list[tuple[str, int, int]],
+    pending: list[str],
+) -> None:
+    with os.scandir(src_dir) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        child = f"{rel}/{name}" if rel else name
+        try:
+            _copy_entry(src_dir, dst_dir, dst_root, name, child, links, dirs, pending)
+        except (FileNotFoundError, PermissionError):
+            continue  # gone meanwhile, or closed to the session itself
+
+
+def _copy_entry(
+    src_dir: int,
+    dst_dir: int,
+    dst_root: int,
+    name: str,
+    child: str,
+    links: dict[tuple[int, int], str],
+    dirs: list[tuple[str, int, int]],
+    pending: list[str],
+) -> None:
+    info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
+    kind = info.st_mode
+    if stat.S_ISLNK(kind):
+        os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
+    elif stat.S_ISDIR(kind):
+        os.mkdir(name, 0o700, dir_fd=dst_dir)
+        dirs.append((child, stat.S_IMODE(kind), info.st_mtime_ns))
+        pending.append(child)
+    elif stat.S_ISREG(kind):
+        key = (info.st_dev, info.st_ino)
+        first = links.get(key) if info.st_nlink > 1 else None
+        if first is not None:
+            try:  # within the copy's own new tree, which nothing else can touch yet
+                os.link(first, child, src_dir_fd=dst_root, dst_dir_fd=dst_root)
+                return
+            except OSError:
+                pass  # (a path beyond PATH_MAX): a copy of its own instead
+        if _copy_file(src_dir, dst_dir, name, info) and info.st_nlink > 1:
+            links[key] = child
