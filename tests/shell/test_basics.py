@@ -139,17 +139,6 @@ async def test_async_faces(shell: ShellService, sid: str) -> None:
     assert await shell.aclose_session(sid) is True
 
 
-def test_fork_rewrites_the_workspace_path_in_the_state(shell: ShellService, sid: str) -> None:
-    shell.run('mkdir -p a/b && cd a/b && export WHERE="$PWD"', session_id=sid)
-    (copy,) = shell.fork_session(sid, 1)
-    here = shell.workspace(copy)
-    assert here != shell.workspace(sid)
-    res = shell.run('pwd; echo "$WHERE"; echo x > f', session_id=copy)
-    assert res.stdout == f"{here}/a/b\n{here}/a/b\n", res
-    assert shell.run("ls", session_id=sid).stdout == ""  # the source's a/b is untouched
-    shell.close_session(copy)
-
-
 def test_eviction_says_restarted() -> None:
     with ShellService(pool_size=1, timeout=10.0, max_sessions=1, spares=0) as small:
         small.run("export A=1; echo x > f", session_id="one")
@@ -185,17 +174,6 @@ async def test_busy_service_raises_executor_busy() -> None:
                 tg.start_soon(call, i)
         busy = [o for o in outcomes if isinstance(o, ExecutorBusyError)]
         assert busy and all(b.retryable for b in busy)
-
-
-def test_closing_copies_frees_their_share_of_the_quota() -> None:
-    """Copies live in their source's quota: closing one gives its space back at once."""
-    with ShellService(pool_size=1, timeout=20.0, disk_quota=24 << 20) as small:
-        assert small.run("head -c 8M /dev/zero > blob && echo ok", session_id="src").success
-        for _ in range(4):  # 4 x 8 MB of copies would not fit in 24 MB without the wipe
-            (copy,) = small.fork_session("src", 1)
-            assert small.run("ls", session_id=copy).stdout == "blob\n"
-            assert small.close_session(copy) is True
-        assert small.close_session("never-was") is False
 
 
 def test_background_job_printing_later_is_not_killed(shell: ShellService, sid: str) -> None:

@@ -251,7 +251,7 @@ CASES: dict[str, Case] = {
     # bash's parent once started: the session's supervisor, outside the commands' domain
     "kill-supervisor": Case("kill -9 $(ps -o ppid= $$)", lambda r: "not permitted" in r.stderr),
     "kill-earlier-job": Case(
-        "sleep 60 & echo $! > ../job.pid; kill $(cat ../job.pid) && echo killed",
+        "sleep 60 & echo $! > /tmp/job.pid; kill $(cat /tmp/job.pid) && echo killed",
         lambda r: r.stdout == "killed\n",
     ),
     "kill-fork-server": Case("kill -9 1 2 2>&1", lambda r: "not permitted" in r.stdout),
@@ -369,14 +369,22 @@ def test_write_outside_the_workspace_is_refused(shell: ShellService, path: str) 
 
 
 def test_dotdot_stays_in_the_sessions_own_disk(shell: ShellService) -> None:
-    """``..`` from the workspace reaches the session's own quota'd directory, never the host's."""
+    """``..`` from the workspace reaches the session's own quota'd directory or the sandbox's
+    read-only root (with a fixed workspace path), never the host's."""
     sid, other = new_sid(), new_sid()
-    shell.write_file("../escape.txt", "mine", session_id=sid)
-    assert shell.read_file("../escape.txt", session_id=sid) == "mine"
-    with pytest.raises(ShellFileError):
-        shell.read_file("../escape.txt", session_id=other)
-    base = os.path.dirname(os.path.dirname(shell.workspace(sid)))
-    assert not any(p.name == "escape.txt" for p in Path("/").glob(base.lstrip("/") + "/*/*"))
+    fixed = shell.isolation_report().get("workspace")
+    if fixed is not None:  # the parent of /workspace is the read-only root
+        with pytest.raises(ShellFileError) as info:
+            shell.write_file("../escape.txt", "mine", session_id=sid)
+        assert info.value.reason in ("EACCES", "EROFS", "EPERM")
+        assert not shell.run("echo x > ../escape.txt", session_id=sid).success
+    else:
+        shell.write_file("../escape.txt", "mine", session_id=sid)
+        assert shell.read_file("../escape.txt", session_id=sid) == "mine"
+        with pytest.raises(ShellFileError):
+            shell.read_file("../escape.txt", session_id=other)
+        base = os.path.dirname(os.path.dirname(shell.workspace(sid)))
+        assert not any(p.name == "escape.txt" for p in Path("/").glob(base.lstrip("/") + "/*/*"))
     shell.close_session(sid)
     shell.close_session(other)
 
@@ -385,13 +393,17 @@ def test_other_sessions_workspace_is_closed(shell: ShellService) -> None:
     a, b = new_sid(), new_sid()
     shell.write_file("mine.txt", "A", session_id=a)
     where = shell.workspace(a)
-    with pytest.raises(ShellFileError):
-        shell.read_file(f"{where}/mine.txt", session_id=b)
-    with pytest.raises(ShellFileError):
-        shell.write_file(f"{where}/mine.txt", "B", session_id=b)
-    with pytest.raises(ShellFileError):
-        shell.list_files(where, session_id=b)
-    assert not shell.run(f"cat {where}/mine.txt", session_id=b).success
+    # with a fixed workspace path it names b's own workspace: a's is in a's mount namespace
+    for path in (f"{where}/mine.txt", f"/proc/1/root{where}/mine.txt"):
+        with pytest.raises(ShellFileError):
+            shell.read_file(path, session_id=b)
+    if where != shell.workspace(b):
+        with pytest.raises(ShellFileError):
+            shell.write_file(f"{where}/mine.txt", "B", session_id=b)
+        with pytest.raises(ShellFileError):
+            shell.list_files(where, session_id=b)
+    probe = f"cat {where}/mine.txt /proc/[0-9]*/root{where}/mine.txt /proc/[0-9]*/cwd/mine.txt"
+    assert "A" not in shell.run(f"{probe} 2>/dev/null", session_id=b).stdout
     shell.run(f"ln -s {where}/mine.txt l", session_id=b)
     with pytest.raises(ShellFileError):
         shell.read_file("l", session_id=b)

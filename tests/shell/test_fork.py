@@ -1,0 +1,206 @@
+"""The workspace's fixed path, and fork_session: fresh sessions seeded with the source's files
+and shell state (own namespaces, own quota, nothing shared with the source afterwards)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from toolservices.shell import ShellFileError, ShellService
+
+#: the processes of the calling shell's own mount namespace (other sessions' are closed to it)
+_OWN_PROCESSES = (
+    'me=$(readlink /proc/self/ns/mnt); for p in /proc/[0-9]*; do '
+    '[ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$me" ] && tr "\\0" " " < "$p/cmdline" && echo; '
+    "done"
+)
+
+
+def new_sid() -> str:
+    return f"f-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def fixed(shell: ShellService) -> str:
+    """The fixed workspace path; these tests need session namespaces to have one."""
+    where = shell.isolation_report().get("workspace")
+    if where is None:
+        pytest.skip("no session namespaces here: each workspace has its own path")
+    return str(where)
+
+
+@pytest.fixture
+def src(shell: ShellService) -> Iterator[str]:
+    sid = new_sid()
+    yield sid
+    shell.close_session(sid)
+
+
+def test_workspace_is_at_the_same_path_in_fresh_sessions_and_copies(
+    shell: ShellService, fixed: str, src: str
+) -> None:
+    other = new_sid()
+    shell.write_file("note.txt", "from the tool", session_id=src)
+    (copy,) = shell.fork_session(src, 1)
+    for sid in (src, other, copy):
+        assert shell.workspace(sid) == fixed
+        res = shell.run('pwd; echo "$HOME"; echo "$TMPDIR"', session_id=sid)
+        assert res.stdout == f"{fixed}\n" * 3, res
+    # relative paths of the file tools resolve there, in each session its own files
+    assert shell.run(f"cat {fixed}/note.txt", session_id=copy).stdout == "from the tool"
+    shell.write_file("sub/x.txt", "copy", session_id=copy)
+    assert shell.read_file(f"{fixed}/sub/x.txt", session_id=copy) == "copy"
+    with pytest.raises(ShellFileError):
+        shell.read_file("sub/x.txt", session_id=src)
+    with pytest.raises(ShellFileError):
+        shell.read_file("note.txt", session_id=other)
+    shell.close_session(other)
+    shell.close_session(copy)
+
+
+def test_copy_has_the_files_cwd_variables_functions_aliases_and_options(
+    shell: ShellService, src: str
+) -> None:
+    setup = (
+        "mkdir -p a/b && echo v1 > a/b/f.txt && cd a/b && export V=1 && LOCAL=2 && "
+        "greet() { echo \"hi $1\"; } && alias ll='echo aliased' && set -o noclobber && "
+        "shopt -s extglob"
+    )
+    assert shell.run(setup, session_id=src).success
+    copies = shell.fork_session(src, 2)
+    for copy in copies:
+        res = shell.run(
+            'pwd; cat f.txt; echo "$V $LOCAL"; greet you; alias ll; '
+            "[[ -o noclobber ]] && echo noclobber; shopt -q extglob && echo extglob",
+            session_id=copy,
+        )
+        assert res.stdout == (
+            f"{shell.workspace(copy)}/a/b\nv1\n1 2\nhi you\nalias ll='echo aliased'\nnoclobber\nextglob\n"
+        ), res
+        assert not res.restarted
+        shell.close_session(copy)
+
+
+def test_writes_are_seen_by_nobody_else(shell: ShellService, src: str) -> None:
+    shell.run("echo base > f", session_id=src)
+    left, right = shell.fork_session(src, 2)
+    shell.run("echo left > f; echo l > only-left", session_id=left)
+    shell.run("echo right > f; rm -f only-left", session_id=right)
+    shell.run("echo source > f; echo s > only-source", session_id=src)
+    assert shell.run("cat f; ls", session_id=left).stdout == "left\nf\nonly-left\n"
+    assert shell.run("cat f; ls", session_id=right).stdout == "right\nf\n"
+    assert shell.run("cat f; ls", session_id=src).stdout == "source\nf\nonly-source\n"
+    shell.close_session(left)
+    shell.close_session(right)
+
+
+def test_each_copy_has_its_own_disk_quota(fixed: str) -> None:
+    with ShellService(pool_size=2, timeout=20.0, disk_quota=24 << 20) as small:
+        assert small.run("head -c 8M /dev/zero > blob && echo ok", session_id="src").success
+        one, two = small.fork_session("src", 2)
+        full = small.run("head -c 30M /dev/zero > fill", session_id=one)
+        assert not full.success and "No space left" in full.stderr, full
+        # the others still have their 16 MB of room: nothing of the quota is shared
+        for sid in ("src", two):
+            res = small.run("head -c 12M /dev/zero > more && echo ok", session_id=sid)
+            assert res.stdout == "ok\n", res
+        # and a copy of a session holding more than half the quota works (it was ENOSPC)
+        (three,) = small.fork_session(two, 1)
+        assert small.run("du -sm blob more | cut -f1", session_id=three).stdout == "8\n12\n"
+
+
+def test_closing_the_source_leaves_the_copies_alone(shell: ShellService) -> None:
+    source = new_sid()
+    shell.run("echo kept > f && export K=1", session_id=source)
+    (copy,) = shell.fork_session(source, 1)
+    assert shell.close_session(source) is True
+    assert shell.run('cat f; echo "$K"', session_id=copy).stdout == "kept\n1\n"
+    assert shell.close_session(copy) is True
+    assert shell.close_session(copy) is False
+
+
+def test_background_processes_are_not_copied(shell: ShellService, fixed: str, src: str) -> None:
+    shell.run("sleep 300 &", session_id=src)
+    assert "sleep 300" in shell.run(_OWN_PROCESSES, session_id=src).stdout
+    (copy,) = shell.fork_session(src, 1)
+    assert "sleep" not in shell.run(_OWN_PROCESSES, session_id=copy).stdout
+    shell.close_session(copy)
+
+
+def test_copy_keeps_modes_links_holes_and_times(fixed: str) -> None:
+    setup = (
+        "printf '#!/bin/sh\\necho ran\\n' > run.sh && chmod 750 run.sh && "
+        "echo data > a && ln a hard && truncate -s 48M sparse && echo tail >> sparse && "
+        "touch -d 2001-02-03T04:05:06 old && mkdir ro && echo in > ro/x && chmod 500 ro && "
+        "mkfifo pipe && echo secret > closed && chmod 000 closed"
+    )
+    with ShellService(pool_size=2, timeout=20.0, disk_quota=16 << 20) as small:
+        assert small.run(setup, session_id="src").success
+        (copy,) = small.fork_session("src", 1)  # 48 MB sparse in a 16 MB quota: holes stay
+        res = small.run(
+            "./run.sh; stat -c '%a %h %n' run.sh a hard ro; cat ro/x; "
+            "date -u -r old +%Y-%m-%dT%H:%M:%S; tail -c 5 sparse; ls pipe closed 2>&1 | sort",
+            session_id=copy,
+        )
+        assert res.stdout.splitlines() == [
+            "ran",
+            "750 1 run.sh",
+            "644 2 a",
+            "644 2 hard",
+            "500 2 ro",
+            "in",
+            "2001-02-03T04:05:06",
+            "tail",
+            "ls: cannot access 'closed': No such file or directory",
+            "ls: cannot access 'pipe': No such file or directory",
+        ], res
+
+
+@pytest.mark.parametrize(
+    ("link", "target"),
+    [("shadow", "/etc/shadow"), ("root", "/"), ("proc", "/proc/1/root"), ("bin", "/usr/bin")],
+)
+def test_symlinks_are_copied_as_links_never_followed(
+    shell: ShellService, src: str, link: str, target: str
+) -> None:
+    shell.run(f"ln -s {target} {link}", session_id=src)
+    (copy,) = shell.fork_session(src, 1)
+    res = shell.run(f"readlink {link}; [ -L {link} ] && echo link", session_id=copy)
+    assert res.stdout == f"{target}\nlink\n", res
+    # through the link the copy reaches what its own shell reaches: the same as a fresh one
+    probe = f"cat {link} 2>&1 | head -c 200; ls {link}/ 2>&1 | head -5"
+    fresh = new_sid()
+    shell.run(f"ln -s {target} {link}", session_id=fresh)
+    assert shell.run(probe, session_id=copy).stdout == shell.run(probe, session_id=fresh).stdout
+    if link == "shadow":
+        with pytest.raises(ShellFileError):
+            shell.read_file(link, session_id=copy)
+    shell.close_session(fresh)
+    shell.close_session(copy)
+
+
+def test_a_copy_cannot_reach_the_source(shell: ShellService, fixed: str, src: str) -> None:
+    """No path, descriptor or process of the source is left to a copy."""
+    shell.run("sleep 300 &", session_id=src)
+    (copy,) = shell.fork_session(src, 1)
+    shell.run("echo after-the-fork > f", session_id=src)
+    res = shell.run(
+        f"ls -l /proc/self/fd/ | grep -e {fixed} -e sandbox; "
+        f"for p in /proc/[0-9]*; do cat $p/root{fixed}/f $p/cwd/f 2>/dev/null; done; echo end",
+        session_id=copy,
+    )
+    assert res.stdout == "end\n", res
+    shell.run("echo changed > f", session_id=copy)
+    assert shell.run("cat f", session_id=src).stdout == "after-the-fork\n"
+    shell.close_session(copy)
+
+
+async def test_async_fork(shell: ShellService, src: str) -> None:
+    await shell.arun("cd /tmp && export A=1 && echo x > $HOME/f", session_id=src)
+    copies = await shell.afork_session(src, 2)
+    for copy in copies:
+        res = await shell.arun('pwd; echo "$A"; cat ~/f', session_id=copy)
+        assert res.stdout == "/tmp\n1\nx\n", res
+        assert await shell.aclose_session(copy) is True
