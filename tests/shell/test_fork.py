@@ -3,16 +3,18 @@ and shell state (own namespaces, own quota, nothing shared with the source after
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from toolservices.python.sandbox import default_config
 from toolservices.shell import ShellFileError, ShellService
 
 #: the processes of the calling shell's own mount namespace (other sessions' are closed to it)
 _OWN_PROCESSES = (
-    'me=$(readlink /proc/self/ns/mnt); for p in /proc/[0-9]*; do '
+    "me=$(readlink /proc/self/ns/mnt); for p in /proc/[0-9]*; do "
     '[ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$me" ] && tr "\\0" " " < "$p/cmdline" && echo; '
     "done"
 )
@@ -76,9 +78,15 @@ def test_copy_has_the_files_cwd_variables_functions_aliases_and_options(
             "[[ -o noclobber ]] && echo noclobber; shopt -q extglob && echo extglob",
             session_id=copy,
         )
-        assert res.stdout == (
-            f"{shell.workspace(copy)}/a/b\nv1\n1 2\nhi you\nalias ll='echo aliased'\nnoclobber\nextglob\n"
-        ), res
+        assert res.stdout.splitlines() == [
+            f"{shell.workspace(copy)}/a/b",
+            "v1",
+            "1 2",
+            "hi you",
+            "alias ll='echo aliased'",
+            "noclobber",
+            "extglob",
+        ], res
         assert not res.restarted
         shell.close_session(copy)
 
@@ -204,3 +212,29 @@ async def test_async_fork(shell: ShellService, src: str) -> None:
         res = await shell.arun('pwd; echo "$A"; cat ~/f', session_id=copy)
         assert res.stdout == "/tmp\n1\nx\n", res
         assert await shell.aclose_session(copy) is True
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [({"bwrap": False}, "/tmp/workspace"), ({"session_namespaces": False}, None)],
+    ids=["L2", "no-session-namespaces"],
+)
+def test_workspace_path_at_other_levels(changes: dict[str, object], expected: str | None) -> None:
+    """L2 has no /workspace mount point (the host's root): /tmp/workspace, in the session's
+    own /tmp. Without session namespaces each workspace has its own path, and a copy's state
+    has the source's path rewritten to its own."""
+    config = dataclasses.replace(default_config(), **changes)  # type: ignore[arg-type]
+    with ShellService(pool_size=2, timeout=10.0, sandbox=config) as svc:
+        report = svc.isolation_report()
+        if expected is not None and not report["layers"]["session_namespaces"]["active"]:
+            pytest.skip("no session namespaces here")
+        assert report.get("workspace") == expected
+        svc.run('mkdir -p a/b && cd a/b && echo hi > f && export WHERE="$PWD"', session_id="s")
+        (copy,) = svc.fork_session("s", 1)
+        here = svc.workspace(copy)
+        assert (here == svc.workspace("s")) == (expected is not None)
+        if expected is not None:
+            assert here == expected
+        res = svc.run('pwd; echo "$WHERE"; cat f; echo x > g', session_id=copy)
+        assert res.stdout == f"{here}/a/b\n{here}/a/b\nhi\n", res
+        assert svc.run("ls", session_id="s").stdout == "f\n"  # the source's a/b is untouched

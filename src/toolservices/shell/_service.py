@@ -446,12 +446,12 @@ class ShellService:
         """``n`` copies of session ``src``: its workspace files and shell state; ``src`` runs on."""
         _check_session(src, required=True)
         res, _ = self._request("state", {}, src, self._file_limit())
-        state = str(self._reply(res)["state"])
+        args = self._state_args(res)
         copies = self._python.spawn_with_files(src, n)
         try:
             for copy in copies:
-                if state:
-                    res, _ = self._request("adopt", {"state": state}, copy, self._file_limit())
+                if args["state"]:
+                    res, _ = self._request("adopt", args, copy, self._file_limit())
                     self._adopted(res)
         except BaseException:
             for copy in copies:
@@ -463,12 +463,11 @@ class ShellService:
         """Async :meth:`fork_session`."""
         _check_session(src, required=True)
         res, _ = await self._arequest("state", {}, src, self._file_limit())
-        state = str(self._reply(res)["state"])
+        args = self._state_args(res)
         copies = await self._python.aspawn_with_files(src, n)
         try:
             for copy in copies:
-                if state:
-                    args = {"state": state}
+                if args["state"]:
                     res, _ = await self._arequest("adopt", args, copy, self._file_limit())
                     self._adopted(res)
         except BaseException:
@@ -476,6 +475,10 @@ class ShellService:
                 await self.aclose_session(copy)
             raise
         return copies
+
+    def _state_args(self, res: ExecResult) -> dict[str, Any]:
+        reply = self._reply(res)
+        return {"state": str(reply["state"]), "workspace": str(reply["workspace"])}
 
     def _adopted(self, res: ExecResult) -> None:
         reply = self._reply(res)

@@ -152,14 +152,18 @@ class Shell:
 
     # --- commands ------------------------------------------------------------------
 
-    def adopt(self, state: str) -> dict[str, Any]:
+    def adopt(self, state: str, source: str) -> dict[str, Any]:
         """Take a shell state saved by another session (``fork_session``: a fresh copy).
 
         It is the text the source's own bash wrote; this session's bash runs it
-        with this session's rights, as it would run any command.
+        with this session's rights, as it would run any command. ``source`` is
+        the source's workspace: the same path as ours with session namespaces;
+        without them the state's references to it are rewritten to ours.
         """
         if not state.endswith(_STATE_END + "\n"):
             return {"ok": False, "errno": "EINVAL", "message": "not a saved shell state"}
+        if source != self.workspace:
+            state = state.replace(source, self.workspace)
         self.state = state
         return {"ok": True}
 
@@ -685,9 +689,9 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}
     elif op == "state":
-        reply = {"ok": True, "state": shell.state}
+        reply = {"ok": True, "state": shell.state, "workspace": shell.workspace}
     elif op == "adopt":
-        reply = shell.adopt(args["state"])
+        reply = shell.adopt(args["state"], args["workspace"])
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
     print(json.dumps(reply))
