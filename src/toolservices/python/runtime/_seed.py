@@ -46,6 +46,9 @@ _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _openat2_works = True
+#: this process's umask (read once: setting it is the only way to read it)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 class _OpenHow(ctypes.Structure):
@@ -126,6 +129,31 @@ def _open_beneath(root: int, rel: str, flags: int) -> int:
     return current
 
 
+def _send(dst: int, src: int, offset: int, end: int) -> None:
+    """Copy bytes ``offset``..``end`` of ``src`` to the same place in ``dst`` (in the kernel)."""
+    if offset:
+        os.lseek(dst, offset, os.SEEK_SET)
+    while offset < end:
+        sent = os.sendfile(dst, src, offset, end - offset)
+        if sent == 0:  # the source shrank meanwhile
+            return
+        offset += sent
+
+
+def _send_sparse(dst: int, src: int, size: int) -> None:
+    """Copy only the data runs of ``src``: its holes stay holes in ``dst``."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole is left
+                return
+            raise
+        pos = os.lseek(src, start, os.SEEK_HOLE)
+        _send(dst, src, start, pos)
+
+
 def _copy_file(src_dir: int, dst_dir: int, name: str, info: os.stat_result) -> bool:
     """Copy one regular file (holes stay holes; mode and times kept); False: skipped."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -139,28 +167,16 @@ def _copy_file(src_dir: int, dst_dir: int, name: str, info: os.stat_result) -> b
             return False
         mode = stat.S_IMODE(info.st_mode)
         create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        dst = os.open(name, create, 0o600, dir_fd=dst_dir)
+        dst = os.open(name, create, mode, dir_fd=dst_dir)  # writable: it is new
         try:
-            size, pos = now.st_size, 0
-            while pos < size:
-                try:
-                    start = os.lseek(src, pos, os.SEEK_DATA)
-                except OSError as exc:
-                    if exc.errno == errno.ENXIO:  # only a hole is left
-                        break
-                    raise
-                end = os.lseek(src, start, os.SEEK_HOLE)
-                os.lseek(dst, start, os.SEEK_SET)
-                offset = start
-                while offset < end:
-                    sent = os.sendfile(dst, src, offset, end - offset)
-                    if sent == 0:  # the source shrank meanwhile
-                        end = offset
-                        break
-                    offset += sent
-                pos = end
-            os.ftruncate(dst, size)
-            os.fchmod(dst, mode)
+            size = now.st_size
+            if now.st_blocks * 512 >= size:  # no holes: one run (most files)
+                _send(dst, src, 0, size)
+            else:
+                _send_sparse(dst, src, size)
+                os.ftruncate(dst, size)  # a hole at the end
+            if mode & _UMASK:
+                os.fchmod(dst, mode)
             os.utime(dst, ns=(now.st_atime_ns, now.st_mtime_ns))
         finally:
             os.close(dst)
