@@ -185,7 +185,11 @@ def _copy_file(src_dir: int, dst_dir: int, name: str, info: os.stat_result) -> b
     return True
 
 
-def copy_into(src_root: int, dst_path: str) -> None:
+#: below this many bytes of files a copy is not worth a second process
+PARALLEL_BYTES = 8 << 20
+
+
+def copy_into(src_root: int, dst_path: str, *, workers: int | None = None) -> None:
     """Copy the tree below directory descriptor ``src_root`` into directory ``dst_path``.
 
     Regular files (content with holes, permission bits, times), directories
@@ -193,83 +197,167 @@ def copy_into(src_root: int, dst_path: str) -> None:
     symlinks (as links, never followed); hard links within the tree stay
     links. FIFOs, sockets and devices are skipped, and so is what the source
     made unreadable to itself. Iterative and by relative names: deep trees
-    hold two descriptors at a time.
+    hold two descriptors at a time. First the tree's directories and
+    symlinks are made, then the files' contents are copied, by ``workers``
+    processes (default: two when there are two CPUs and enough bytes; the
+    copy is the kernel's page copying, which then runs on both).
     """
     dst_root = os.open(dst_path, _DIR_FLAGS)
     try:
-        links: dict[tuple[int, int], str] = {}
-        dirs: list[tuple[str, int, int]] = []  # relative path, mode, mtime_ns (set at the end)
+        tree = _Tree(src_root, dst_root)
+        tree.walk()
+        if workers is None:
+            cpus = len(os.sched_getaffinity(0))
+            workers = 2 if cpus >= 2 and tree.size >= PARALLEL_BYTES else 1
+        tree.copy_files(workers)
+        tree.finish()
+    finally:
+        os.close(dst_root)
+
+
+class _Tree:
+    """One copy: the walk's findings, then the files, then links and directory modes."""
+
+    def __init__(self, src_root: int, dst_root: int) -> None:
+        self.src_root, self.dst_root = src_root, dst_root
+        self.files: dict[str, list[tuple[str, os.stat_result]]] = {}  # by directory
+        self.size = 0
+        self.links: list[tuple[str, str]] = []  # (first path, another name of it)
+        self.dirs: list[tuple[str, int, int]] = []  # relative path, mode, mtime_ns
+
+    def walk(self) -> None:
+        """Make the directories and symlinks; list the files (and hard links) to copy."""
+        first: dict[tuple[int, int], str] = {}
         pending = [""]
         while pending:
             rel = pending.pop()
             try:
-                src_dir = _open_beneath(src_root, rel, _DIR_FLAGS)
+                src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
             except PermissionError:
                 continue
             try:
-                dst_dir = _open_beneath(dst_root, rel, _DIR_FLAGS)
+                dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
                 try:
-                    _copy_dir(src_dir, dst_dir, dst_root, rel, links, dirs, pending)
+                    with os.scandir(src_dir) as entries:
+                        names = [entry.name for entry in entries]
+                    for name in names:
+                        try:
+                            self._entry(src_dir, dst_dir, rel, name, first, pending)
+                        except (FileNotFoundError, PermissionError):
+                            continue  # gone meanwhile, or closed to the session itself
                 finally:
                     os.close(dst_dir)
             finally:
                 os.close(src_dir)
-        for rel, mode, mtime in reversed(dirs):  # deepest first
-            fd = _open_beneath(dst_root, rel, _DIR_FLAGS)
+
+    def _entry(
+        self,
+        src_dir: int,
+        dst_dir: int,
+        rel: str,
+        name: str,
+        first: dict[tuple[int, int], str],
+        pending: list[str],
+    ) -> None:
+        child = f"{rel}/{name}" if rel else name
+        info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
+        kind = info.st_mode
+        if stat.S_ISLNK(kind):
+            os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
+        elif stat.S_ISDIR(kind):
+            os.mkdir(name, 0o700, dir_fd=dst_dir)
+            self.dirs.append((child, stat.S_IMODE(kind), info.st_mtime_ns))
+            pending.append(child)
+        elif stat.S_ISREG(kind):
+            if info.st_nlink > 1:
+                key = (info.st_dev, info.st_ino)
+                if key in first:
+                    self.links.append((first[key], child))
+                    return
+                first[key] = child
+            self.files.setdefault(rel, []).append((name, info))
+            self.size += info.st_size
+
+    def copy_files(self, workers: int) -> None:
+        """Copy the listed files, the bytes spread over ``workers`` processes."""
+        shares: list[dict[str, list[tuple[str, os.stat_result]]]] = [{} for _ in range(workers)]
+        loads = [0] * workers
+        for rel, entries in self.files.items():
+            for entry in entries:
+                least = loads.index(min(loads))
+                shares[least].setdefault(rel, []).append(entry)
+                loads[least] += entry[1].st_size + 4096  # a file costs more than its bytes
+        helpers: list[tuple[int, int]] = []
+        try:
+            for share in shares[1:]:
+                helpers.append(self._start(share))
+            self._copy(shares[0])
+        finally:
+            failures = [why for why in (_finish(pid, fd) for pid, fd in helpers) if why]
+        if failures:
+            raise SetupError(f"copying the source's files failed: {failures[0]}")
+
+    def _start(self, share: dict[str, list[tuple[str, os.stat_result]]]) -> tuple[int, int]:
+        """A process copying ``share``; it says why on the pipe if it fails."""
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(read_fd)
+                die_with_parent()
+                self._copy(share)
+            except BaseException as exc:
+                code = 1
+                os.write(write_fd, f"{type(exc).__name__}: {exc}".encode()[:400])
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        return pid, read_fd
+
+    def _copy(self, share: dict[str, list[tuple[str, os.stat_result]]]) -> None:
+        for rel, entries in share.items():
+            try:
+                src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
+            except (FileNotFoundError, PermissionError):
+                continue
+            try:
+                dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
+                try:
+                    for name, info in entries:
+                        try:
+                            _copy_file(src_dir, dst_dir, name, info)
+                        except FileNotFoundError:
+                            continue  # gone meanwhile
+                finally:
+                    os.close(dst_dir)
+            finally:
+                os.close(src_dir)
+
+    def finish(self) -> None:
+        """Hard links, then the directories' own modes and times (deepest first)."""
+        root = self.dst_root
+        for target, name in self.links:
+            try:  # within the copy's own new tree, which nothing else can touch yet
+                os.link(target, name, src_dir_fd=root, dst_dir_fd=root)
+            except OSError:
+                continue  # its first name was skipped (unreadable), or beyond PATH_MAX
+        for rel, mode, mtime in reversed(self.dirs):
+            fd = _open_beneath(root, rel, _DIR_FLAGS)
             try:
                 os.fchmod(fd, mode)
                 os.utime(fd, ns=(mtime, mtime))
             finally:
                 os.close(fd)
+
+
+def _finish(pid: int, fd: int) -> str:
+    """Wait for a copying process; why it failed, or ""."""
+    try:
+        why = os.read(fd, 512).decode("utf-8", "replace")
     finally:
-        os.close(dst_root)
-
-
-def _copy_dir(
-    src_dir: int,
-    dst_dir: int,
-    dst_root: int,
-    rel: str,
-    links: dict[tuple[int, int], str],
-    dirs: list[tuple[str, int, int]],
-    pending: list[str],
-) -> None:
-    with os.scandir(src_dir) as entries:
-        names = [entry.name for entry in entries]
-    for name in names:
-        child = f"{rel}/{name}" if rel else name
-        try:
-            _copy_entry(src_dir, dst_dir, dst_root, name, child, links, dirs, pending)
-        except (FileNotFoundError, PermissionError):
-            continue  # gone meanwhile, or closed to the session itself
-
-
-def _copy_entry(
-    src_dir: int,
-    dst_dir: int,
-    dst_root: int,
-    name: str,
-    child: str,
-    links: dict[tuple[int, int], str],
-    dirs: list[tuple[str, int, int]],
-    pending: list[str],
-) -> None:
-    info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
-    kind = info.st_mode
-    if stat.S_ISLNK(kind):
-        os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
-    elif stat.S_ISDIR(kind):
-        os.mkdir(name, 0o700, dir_fd=dst_dir)
-        dirs.append((child, stat.S_IMODE(kind), info.st_mtime_ns))
-        pending.append(child)
-    elif stat.S_ISREG(kind):
-        key = (info.st_dev, info.st_ino)
-        first = links.get(key) if info.st_nlink > 1 else None
-        if first is not None:
-            try:  # within the copy's own new tree, which nothing else can touch yet
-                os.link(first, child, src_dir_fd=dst_root, dst_dir_fd=dst_root)
-                return
-            except OSError:
-                pass  # (a path beyond PATH_MAX): a copy of its own instead
-        if _copy_file(src_dir, dst_dir, name, info) and info.st_nlink > 1:
-            links[key] = child
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    if status != 0 and not why:
+        why = f"a copying process ended with status {os.waitstatus_to_exitcode(status)}"
+    return why
