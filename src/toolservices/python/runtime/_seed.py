@@ -97,10 +97,38 @@ def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
 
 
 def _open_beneath(root: int, rel: str, flags: int) -> int:
-    """Open ``rel`` (a relative path of directories) below ``root`` following no symlink."""
-    global _openat2_works
+    """Open ``rel`` (a relative path of directories) below ``root`` following no symlink.
+
+    A path longer than one system call takes (a deep tree) is opened a part at a time.
+    """
     if not rel:
         return os.open(".", flags, dir_fd=root)
+    parts = rel.split("/")
+    current = root
+    try:
+        while parts:
+            take, size = 0, 0
+            while take < len(parts) and size + len(parts[take]) < _CHUNK:
+                size += len(parts[take]) + 1
+                take += 1
+            chunk, parts = "/".join(parts[: max(take, 1)]), parts[max(take, 1) :]
+            nxt = _open_chunk(current, chunk, flags if not parts else _DIR_FLAGS)
+            if current != root:
+                os.close(current)
+            current = nxt
+    except BaseException:
+        if current != root:
+            os.close(current)
+        raise
+    return current
+
+
+#: bytes of path given to one openat2 (PATH_MAX is 4096)
+_CHUNK = 2048
+
+
+def _open_chunk(root: int, rel: str, flags: int) -> int:
+    global _openat2_works
     if _openat2_works:
         how = _OpenHow(
             flags,
@@ -108,8 +136,7 @@ def _open_beneath(root: int, rel: str, flags: int) -> int:
             _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV,
         )
         path = rel.encode("utf-8", "surrogateescape")
-        lib = libc()
-        fd = lib.syscall(_SYS_OPENAT2, root, path, ctypes.byref(how), ctypes.sizeof(how))
+        fd = libc().syscall(_SYS_OPENAT2, root, path, ctypes.byref(how), ctypes.sizeof(how))
         if fd >= 0:
             return int(fd)
         err = ctypes.get_errno()

@@ -1,0 +1,83 @@
+"""The seed copy itself (runtime/_seed.py), on plain directories: what it keeps, what it skips,
+and that it never follows a symlink, whichever number of copying processes."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from toolservices.python.runtime import remove_tree
+from toolservices.python.runtime._seed import copy_into
+
+
+def _tree(root: Path, outside: Path) -> None:
+    (root / "d" / "e").mkdir(parents=True)
+    (root / "d" / "e" / "f.txt").write_text("deep")
+    (root / "big").write_bytes(os.urandom(3 << 20))
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o751)
+    os.link(root / "big", root / "d" / "big-link")
+    (root / "esc").symlink_to(outside)
+    (root / "escdir").symlink_to(outside.parent)
+    os.mkfifo(root / "fifo")
+    with open(root / "sparse", "wb") as fh:
+        fh.seek(32 << 20)
+        fh.write(b"tail")
+    os.utime(root / "d" / "e" / "f.txt", ns=(10**18, 10**18))
+    deep = root / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(300):  # deeper than one path can name from the root at once
+        os.mkdir("x" * 40, dir_fd=fd)
+        nxt = os.open("x" * 40, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(os.open("bottom", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    os.close(fd)
+    (root / "ro").mkdir()
+    (root / "ro" / "in").write_text("x")
+    (root / "ro").chmod(0o500)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_copy_into_keeps_the_tree_and_follows_no_symlink(tmp_path: Path, workers: int) -> None:
+    src, dst, outside = tmp_path / "src", tmp_path / "dst", tmp_path / "outside"
+    src.mkdir()
+    dst.mkdir()
+    outside.write_text("not to be copied")
+    _tree(src, outside)
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        copy_into(fd, str(dst), workers=workers)
+    finally:
+        os.close(fd)
+        (src / "ro").chmod(0o700)
+    assert (dst / "d" / "e" / "f.txt").read_text() == "deep"
+    assert (dst / "d" / "e" / "f.txt").stat().st_mtime_ns == 10**18
+    assert (dst / "big").read_bytes() == (src / "big").read_bytes()
+    assert (dst / "big").stat().st_ino == (dst / "d" / "big-link").stat().st_ino
+    assert stat.S_IMODE((dst / "run.sh").stat().st_mode) == 0o751
+    assert os.readlink(dst / "esc") == str(outside) and (dst / "esc").is_symlink()
+    assert (dst / "escdir").is_symlink() and os.readlink(dst / "escdir") == str(tmp_path)
+    assert not (dst / "fifo").exists()
+    sparse = (dst / "sparse").stat()
+    assert sparse.st_size == (32 << 20) + 4 and sparse.st_blocks * 512 < (1 << 20)
+    assert (dst / "sparse").read_bytes()[-5:] == b"\0tail"
+    assert stat.S_IMODE((dst / "ro").stat().st_mode) == 0o500
+    (dst / "ro").chmod(0o700)
+    assert (dst / "ro" / "in").read_text() == "x"
+    fd = os.open(dst / "deep", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(300):
+        nxt = os.open("x" * 40, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    assert os.listdir(fd) == ["bottom"]
+    os.close(fd)
+    remove_tree(str(src / "deep"))  # (deeper than pytest's clean-up can name)
+    remove_tree(str(dst / "deep"))
+    # nothing of what the links point to was copied in their place
+    copied = {p.name for p in dst.rglob("*") if not p.is_symlink() and p.is_file()}
+    assert "outside" not in copied
