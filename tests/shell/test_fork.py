@@ -238,3 +238,18 @@ def test_workspace_path_at_other_levels(changes: dict[str, object], expected: st
         res = svc.run('pwd; echo "$WHERE"; cat f; echo x > g', session_id=copy)
         assert res.stdout == f"{here}/a/b\n{here}/a/b\nhi\n", res
         assert svc.run("ls", session_id="s").stdout == "f\n"  # the source's a/b is untouched
+
+
+def test_a_source_swapping_links_while_copied_gets_no_more(shell: ShellService, src: str) -> None:
+    """A background job of the source swaps a directory for a symlink to /etc and back
+    while copies are made: each copy has a directory or the link, never /etc's files."""
+    shell.run(
+        "mkdir d && touch d/f && (while :; do rm -rf d; ln -s /etc d; rm d; mkdir d; "
+        "touch d/f; done) >/dev/null 2>&1 &",
+        session_id=src,
+    )
+    for _ in range(5):
+        (copy,) = shell.fork_session(src, 1)
+        res = shell.run("if [ -L d ]; then readlink d; else ls -A d; fi", session_id=copy)
+        assert res.stdout in ("", "f\n", "/etc\n"), res
+        shell.close_session(copy)

@@ -181,18 +181,37 @@ def _send_sparse(dst: int, src: int, size: int) -> None:
         _send(dst, src, start, pos)
 
 
-def _copy_file(src_dir: int, dst_dir: int, name: str, info: os.stat_result) -> bool:
+def _skipped(exc: OSError) -> bool:
+    """An error that skips one entry: it went away or changed kind meanwhile (a job of the
+    source still runs), or the source closed it to itself."""
+    return exc.errno in _SKIP
+
+
+_SKIP = (
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.ELOOP,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENXIO,
+    errno.EINVAL,
+)
+
+
+def _copy_file(src_dir: int, dst_dir: int, name: str) -> bool:
     """Copy one regular file (holes stay holes; mode and times kept); False: skipped."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         src = os.open(name, flags, dir_fd=src_dir)
-    except PermissionError:
-        return False  # unreadable to the session itself
+    except OSError as exc:
+        if _skipped(exc):
+            return False
+        raise
     try:
         now = os.fstat(src)
         if not stat.S_ISREG(now.st_mode):  # swapped for a FIFO or a device meanwhile
             return False
-        mode = stat.S_IMODE(info.st_mode)
+        mode = stat.S_IMODE(now.st_mode)
         create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         dst = os.open(name, create, mode, dir_fd=dst_dir)  # writable: it is new
         try:
@@ -247,7 +266,7 @@ class _Tree:
 
     def __init__(self, src_root: int, dst_root: int) -> None:
         self.src_root, self.dst_root = src_root, dst_root
-        self.files: dict[str, list[tuple[str, os.stat_result]]] = {}  # by directory
+        self.files: dict[str, list[tuple[str, int]]] = {}  # name and size, by directory
         self.size = 0
         self.links: list[tuple[str, str]] = []  # (first path, another name of it)
         self.dirs: list[tuple[str, int, int]] = []  # relative path, mode, mtime_ns
@@ -260,8 +279,10 @@ class _Tree:
             rel = pending.pop()
             try:
                 src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
-            except PermissionError:
-                continue
+            except OSError as exc:
+                if _skipped(exc):
+                    continue
+                raise
             try:
                 dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
                 try:
@@ -270,8 +291,9 @@ class _Tree:
                     for name in names:
                         try:
                             self._entry(src_dir, dst_dir, rel, name, first, pending)
-                        except (FileNotFoundError, PermissionError):
-                            continue  # gone meanwhile, or closed to the session itself
+                        except OSError as exc:
+                            if not _skipped(exc):
+                                raise
                 finally:
                     os.close(dst_dir)
             finally:
@@ -302,18 +324,18 @@ class _Tree:
                     self.links.append((first[key], child))
                     return
                 first[key] = child
-            self.files.setdefault(rel, []).append((name, info))
+            self.files.setdefault(rel, []).append((name, info.st_size))
             self.size += info.st_size
 
     def copy_files(self, workers: int) -> None:
         """Copy the listed files, the bytes spread over ``workers`` processes."""
-        shares: list[dict[str, list[tuple[str, os.stat_result]]]] = [{} for _ in range(workers)]
+        shares: list[dict[str, list[tuple[str, int]]]] = [{} for _ in range(workers)]
         loads = [0] * workers
         for rel, entries in self.files.items():
             for entry in entries:
                 least = loads.index(min(loads))
                 shares[least].setdefault(rel, []).append(entry)
-                loads[least] += entry[1].st_size + 4096  # a file costs more than its bytes
+                loads[least] += entry[1] + 4096  # a file costs more than its bytes
         helpers: list[tuple[int, int]] = []
         try:
             for share in shares[1:]:
@@ -324,7 +346,7 @@ class _Tree:
         if failures:
             raise SetupError(f"copying the source's files failed: {failures[0]}")
 
-    def _start(self, share: dict[str, list[tuple[str, os.stat_result]]]) -> tuple[int, int]:
+    def _start(self, share: dict[str, list[tuple[str, int]]]) -> tuple[int, int]:
         """A process copying ``share``; it says why on the pipe if it fails."""
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
@@ -342,20 +364,19 @@ class _Tree:
         os.close(write_fd)
         return pid, read_fd
 
-    def _copy(self, share: dict[str, list[tuple[str, os.stat_result]]]) -> None:
+    def _copy(self, share: dict[str, list[tuple[str, int]]]) -> None:
         for rel, entries in share.items():
             try:
                 src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
-            except (FileNotFoundError, PermissionError):
-                continue
+            except OSError as exc:
+                if _skipped(exc):
+                    continue
+                raise
             try:
                 dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
                 try:
-                    for name, info in entries:
-                        try:
-                            _copy_file(src_dir, dst_dir, name, info)
-                        except FileNotFoundError:
-                            continue  # gone meanwhile
+                    for name, _size in entries:
+                        _copy_file(src_dir, dst_dir, name)
                 finally:
                     os.close(dst_dir)
             finally:
