@@ -38,6 +38,7 @@ from ._linux import SetupError, check, die_with_parent, libc
 __all__ = ["copy_into", "open_seed"]
 
 _CLONE_NEWNS = 0x00020000
+_PR_SET_DUMPABLE = 4
 _CLONE_NEWUSER = 0x10000000
 _SYS_OPENAT2 = 437  # the same on every architecture (a "new" syscall number)
 _RESOLVE_NO_XDEV = 0x01
@@ -71,6 +72,15 @@ def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
         try:
             ours.close()
             die_with_parent()
+            # closed to the source's processes: not dumpable, and nothing but what it needs
+            libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            keep = {0, 1, 2, theirs.fileno(), *ns}
+            for name in os.listdir("/proc/self/fd"):
+                if int(name) not in keep:
+                    try:
+                        os.close(int(name))
+                    except OSError:
+                        pass  # the listing's own descriptor
             if len(ns) == 2:  # the user namespace first: it grants the right to the other
                 check(libc().setns(ns[0], _CLONE_NEWUSER), "setns(the source's user namespace)")
                 check(libc().setns(ns[1], _CLONE_NEWNS), "setns(the source's mount namespace)")
