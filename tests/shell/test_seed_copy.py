@@ -3,14 +3,18 @@ and that it never follows a symlink, whichever number of copying processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
 
 import pytest
 
+from toolservices.errors import UserError
+from toolservices.python import PythonExecutorService
 from toolservices.python.runtime import remove_tree
 from toolservices.python.runtime._seed import copy_into
+from toolservices.python.sandbox import default_config
 
 
 def _tree(root: Path, outside: Path) -> None:
@@ -81,3 +85,23 @@ def test_copy_into_keeps_the_tree_and_follows_no_symlink(tmp_path: Path, workers
     # nothing of what the links point to was copied in their place
     copied = {p.name for p in dst.rglob("*") if not p.is_symlink() and p.is_file()}
     assert "outside" not in copied
+
+
+@pytest.mark.parametrize("quota", [None, 8 << 20], ids=["shared-namespace-path", "own-tmpfs"])
+def test_spawn_with_files_of_a_python_session(quota: int | None) -> None:
+    """The Python executor's route (no fixed workspace: the source's own path, reached
+    through a pidfd of its interpreter when it has a quota tmpfs of its own)."""
+    config = dataclasses.replace(default_config(), disk_quota=quota)
+    with PythonExecutorService(pool_size=1, timeout=10.0, sandbox=config) as py:
+        code = "open('f', 'w').write('v1'); import os; os.symlink('/etc', 'e'); x = 1"
+        assert py.execute(code, session_id="src").success
+        (copy,) = py.spawn_with_files("src", 1)
+        res = py.execute(
+            "import os; print(open('f').read(), os.readlink('e'), 'x' in globals())",
+            session_id=copy,
+        )
+        assert res.stdout == "v1 /etc False\n", res  # files only: no memory
+        assert py.execute("open('f', 'w').write('v2')", session_id=copy).success
+        assert py.execute("print(open('f').read())", session_id="src").stdout == "v1\n"
+        with pytest.raises(UserError):
+            py.spawn_with_files("never-was", 1)
