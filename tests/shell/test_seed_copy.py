@@ -87,10 +87,10 @@ def test_copy_into_keeps_the_tree_and_follows_no_symlink(tmp_path: Path, workers
     assert "outside" not in copied
 
 
-@pytest.mark.parametrize("quota", [None, 8 << 20], ids=["shared-namespace-path", "own-tmpfs"])
+@pytest.mark.parametrize("quota", [None, 8 << 20], ids=["no-quota", "quota"])
 def test_spawn_with_files_of_a_python_session(quota: int | None) -> None:
-    """The Python executor's route (no fixed workspace: the source's own path, reached
-    through a pidfd of its interpreter when it has a quota tmpfs of its own)."""
+    """The Python executor's route: no fixed workspace, so the source's own path, opened in
+    its namespaces through a pidfd of its (dumpable) interpreter."""
     config = dataclasses.replace(default_config(), disk_quota=quota)
     with PythonExecutorService(pool_size=1, timeout=10.0, sandbox=config) as py:
         code = "open('f', 'w').write('v1'); import os; os.symlink('/etc', 'e'); x = 1"
