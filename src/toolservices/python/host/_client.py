@@ -292,6 +292,13 @@ class ForkServerClient:
 
     async def spawn(self, *, seed: SessionHandle | None = None) -> SessionHandle:
         """A new session; with ``seed`` (a live session) holding a copy of its files."""
+        ours, workdir = await self.start_spawn(seed=seed)
+        limit = SESSION_START_TIMEOUT if seed is None else SEED_START_TIMEOUT
+        return await SessionHandle.connect(self, ours, workdir, start_timeout=limit)
+
+    async def start_spawn(self, *, seed: SessionHandle | None = None) -> tuple[socket.socket, str]:
+        """The SPAWN request alone: the new session's channel and workdir (it says HELLO
+        there once started; :meth:`SessionHandle.connect` waits for that)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         source = None if seed is None else seed.workdir
         fds = (theirs.fileno(), *(() if seed is None else seed.ns_fds))
@@ -305,8 +312,7 @@ class ForkServerClient:
         if reply.workdir is None:
             ours.close()
             raise InfrastructureError("fork server: SPAWN reply without a workdir", retryable=True)
-        limit = SESSION_START_TIMEOUT if seed is None else SEED_START_TIMEOUT
-        return await SessionHandle.connect(self, ours, reply.workdir, start_timeout=limit)
+        return ours, reply.workdir
 
     async def kill(self, workdir: str) -> int | None:
         """Kill a session's tree, reap it, delete its directory; its exit status."""
