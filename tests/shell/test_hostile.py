@@ -87,6 +87,16 @@ def alive_with(mark: str) -> list[psutil.Process]:
     return found
 
 
+def alive_probe(mark: str) -> str:
+    """A command printing "alive" once a process marked ``mark`` runs in the session.
+
+    A job started with ``&`` is forked at once but carries its mark only after its
+    ``exec``: wait for that (bounded, 5 s) rather than race it.
+    """
+    wait = f"for _ in $(seq 500); do pgrep -f {mark} >/dev/null && break; sleep 0.01; done"
+    return f"{wait}; pgrep -f {mark} >/dev/null && echo alive"
+
+
 def gone_within(mark: str, seconds: float = 5.0) -> bool:
     _gone, alive = psutil.wait_procs(alive_with(mark), timeout=seconds)
     return not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -496,9 +506,7 @@ def test_write_file_fills_the_quota_with_enospc(shell: ShellService) -> None:
 def test_close_session_kills_every_process(shell: ShellService, start: str) -> None:
     sid, mark = new_sid(), marker()
     assert shell.run(start.format(m=mark), session_id=sid).success
-    assert (
-        shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=sid).stdout == "alive\n"
-    )
+    assert shell.run(alive_probe(mark), session_id=sid).stdout == "alive\n"
     assert alive_with(mark)
     assert shell.close_session(sid)
     assert gone_within(mark)
@@ -509,9 +517,7 @@ def test_background_job_survives_calls_and_other_timeouts(shell: ShellService) -
     shell.run(f"exec -a {mark} sleep 300 &", session_id=sid)
     res = shell.run("sleep 30", session_id=sid, timeout=0.5)
     assert res.timed_out
-    assert (
-        shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=sid).stdout == "alive\n"
-    )
+    assert shell.run(alive_probe(mark), session_id=sid).stdout == "alive\n"
     shell.close_session(sid)
     assert gone_within(mark)
 
@@ -528,7 +534,7 @@ def test_job_started_after_the_next_spare_is_not_killed_by_the_next_timeout(
         session_id=sid,
     )
     assert shell.run("sleep 30", session_id=sid, timeout=0.5).timed_out
-    probe = shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=sid)
+    probe = shell.run(alive_probe(mark), session_id=sid)
     assert probe.stdout == "alive\n"
     shell.close_session(sid)
     assert gone_within(mark)
@@ -550,13 +556,14 @@ def test_timeout_kills_the_jobs_its_command_started(shell: ShellService) -> None
 def test_cannot_signal_or_inspect_another_session(shell: ShellService) -> None:
     a, b, mark = new_sid(), new_sid(), marker()
     shell.run(f"export A_ONLY={SECRET}; exec -a {mark} sleep 300 &", session_id=a)
+    assert shell.run(alive_probe(mark), session_id=a).stdout == "alive\n"  # b sees it to try
     res = shell.run(
         f"for p in $(pgrep -f {mark}); do kill -9 $p; cat /proc/$p/environ; ls /proc/$p/cwd/; "
         "ls /proc/$p/root/; done; pkill -9 -f " + mark + "; kill -9 -1; echo done",
         session_id=b,
     )
     assert SECRET not in res.stdout + res.stderr
-    assert shell.run(f"pgrep -f {mark} >/dev/null && echo alive", session_id=a).stdout == "alive\n"
+    assert shell.run(alive_probe(mark), session_id=a).stdout == "alive\n"
     shell.close_session(a)
     shell.close_session(b)
 
