@@ -47,6 +47,7 @@ from toolservices.python.host._client import ForkServerClient, SessionHandle, Se
 from toolservices.python.host._forking import fork_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
+from toolservices.python.host._sizing import default_max_sessions
 from toolservices.python.sandbox import check_config, default_config
 
 __all__ = ["PythonExecutorService"]
@@ -94,7 +95,11 @@ class PythonExecutorService:
     * ``pool_size``: calls executing at once (TorchRL's meaning); other calls queue.
     * ``timeout``: default wall-clock limit per call, in seconds.
     * ``max_sessions``: live sessions kept; beyond it the least recently used
-      idle one is evicted (its next call reports ``restarted``).
+      idle one is evicted (its next call reports ``restarted``). By default
+      (None) as many as half the free memory holds at 3 MiB each (the smaller
+      of ``MemAvailable`` and the memory cgroup's room), between 256 and
+      16,384; read at construction, so each Ray replica sizes itself from its
+      own node (``docs/scaling.md``).
     * ``preload``: modules the fork server imports once (e.g. ``("numpy",)``).
     * ``sandbox``: the isolation settings (``SandboxConfig``); see
       :func:`~toolservices.python.isolation_report`.
@@ -114,7 +119,7 @@ class PythonExecutorService:
         pool_size: int = 32,
         timeout: float = 10.0,
         *,
-        max_sessions: int = 1024,
+        max_sessions: int | None = None,
         preload: tuple[str, ...] | list[str] = (),
         sandbox: Any = None,
         max_output: int = 256 * 1024,
@@ -125,6 +130,9 @@ class PythonExecutorService:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
         timeout = _check_timeout(timeout)
+        self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
+        if max_sessions is None:
+            max_sessions = default_max_sessions(pool_size=pool_size)
         if max_sessions < pool_size:
             raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
         if max_output < 1 or max_queue < 1 or spares < 0:
@@ -179,7 +187,7 @@ class PythonExecutorService:
         return {
             "pool_size": self.pool_size,
             "timeout": self.timeout,
-            "max_sessions": self.max_sessions,
+            "max_sessions": self._max_sessions_arg,
             "preload": self.preload,
             "sandbox": self.sandbox,
             "max_output": self.max_output,
