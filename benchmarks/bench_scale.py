@@ -244,7 +244,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"local": "-", "ray": "--", "torchrl": ":"}
+    colours = {"local": "C0", "ray": "C1", "torchrl": "C2"}
     labels = {"local": "local", "ray": "Ray, 3 nodes", "torchrl": "TorchRL 0.14.1"}
     ticks: set[int] = set()
     for backend in ("local", "ray", "torchrl"):
@@ -253,12 +253,18 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
             continue
         xs = [r["sessions"] for r in mine]
         ticks.update(xs)
-        style, label = styles[backend], labels[backend]
-        left.plot(xs, [r["p50_ms"] for r in mine], "o" + style, label=f"p50, {label}")
-        left.plot(xs, [r["p99_ms"] for r in mine], "s" + style, label=f"p99, {label}")
-        right.plot(xs, [r["pss_mib_each"] for r in mine], "o" + style, label=f"PSS MiB, {label}")
+        colour, label = colours[backend], labels[backend]
+        left.plot(xs, [r["p50_ms"] for r in mine], "o-", color=colour, label=f"p50, {label}")
+        left.plot(xs, [r["p99_ms"] for r in mine], "s--", color=colour, label=f"p99, {label}")
         right.plot(
-            xs, [r["create_ms_each"] for r in mine], "s" + style, label=f"create ms, {label}"
+            xs, [r["pss_mib_each"] for r in mine], "o-", color=colour, label=f"PSS MiB, {label}"
+        )
+        right.plot(
+            xs,
+            [r["create_ms_each"] for r in mine],
+            "s--",
+            color=colour,
+            label=f"create ms, {label}",
         )
     left.set(xscale="log", yscale="log", xlabel="concurrent sessions", ylabel="warm call, ms")
     left.set_title("Warm-call latency (all sessions at once)")
