@@ -1,8 +1,8 @@
 """The default ``max_sessions``: as many idle sessions as half the free memory holds.
 
-An idle session costs 2.6-2.8 MiB of PSS on the project's VM (``docs/benchmarks.md``,
-flat from 64 to 4,096 sessions); :data:`SESSION_BYTES` rounds that up for the
-sessions' own allocations. The memory counted is the smaller of the kernel's
+An idle session costs 2.2-2.4 MiB of PSS on the project's VM (``docs/benchmarks.md``,
+flat from 64 to 4,096 sessions); :data:`SESSION_BYTES` rounds that up for what
+sessions allocate once they run real code. The memory counted is the smaller of the kernel's
 ``MemAvailable`` and what the caller's memory cgroup (v2 or v1, every ancestor)
 still allows; half of it is given to sessions, the rest stays with the trainer
 and everything else on the machine. The result is clamped between
@@ -17,7 +17,7 @@ import os
 
 __all__ = ["CAP", "FLOOR", "SESSION_BYTES", "default_max_sessions", "free_memory"]
 
-#: memory reserved per idle session: 2.6-2.8 MiB measured, rounded up
+#: memory reserved per session: 2.2-2.4 MiB measured idle, rounded up
 SESSION_BYTES = 3 << 20
 #: the share of the free memory that sessions may take
 SHARE = 0.5
