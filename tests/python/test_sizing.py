@@ -99,3 +99,12 @@ def test_the_executor_sizes_itself_and_a_copy_sizes_itself_again() -> None:
     assert pickle.loads(pickle.dumps(svc))._config()["max_sessions"] is None
     explicit = PythonExecutorService(pool_size=2, max_sessions=40)
     assert pickle.loads(pickle.dumps(explicit)).max_sessions == 40
+
+
+def test_every_live_session_can_have_a_call_waiting() -> None:
+    """The queue bound grows with max_sessions: a batch calling at once is never refused."""
+    assert PythonExecutorService(pool_size=2, max_sessions=40).max_queue == 4096
+    large = PythonExecutorService(pool_size=2, max_sessions=10_000)
+    assert large.max_queue == 10_000
+    assert pickle.loads(pickle.dumps(large))._config()["max_queue"] is None
+    assert PythonExecutorService(pool_size=2, max_sessions=10_000, max_queue=8).max_queue == 8

@@ -62,6 +62,8 @@ EVICTED_MEMORY = 65536
 SESSION_KNOWN_KWARG = "_session_known"
 #: the warm-up call of a new spare interpreter ("pass")
 SPAWN_WARMUP_TIMEOUT = 10.0
+#: the least default ``max_queue`` (it grows with ``max_sessions``)
+DEFAULT_MAX_QUEUE = 4096
 #: the default of ``busy_poll``: a warm print(1) round trip is 30-80 us of work
 DEFAULT_BUSY_POLL = 500e-6
 _clock = itertools.count(1)  # next() is atomic under the GIL: an LRU stamp from any thread
@@ -105,6 +107,8 @@ class PythonExecutorService:
       :func:`~toolservices.python.isolation_report`.
     * ``max_output``: bytes kept of stdout and of stderr per call.
     * ``max_queue``: calls allowed to wait; beyond it :class:`ExecutorBusyError`.
+      By default 4,096 or ``max_sessions`` if larger: every live session can
+      have a call waiting (a whole batch of episodes calling at once).
     * ``spares``: interpreters forked ahead of need, so that a fresh-process
       run or a new session does not wait for a fork.
     * ``busy_poll``: seconds a waiting side polls before it sleeps: the parent
@@ -123,7 +127,7 @@ class PythonExecutorService:
         preload: tuple[str, ...] | list[str] = (),
         sandbox: Any = None,
         max_output: int = 256 * 1024,
-        max_queue: int = 4096,
+        max_queue: int | None = None,
         spares: int = 2,
         busy_poll: float = DEFAULT_BUSY_POLL,
     ) -> None:
@@ -133,6 +137,9 @@ class PythonExecutorService:
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
             max_sessions = default_max_sessions(pool_size=pool_size)
+        self._max_queue_arg = max_queue
+        if max_queue is None:
+            max_queue = max(DEFAULT_MAX_QUEUE, max_sessions)
         if max_sessions < pool_size:
             raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
         if max_output < 1 or max_queue < 1 or spares < 0:
@@ -191,7 +198,7 @@ class PythonExecutorService:
             "preload": self.preload,
             "sandbox": self.sandbox,
             "max_output": self.max_output,
-            "max_queue": self.max_queue,
+            "max_queue": self._max_queue_arg,
             "spares": self.spares,
             "busy_poll": self.busy_poll,
         }
