@@ -58,6 +58,31 @@ def test_sessions_load_the_runtime_from_this_checkout_and_nothing_else(
     service.close_session("layout")
 
 
+#: stdlib modules that register an after-fork hook (``os.register_at_fork``) run in every
+#: forked session: threading (subprocess imports it) and random (tempfile imports it)
+AT_FORK_MODULES = ("threading", "random", "subprocess", "tempfile")
+
+
+def test_sessions_inherit_no_module_that_runs_code_after_every_fork(
+    service: PythonExecutorService, sid: str
+) -> None:
+    """Each after-fork hook writes to objects shared with the fork server: 70 pages a
+    session for these four (``benchmarks.md``). A snippet can still import them."""
+    probe = f"import sys\nprint([m for m in {AT_FORK_MODULES!r} if m in sys.modules])"
+    for session_id in (None, sid):
+        result = service.execute(probe, session_id=session_id)
+        assert result.success and result.stdout == "[]\n", result
+    used = service.execute(
+        "import tempfile, threading\nprint(tempfile.gettempdir())", session_id=sid
+    )
+    assert used.success, used.stderr
+    assert (
+        used.stdout.strip()
+        == service.execute("import os; print(os.getcwd())", session_id=sid).stdout.strip()
+    )
+    service.close_session(sid)
+
+
 def test_a_direct_call_is_refused_like_any_other_when_the_queue_is_full() -> None:
     """One admission for both routes: while ``max_queue`` calls wait, a sync call on an
     idle session (which the direct route could run at once) is refused too."""

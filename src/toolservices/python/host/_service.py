@@ -53,6 +53,7 @@ from toolservices.python.host._client import (
 from toolservices.python.host._forking import fork_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
+from toolservices.python.host._sizing import default_max_sessions
 from toolservices.python.sandbox import check_config, default_config
 
 __all__ = ["PythonExecutorService"]
@@ -67,6 +68,8 @@ EVICTED_MEMORY = 65536
 SESSION_KNOWN_KWARG = "_session_known"
 #: the warm-up call of a new spare interpreter ("pass")
 SPAWN_WARMUP_TIMEOUT = 10.0
+#: the least default ``max_queue`` (it grows with ``max_sessions``)
+DEFAULT_MAX_QUEUE = 4096
 #: the default of ``busy_poll``: a warm print(1) round trip is 30-80 us of work
 DEFAULT_BUSY_POLL = 500e-6
 _clock = itertools.count(1)  # next() is atomic under the GIL: an LRU stamp from any thread
@@ -100,12 +103,18 @@ class PythonExecutorService:
     * ``pool_size``: calls executing at once (TorchRL's meaning); other calls queue.
     * ``timeout``: default wall-clock limit per call, in seconds.
     * ``max_sessions``: live sessions kept; beyond it the least recently used
-      idle one is evicted (its next call reports ``restarted``).
+      idle one is evicted (its next call reports ``restarted``). By default
+      (None) as many as half the free memory holds at 3 MiB each (the smaller
+      of ``MemAvailable`` and the memory cgroup's room), between 256 and
+      16,384; read at construction, so each Ray replica sizes itself from its
+      own node (``docs/scaling.md``).
     * ``preload``: modules the fork server imports once (e.g. ``("numpy",)``).
     * ``sandbox``: the isolation settings (``SandboxConfig``); see
       :func:`~toolservices.python.isolation_report`.
     * ``max_output``: bytes kept of stdout and of stderr per call.
     * ``max_queue``: calls allowed to wait; beyond it :class:`ExecutorBusyError`.
+      By default 4,096 or ``max_sessions`` if larger: every live session can
+      have a call waiting (a whole batch of episodes calling at once).
     * ``spares``: interpreters forked ahead of need, so that a fresh-process
       run or a new session does not wait for a fork.
     * ``busy_poll``: seconds a waiting side polls before it sleeps: the parent
@@ -120,17 +129,23 @@ class PythonExecutorService:
         pool_size: int = 32,
         timeout: float = 10.0,
         *,
-        max_sessions: int = 1024,
+        max_sessions: int | None = None,
         preload: tuple[str, ...] | list[str] = (),
         sandbox: Any = None,
         max_output: int = 256 * 1024,
-        max_queue: int = 4096,
+        max_queue: int | None = None,
         spares: int = 2,
         busy_poll: float = DEFAULT_BUSY_POLL,
     ) -> None:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
         timeout = _check_timeout(timeout)
+        self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
+        if max_sessions is None:
+            max_sessions = default_max_sessions(pool_size=pool_size)
+        self._max_queue_arg = max_queue
+        if max_queue is None:
+            max_queue = max(DEFAULT_MAX_QUEUE, max_sessions)
         if max_sessions < pool_size:
             raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
         if max_output < 1 or max_queue < 1 or spares < 0:
@@ -185,11 +200,11 @@ class PythonExecutorService:
         return {
             "pool_size": self.pool_size,
             "timeout": self.timeout,
-            "max_sessions": self.max_sessions,
+            "max_sessions": self._max_sessions_arg,
             "preload": self.preload,
             "sandbox": self.sandbox,
             "max_output": self.max_output,
-            "max_queue": self.max_queue,
+            "max_queue": self._max_queue_arg,
             "spares": self.spares,
             "busy_poll": self.busy_poll,
         }

@@ -38,9 +38,7 @@ import os
 import selectors
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import traceback
 
 from ._confine import fork_confined, remove_tree
@@ -87,11 +85,29 @@ def children_of(pid: int) -> list[int]:
     return kids
 
 
+def _new_dir(parent: str, prefix: str) -> str:
+    """A new directory with a random name (mode 0700), like ``tempfile.mkdtemp``.
+
+    Not ``tempfile`` itself: it imports ``random``, whose after-fork hook
+    reseeds its generator in every session, a page or more each that the
+    sessions would otherwise share with this server.
+    """
+    while True:
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+
+
 def _remove(path: str) -> None:
     """:func:`remove_tree`, or coreutils when it cannot (odd modes, more levels than fds)."""
     try:
         remove_tree(path)
     except OSError:
+        import subprocess  # noqa: PLC0415 - here only: it imports threading (see main)
+
         subprocess.run(
             ["rm", "-rf", "--one-file-system", "--", path],
             stdin=subprocess.DEVNULL,
@@ -207,7 +223,7 @@ class ForkServer:
                 os.close(fd)
 
     def _spawn(self, chan_fd: int, seed: tuple[str, list[int]] | None) -> Ok:
-        lineage = tempfile.mkdtemp(prefix="s", dir=self.base)
+        lineage = _new_dir(self.base, "s")
         workdir = os.path.join(lineage, "w0")
         os.mkdir(workdir, 0o700)
         self.lineages[lineage] = {workdir}
@@ -228,7 +244,7 @@ class ForkServer:
         members = self.lineages.get(lineage)
         if members is None or src_workdir not in members:
             raise ValueError("fork source is not a live session")
-        dirs = [tempfile.mkdtemp(prefix="f", dir=lineage) for _ in range(n)]
+        dirs = [_new_dir(lineage, "f") for _ in range(n)]
         members.update(dirs)
         return dirs
 

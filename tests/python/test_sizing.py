@@ -1,0 +1,110 @@
+"""The default ``max_sessions``: sized from free memory and the memory cgroup's room.
+
+The arithmetic runs against fake ``/proc`` and ``/sys`` trees (the function
+reads them under a root); one test checks the real machine's figure end to end.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from toolservices.python import PythonExecutorService
+from toolservices.python.host._sizing import (
+    CAP,
+    FLOOR,
+    SESSION_BYTES,
+    default_max_sessions,
+    free_memory,
+)
+
+GIB = 1 << 30
+UNLIMITED_V1 = "9223372036854771712"
+
+
+def fake_root(
+    tmp_path: Path,
+    *,
+    available: int | None,
+    cgroup: str = "0::/\n",
+    files: dict[str, str] | None = None,
+) -> str:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    meminfo = "MemTotal:       25000000 kB\n"
+    if available is not None:
+        meminfo += f"MemAvailable:   {available // 1024} kB\n"
+    (proc / "meminfo").write_text(meminfo + "Buffers:          1000 kB\n")
+    (proc / "self" / "cgroup").write_text(cgroup)
+    for rel, text in (files or {}).items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return str(tmp_path)
+
+
+def test_half_the_available_memory_at_three_mib_a_session(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, available=12 * GIB)
+    assert free_memory(root) == 12 * GIB
+    assert default_max_sessions(root=root) == 6 * GIB // SESSION_BYTES == 2048
+
+
+def test_a_cgroup_v2_limit_tighter_than_the_machine_wins(tmp_path: Path) -> None:
+    files = {
+        "sys/fs/cgroup/job/memory.max": str(4 * GIB),
+        "sys/fs/cgroup/job/memory.current": str(1 * GIB),
+        "sys/fs/cgroup/job/worker/memory.max": "max",
+        "sys/fs/cgroup/job/worker/memory.current": str(GIB // 2),
+    }
+    root = fake_root(tmp_path, available=20 * GIB, cgroup="0::/job/worker\n", files=files)
+    # the ancestor's room (4 - 1 GiB) is the tightest; "max" below it is no limit
+    assert free_memory(root) == 3 * GIB
+    assert default_max_sessions(root=root) == 512
+
+
+def test_a_cgroup_v1_limit_and_its_no_limit_value(tmp_path: Path) -> None:
+    cgroup = "4:memory:/pod/c1\n3:cpu,cpuacct:/pod/c1\n0::/\n"
+    files = {
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": UNLIMITED_V1,
+        "sys/fs/cgroup/memory/pod/memory.limit_in_bytes": UNLIMITED_V1,
+        "sys/fs/cgroup/memory/pod/c1/memory.limit_in_bytes": str(8 * GIB),
+        "sys/fs/cgroup/memory/pod/c1/memory.usage_in_bytes": str(2 * GIB),
+    }
+    root = fake_root(tmp_path, available=20 * GIB, cgroup=cgroup, files=files)
+    assert free_memory(root) == 6 * GIB
+    assert default_max_sessions(root=root) == 1024
+
+
+def test_floor_cap_and_pool_size(tmp_path: Path) -> None:
+    small = fake_root(tmp_path / "small", available=GIB // 4)
+    assert default_max_sessions(root=small) == FLOOR
+    assert default_max_sessions(pool_size=512, root=small) == 512
+    huge = fake_root(tmp_path / "huge", available=1024 * GIB)
+    assert default_max_sessions(root=huge) == CAP
+    unknown = fake_root(tmp_path / "unknown", available=None)
+    assert free_memory(unknown) is None
+    assert default_max_sessions(root=unknown) == FLOOR
+
+
+def test_the_executor_sizes_itself_and_a_copy_sizes_itself_again() -> None:
+    svc = PythonExecutorService(pool_size=2)
+    expected = default_max_sessions(pool_size=2)
+    # the machine's free memory moves between the two reads: allow a few sessions of drift
+    assert svc.max_sessions == pytest.approx(expected, abs=16)
+    assert FLOOR <= svc.max_sessions <= CAP
+    assert svc.stats()["max_sessions"] == svc.max_sessions
+    # pickled (a Ray replica): the default travels as "size yourself", not as this number
+    assert pickle.loads(pickle.dumps(svc))._config()["max_sessions"] is None
+    explicit = PythonExecutorService(pool_size=2, max_sessions=40)
+    assert pickle.loads(pickle.dumps(explicit)).max_sessions == 40
+
+
+def test_every_live_session_can_have_a_call_waiting() -> None:
+    """The queue bound grows with max_sessions: a batch calling at once is never refused."""
+    assert PythonExecutorService(pool_size=2, max_sessions=40).max_queue == 4096
+    large = PythonExecutorService(pool_size=2, max_sessions=10_000)
+    assert large.max_queue == 10_000
+    assert pickle.loads(pickle.dumps(large))._config()["max_queue"] is None
+    assert PythonExecutorService(pool_size=2, max_sessions=10_000, max_queue=8).max_queue == 8
