@@ -5,8 +5,8 @@ The supervisor forks it once per session. It drops into a nested Landlock
 domain scoped for signals and abstract sockets, so every bash it starts (and
 everything those start) shares one domain: a command can signal the
 background jobs of earlier commands, never the supervisor, which stays
-outside. For each request (five descriptors: stdin, stdout, stderr, the
-state-and-command pipe, the state memfd) it forks a short-lived middle
+outside. For each request (six descriptors: stdin, stdout, stderr, the
+command pipe, the memfds for the state out and in) it forks a short-lived middle
 process that ``posix_spawn``s bash in its own process group and exits, so
 bash is re-parented to the supervisor (a child subreaper), which alone
 waits for its exit status. The reply is bash's pid, once the middle is gone.
@@ -28,7 +28,7 @@ _SYS_LANDLOCK_CREATE_RULESET = 444
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 _PID = struct.Struct("<q")
-_NFDS = 5
+_NFDS = 6
 #: seconds to wait for a bash to be started before the spawner is replaced
 _REPLY_WAIT = 5.0
 #: signals Python ignores and bash must get back at their defaults
@@ -74,7 +74,7 @@ class Spawner:
         self.sock, self.pid = ours, pid
 
     def request(self, fds: list[int]) -> None:
-        """Ask for one bash on ``fds`` (stdin, stdout, stderr, command pipe, state memfd)."""
+        """Ask for one bash on ``fds``: stdin, stdout, stderr, command pipe, state out, state in."""
         self.sock.sendmsg([b"S"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
     def reply(self) -> int:
@@ -126,7 +126,7 @@ def _serve(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str) 
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got.extend(array.array("i", data[: len(data) - len(data) % 4]))
-        # above the targets 0..4, so that no dup2 overwrites a later one's source
+        # above the targets 0..5, so that no dup2 overwrites a later one's source
         fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 16) for fd in got]
         for fd in got:
             os.close(fd)

@@ -50,11 +50,14 @@ _STATE_END = "#toolservices-state-end"
 _MAX_LINGERING = 64
 _PR_SET_DUMPABLE = 4
 
-# The script every bash runs: wait for the state and the command (the pipe on fd 3,
-# read to its end), then run the command with an EXIT trap that saves the new state
-# into the memfd on fd 4.
+# The script every bash runs, started ahead of need as a spare: wait for a line on the
+# pipe on fd 3 (the state is ready), restore the state from the memfd on fd 5, then
+# wait for the command (the rest of the pipe, read to its end) and run it with an EXIT
+# trap that saves the new state into the memfd on fd 4. The state is restored before
+# the command arrives: the supervisor fills fd 5 as soon as the previous command ended.
 _PRELUDE = r"""
 __ts_opts() {
+  [[ $1 == "$SHELLOPTS" && $2 == "$BASHOPTS" ]] && return  # the usual case: nothing to set
   builtin local __ts_o
   builtin local -a __ts_l
   IFS=: builtin read -r -a __ts_l <<<"$SHELLOPTS"
@@ -82,10 +85,12 @@ __ts_save() {
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
+builtin read -r __ts_cmd <&3 || builtin exit 1
 builtin trap __ts_save EXIT
+builtin source /dev/fd/5 2>/dev/null
 builtin source /dev/fd/3 2>/dev/null
 RANDOM=$SRANDOM
-exec 3<&-  # "builtin exec" would close it for that one command only
+exec 3<&- 5<&-  # "builtin exec" would close them for that one command only
 builtin eval "$__ts_cmd"
 """
 
@@ -112,26 +117,35 @@ def _quote(text: str) -> bytes:
 
 
 class _Spare:
-    """A bash started ahead of need, blocked reading its state and command."""
+    """A bash started ahead of need, blocked reading its state, then its command."""
 
-    def __init__(self, cmd_w: int, out_r: int, err_r: int, in_w: int, state_out: int) -> None:
-        self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out = (
-            cmd_w,
-            out_r,
-            err_r,
-            in_w,
-            state_out,
-        )
+    def __init__(
+        self, cmd_w: int, out_r: int, err_r: int, in_w: int, state_out: int, state_in: int
+    ) -> None:
+        self.cmd_w, self.out_r, self.err_r, self.in_w = cmd_w, out_r, err_r, in_w
+        self.state_out, self.state_in = state_out, state_in
         self.pid = 0
+        #: the generation of the shell state it was given (-1: none yet)
+        self.generation = -1
+
+    def prime(self, state: bytes, generation: int) -> None:
+        """Hand it the state to restore now, before its command is known."""
+        view = memoryview(state)
+        while view:  # a memfd: never blocks
+            view = view[os.write(self.state_in, view) :]
+        os.close(self.state_in)
+        self.state_in = -1
+        os.write(self.cmd_w, b"\n")  # one byte in a fresh pipe: never blocks
+        self.generation = generation
 
     def close(self) -> None:
-        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out):
+        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out, self.state_in):
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = -1
+        self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = self.state_in = -1
 
 
 class Shell:
@@ -142,6 +156,8 @@ class Shell:
         self.max_output = max_output
         self.max_file = max_file
         self.state = ""
+        # bumped at each change of ``state``: a spare primed with another generation is stale
+        self.generation = 0
         self.pid = os.getpid()
         _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         self.spawner: Spawner | None = None
@@ -206,9 +222,10 @@ class Shell:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
-        spare = _Spare(cmd_w, out_r, err_r, in_w, state_out)
+        state_in = os.memfd_create("state-in", os.MFD_CLOEXEC)
+        spare = _Spare(cmd_w, out_r, err_r, in_w, state_out, state_in)
         try:
-            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out])
+            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out, state_in])
         except OSError:
             spare.close()
             self._drop_spawner()
@@ -251,8 +268,17 @@ class Shell:
                 _killpg(spare.pid)
                 spare.close()
                 continue
+            if spare.generation == -1:
+                self._prime(spare)
+            elif spare.generation != self.generation:  # restored an older state: never use it
+                _killpg(spare.pid)
+                spare.close()
+                continue
             return spare
         raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
+
+    def _prime(self, spare: _Spare) -> None:
+        spare.prime(self.state.encode("utf-8", "surrogateescape"), self.generation)
 
     def _discard_pending(self) -> None:
         """Drop the spare asked for while the command ran (it was born after the command,
@@ -283,8 +309,7 @@ class Shell:
         except OSError:
             pass  # asked again (and reported) by the next command
         try:
-            script = self.state.encode("utf-8", "surrogateescape")
-            script += b"\n__ts_cmd=" + _quote(command) + b"\n"
+            script = b"__ts_cmd=" + _quote(command) + b"\n"
             # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
             writes = {spare.cmd_w: script, spare.in_w: stdin or b""}
             spare.cmd_w = spare.in_w = -1
@@ -304,8 +329,12 @@ class Shell:
         text = saved.decode("utf-8", "surrogateescape")
         restarted = True
         if not timed_out and not stuck and text.endswith(_STATE_END + "\n"):
-            self.state = text
+            if text != self.state:
+                self.state = text
+                self.generation += 1
             restarted = False
+        if self.pending is not None:  # the next command's bash restores the state meanwhile
+            self._prime(self.pending)
         _reap()
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
