@@ -133,6 +133,7 @@ class ShellService:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
             config = dataclasses.replace(config, disk_quota=disk_quota)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
+        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._python = PythonExecutorService(
             pool_size=pool_size,
             timeout=self.timeout + _GRACE,
@@ -141,12 +142,14 @@ class ShellService:
             max_output=reply + 64 * 1024,
             sandbox=config,
             spares=spares,
+            # spare interpreters load the supervisor and start the first bash ahead of need:
+            # a new session's first command then finds them ready
+            warmup=_BOOTSTRAP + f"{_ENTRY}('warm', {{}}, {self._config!r})\n",
         )
         self.pool_size = pool_size
         self.max_sessions = max_sessions
         self.max_queue = max_queue
         self.sandbox = self._python.sandbox
-        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._lock = threading.Lock()
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
@@ -170,6 +173,11 @@ class ShellService:
         return exc is not None and exc.type == "NameError" and _ENTRY in exc.message
 
     def _booting(self, session_id: str | None) -> bool:
+        # a new session (or a fresh shell) most likely comes from a warmed spare (see
+        # ``warmup``), which has the supervisor: try without the bootstrap (68 KB to send
+        # and compile); a cold one answers NameError and gets it
+        if self._python.spares:
+            return False
         return session_id is None or session_id not in self._booted
 
     def _booted_now(self, session_id: str | None, res: ExecResult) -> None:

@@ -125,17 +125,21 @@ class _Spare:
         self.cmd_w, self.out_r, self.err_r, self.in_w = cmd_w, out_r, err_r, in_w
         self.state_out, self.state_in = state_out, state_in
         self.pid = 0
-        #: the generation of the shell state it was given (-1: none yet)
+        #: the generation of the shell state it was given (-1: none yet, -2: it is dead)
         self.generation = -1
 
     def prime(self, state: bytes, generation: int) -> None:
         """Hand it the state to restore now, before its command is known."""
-        view = memoryview(state)
-        while view:  # a memfd: never blocks
-            view = view[os.write(self.state_in, view) :]
-        os.close(self.state_in)
-        self.state_in = -1
-        os.write(self.cmd_w, b"\n")  # one byte in a fresh pipe: never blocks
+        try:
+            view = memoryview(state)
+            while view:  # a memfd: never blocks
+                view = view[os.write(self.state_in, view) :]
+            os.close(self.state_in)
+            self.state_in = -1
+            os.write(self.cmd_w, b"\n")  # one byte in a fresh pipe: never blocks
+        except OSError:  # its bash is gone (a command killed it): never to be used
+            self.generation = -2
+            return
         self.generation = generation
 
     def close(self) -> None:
@@ -270,7 +274,7 @@ class Shell:
                 continue
             if spare.generation == -1:
                 self._prime(spare)
-            elif spare.generation != self.generation:  # restored an older state: never use it
+            if spare.generation != self.generation:  # dead, or restored another state
                 _killpg(spare.pid)
                 spare.close()
                 continue
@@ -753,6 +757,14 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.list_files(args["path"], args["limit"])
     elif op == "wipe":
         reply = shell.wipe()
+    elif op == "warm":  # a spare interpreter, ahead of need: the first bash starts now
+        try:
+            shell._request_spare()
+            assert shell.pending is not None
+            shell._prime(shell.pending)
+        except OSError:
+            pass  # the first command asks again and reports it
+        reply = {"ok": True}
     elif op == "workspace":
         shell._adopt_fork()
         reply = {"ok": True, "workspace": shell.workspace}
