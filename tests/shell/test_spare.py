@@ -47,3 +47,10 @@ def test_executor_warmup_failure_only_costs_the_spares() -> None:
     with PythonExecutorService(pool_size=1, spares=1, warmup="raise RuntimeError") as py:
         for i in range(3):
             assert py.execute("print(1)", session_id=f"s{i}").stdout == "1\n"
+
+
+def test_commands_run_with_the_normal_scheduling_policy(shell: ShellService, sid: str) -> None:
+    # the spawner runs as SCHED_BATCH (it must not preempt the supervisor); its bashes must not
+    for _ in range(2):
+        res = shell.run("grep -E '^policy' /proc/$$/sched; nice", session_id=sid)
+        assert res.stdout.split()[-2:] == ["0", "0"], res

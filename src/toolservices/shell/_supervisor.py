@@ -308,10 +308,6 @@ class Shell:
         # Background jobs of earlier commands, reparented to us: never this command's,
         # even when they forked after this command's bash was started as a spare.
         earlier = _children(self.pid)
-        try:  # the next command's bash starts while this one runs
-            self._request_spare()
-        except OSError:
-            pass  # asked again (and reported) by the next command
         try:
             script = b"__ts_cmd=" + _quote(command) + b"\n"
             # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
@@ -337,7 +333,12 @@ class Shell:
                 self.state = text
                 self.generation += 1
             restarted = False
-        if self.pending is not None:  # the next command's bash restores the state meanwhile
+        if self.pending is None:
+            try:  # the next command's bash starts and restores the state while we reply
+                self._request_spare()
+            except OSError:
+                pass  # asked again (and reported) by the next command
+        if self.pending is not None:
             self._prime(self.pending)
         _reap()
         if os.WIFEXITED(status):
