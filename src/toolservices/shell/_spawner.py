@@ -157,7 +157,10 @@ def _spawn(argv: list[str], env: dict[str, str], fds: list[int], batch: bool) ->
     if middle == 0:  # pragma: no cover - the middle process
         try:
             actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
-            normal = (os.SCHED_OTHER, os.sched_param(0)) if batch else None
+            # not the spawner's batch policy: each bash gets the normal one
+            normal: dict[str, Any] = {}
+            if batch:
+                normal["scheduler"] = (os.SCHED_OTHER, os.sched_param(0))
             pid = os.posix_spawn(
                 argv[0],
                 argv,
@@ -165,7 +168,7 @@ def _spawn(argv: list[str], env: dict[str, str], fds: list[int], batch: bool) ->
                 file_actions=actions,
                 setpgroup=0,
                 setsigdef=_DEFAULTS,
-                scheduler=normal,
+                **normal,
             )
         except OSError as exc:
             pid = -(exc.errno or 11)
