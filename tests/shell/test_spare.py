@@ -38,9 +38,12 @@ def test_a_killed_spare_is_replaced(shell: ShellService, sid: str) -> None:
 
 
 def test_new_sessions_work_from_warmed_spares(shell: ShellService) -> None:
+    before = shell.stats()["failures"]
     for i in range(4):  # more sessions than spares: warmed ones and cold ones
         res = shell.run("echo $((6 * 7))", session_id=f"warm-{i}-{id(shell)}")
         assert res.stdout == "42\n" and not res.restarted, res
+    # a cold session is told to load the supervisor without a failed call
+    assert shell.stats()["failures"] == before
 
 
 def test_executor_warmup_failure_only_costs_the_spares() -> None:

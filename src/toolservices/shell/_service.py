@@ -25,6 +25,8 @@ _GRACE = 5.0
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
+#: what a call without the bootstrap prints in a session that has no supervisor yet
+_COLD = '{"cold": true}'
 _HERE = Path(__file__).parent
 # Compiled here once and sent marshalled: sessions run this very interpreter (the fork
 # server is started with sys.executable), and unmarshalling costs far less than compiling.
@@ -162,15 +164,18 @@ class ShellService:
     # --- requests ------------------------------------------------------------------
 
     def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
-        call = (
-            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config!r})\n"
-        )
-        return _BOOTSTRAP + call if boot else call
+        call = f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config!r})"
+        if boot:
+            return f"{_BOOTSTRAP}{call}\n"
+        # a session without the supervisor says so (no exception: not a failed call)
+        return f"if {_ENTRY!r} in globals():\n    {call}\nelse:\n    print({_COLD!r})\n"
 
     @staticmethod
     def _needs_boot(res: ExecResult) -> bool:
+        if res.exception is None:
+            return res.stdout.endswith(_COLD + "\n")
         exc = res.exception
-        return exc is not None and exc.type == "NameError" and _ENTRY in exc.message
+        return exc.type == "NameError" and _ENTRY in exc.message
 
     def _booting(self, session_id: str | None) -> bool:
         # a new session (or a fresh shell) most likely comes from a warmed spare (see
