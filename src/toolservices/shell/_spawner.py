@@ -82,6 +82,17 @@ class Spawner:
 
         OSError if the spawner died or did not answer within ``_REPLY_WAIT``.
         """
+        try:
+            ready = self.sock.recv(_PID.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            ready = b""
+        if not ready:
+            # still at work in batch policy (waiting behind any busy CPU for a whole slice):
+            # we wait for it now, so it gets the normal policy until it answers
+            try:
+                os.sched_setscheduler(self.pid, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
         data = b""
         while len(data) < _PID.size:
             chunk = self.sock.recv(_PID.size - len(data))
@@ -115,20 +126,28 @@ def _serve(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str) 
     os.chdir(cwd)
     scope_signals(lib)
     # Woken by a request, it must not preempt the supervisor on its way to reply (that
-    # cost the reply ~0.6 ms); each bash gets the normal policy back (``_spawn``).
+    # cost the reply ~0.6 ms): it waits for requests in batch policy (no preemption on
+    # wake-up) and works in the normal one; if the supervisor needs the answer before it
+    # ran, it lifts the batch policy itself (``Spawner.reply``).
     batch = True
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except OSError:
-        batch = False
     space = socket.CMSG_SPACE(_NFDS * 4)
     while True:
+        if batch:
+            try:
+                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            except OSError:
+                batch = False
         try:
             msg, anc, _flags, _addr = sock.recvmsg(1, space, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             return
         if not msg:
             return
+        if batch:  # awake: the middle process and bash (which inherit it) get the normal one
+            try:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
         got: list[int] = []
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -138,14 +157,14 @@ def _serve(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str) 
         for fd in got:
             os.close(fd)
         try:
-            pid = _spawn(argv, env, fds, batch) if len(fds) == _NFDS else -22
+            pid = _spawn(argv, env, fds) if len(fds) == _NFDS else -22
         finally:
             for fd in fds:
                 os.close(fd)
         sock.sendall(_PID.pack(pid))
 
 
-def _spawn(argv: list[str], env: dict[str, str], fds: list[int], batch: bool) -> int:
+def _spawn(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
     """Start bash through a middle process that exits at once; bash's pid or -errno."""
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -157,10 +176,6 @@ def _spawn(argv: list[str], env: dict[str, str], fds: list[int], batch: bool) ->
     if middle == 0:  # pragma: no cover - the middle process
         try:
             actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
-            # not the spawner's batch policy: each bash gets the normal one
-            normal: dict[str, Any] = {}
-            if batch:
-                normal["scheduler"] = (os.SCHED_OTHER, os.sched_param(0))
             pid = os.posix_spawn(
                 argv[0],
                 argv,
@@ -168,7 +183,6 @@ def _spawn(argv: list[str], env: dict[str, str], fds: list[int], batch: bool) ->
                 file_actions=actions,
                 setpgroup=0,
                 setsigdef=_DEFAULTS,
-                **normal,
             )
         except OSError as exc:
             pid = -(exc.errno or 11)
