@@ -4,9 +4,10 @@ The host never imports this module: it sends its source once to each session
 (``ShellService`` execs it there), so it runs with exactly the session's
 rights (uid, rlimits, namespaces, Landlock, seccomp). It holds the shell state
 of one session (a bash script that restores variables, functions, aliases,
-options and the working directory) and, for each command, starts a fresh
-``bash`` as its child that first restores that state, then runs the command,
-and on exit writes the new state into a private memfd. So:
+options and the working directory) and, for each command, runs a fresh
+``bash`` as its child: started when the previous command ended, it restores
+that state (from a private memfd) before the command arrives, then runs the
+command, and on exit writes the new state into another private memfd. So:
 
 * the exit status is bash's own exit status, seen by ``waitpid``: nothing the
   command prints, closes or redirects can end it early or fake it;
