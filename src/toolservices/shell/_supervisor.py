@@ -678,8 +678,8 @@ def _kill_tree(root: int, bash: int, born: int, spared: int, earlier: dict[int, 
     command's are those in its process group (``bash``'s pid) or started after
     its bash (a higher pid and a start time not before ``born``: ``setsid``,
     double forks) and not among ``earlier`` (root's children when the command
-    started: the spare bash is started while the previous command runs, so a job
-    that command put in the background can be younger than it); everything below
+    started: the spare bash is started when the previous command ends, so a job
+    that command put in the background can fork after it); everything below
     them goes too. Background jobs of earlier commands are in older groups, and
     so are the processes they start later; ``spared`` (the spawner) stays.
     """
