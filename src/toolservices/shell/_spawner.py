@@ -18,6 +18,7 @@ import array
 import ctypes
 import fcntl
 import os
+import select
 import signal
 import socket
 import struct
@@ -82,10 +83,10 @@ class Spawner:
 
         OSError if the spawner died or did not answer within ``_REPLY_WAIT``.
         """
-        try:
-            ready = self.sock.recv(_PID.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            ready = b""
+        # (a poll: a peek on this socket would wait for its timeout first)
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        ready = poller.poll(0)
         if not ready:
             # still at work in batch policy (waiting behind any busy CPU for a whole slice):
             # we wait for it now, so it gets the normal policy until it answers
