@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -600,17 +601,29 @@ def test_close_session_frees_the_disk(shell: ShellService) -> None:
 
 
 def test_stopped_spare_shell_cannot_hang_the_session(shell: ShellService) -> None:
-    """A command stops the bash waiting for the next command while the state is large (> a pipe)."""
+    """A background job stops the bash waiting for the next command (it restored the state)."""
     sid = new_sid()
     shell.run("echo kept > f; BIG=$(head -c 200000 /dev/zero | tr '\\0' x)", session_id=sid)
-    # the spare: a bash whose parent is the supervisor (our own parent), other than us
+    # the spare is started when a command ends: a job of this one waits for it. The spare is
+    # the bash whose parent is the supervisor (our own parent), other than us and the job.
     stop = (
-        "sup=$(ps -o ppid= $$ | tr -d ' '); "
-        "until spare=$(ps -eo pid=,ppid=,comm= | "
-        "awk -v s=$sup -v me=$$ '$2 == s && $3 == \"bash\" && $1 != me {print $1}'); "
-        '[ -n "$spare" ]; do sleep 0.01; done; kill -STOP $spare && echo stopped'
+        "sup=$(ps -o ppid= $$ | tr -d ' '); me=$$; "
+        "(job=$BASHPID; until spare=$(ps -eo pid=,ppid=,comm= | "
+        "awk -v s=$sup -v me=$me -v job=$job "
+        "'$2 == s && $3 == \"bash\" && $1 != me && $1 != job {print $1}'); "
+        '[ -n "$spare" ]; do sleep 0.01; done; kill -STOP $spare && echo "$spare" > stopped) '
+        ">/dev/null 2>&1 &"
     )
-    assert shell.run(stop, session_id=sid).stdout == "stopped\n"
+    assert shell.run(stop, session_id=sid).success
+    # the file tools run in the supervisor, not in a bash: they see the job's mark
+    for _ in range(1000):  # bounded: 10 s
+        try:
+            shell.read_file("stopped", session_id=sid)
+            break
+        except ShellFileError:
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the job never found the spare bash")
     res = shell.run("echo never", session_id=sid, timeout=1)
     assert res.timed_out and "did not answer" not in res.stderr, res
     after = shell.run('echo "${#BIG}"; cat f', session_id=sid)

@@ -25,6 +25,8 @@ _GRACE = 5.0
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
+#: what a call without the bootstrap prints in a session that has no supervisor yet
+_COLD = '{"cold": true}'
 _HERE = Path(__file__).parent
 # Compiled here once and sent marshalled: sessions run this very interpreter (the fork
 # server is started with sys.executable), and unmarshalling costs far less than compiling.
@@ -137,6 +139,7 @@ class ShellService:
         # every session's workspace at one path (where session namespaces allow it)
         config = dataclasses.replace(config, fixed_workspace=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
+        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._python = PythonExecutorService(
             pool_size=pool_size,
             timeout=self.timeout + _GRACE,
@@ -145,12 +148,14 @@ class ShellService:
             max_output=reply + 64 * 1024,
             sandbox=config,
             spares=spares,
+            # spare interpreters load the supervisor and start the first bash ahead of need:
+            # a new session's first command then finds them ready
+            warmup=_BOOTSTRAP + f"{_ENTRY}('warm', {{}}, {self._config!r})\n",
         )
         self.pool_size = pool_size
         self.max_sessions = max_sessions
         self.max_queue = max_queue
         self.sandbox = self._python.sandbox
-        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._lock = threading.Lock()
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
@@ -160,17 +165,25 @@ class ShellService:
     # --- requests ------------------------------------------------------------------
 
     def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
-        call = (
-            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config!r})\n"
-        )
-        return _BOOTSTRAP + call if boot else call
+        call = f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config!r})"
+        if boot:
+            return f"{_BOOTSTRAP}{call}\n"
+        # a session without the supervisor says so (no exception: not a failed call)
+        return f"if {_ENTRY!r} in globals():\n    {call}\nelse:\n    print({_COLD!r})\n"
 
     @staticmethod
     def _needs_boot(res: ExecResult) -> bool:
+        if res.exception is None:
+            return res.stdout.endswith(_COLD + "\n")
         exc = res.exception
-        return exc is not None and exc.type == "NameError" and _ENTRY in exc.message
+        return exc.type == "NameError" and _ENTRY in exc.message
 
     def _booting(self, session_id: str | None) -> bool:
+        # a new session (or a fresh shell) most likely comes from a warmed spare (see
+        # ``warmup``), which has the supervisor: try without the bootstrap (68 KB to send
+        # and compile); a cold one answers NameError and gets it
+        if self._python.spares:
+            return False
         return session_id is None or session_id not in self._booted
 
     def _booted_now(self, session_id: str | None, res: ExecResult) -> None:

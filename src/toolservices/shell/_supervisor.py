@@ -4,9 +4,10 @@ The host never imports this module: it sends its source once to each session
 (``ShellService`` execs it there), so it runs with exactly the session's
 rights (uid, rlimits, namespaces, Landlock, seccomp). It holds the shell state
 of one session (a bash script that restores variables, functions, aliases,
-options and the working directory) and, for each command, starts a fresh
-``bash`` as its child that first restores that state, then runs the command,
-and on exit writes the new state into a private memfd. So:
+options and the working directory) and, for each command, runs a fresh
+``bash`` as its child: started when the previous command ended, it restores
+that state (from a private memfd) before the command arrives, then runs the
+command, and on exit writes the new state into another private memfd. So:
 
 * the exit status is bash's own exit status, seen by ``waitpid``: nothing the
   command prints, closes or redirects can end it early or fake it;
@@ -50,11 +51,14 @@ _STATE_END = "#toolservices-state-end"
 _MAX_LINGERING = 64
 _PR_SET_DUMPABLE = 4
 
-# The script every bash runs: wait for the state and the command (the pipe on fd 3,
-# read to its end), then run the command with an EXIT trap that saves the new state
-# into the memfd on fd 4.
+# The script every bash runs, started ahead of need as a spare: wait for a line on the
+# pipe on fd 3 (the state is ready), restore the state from the memfd on fd 5, then
+# wait for the command (the rest of the pipe, read to its end) and run it with an EXIT
+# trap that saves the new state into the memfd on fd 4. The state is restored before
+# the command arrives: the supervisor fills fd 5 as soon as the previous command ended.
 _PRELUDE = r"""
 __ts_opts() {
+  [[ $1 == "$SHELLOPTS" && $2 == "$BASHOPTS" ]] && return  # the usual case: nothing to set
   builtin local __ts_o
   builtin local -a __ts_l
   IFS=: builtin read -r -a __ts_l <<<"$SHELLOPTS"
@@ -82,10 +86,12 @@ __ts_save() {
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
+builtin read -r __ts_cmd <&3 || builtin exit 1
 builtin trap __ts_save EXIT
+builtin source /dev/fd/5 2>/dev/null
 builtin source /dev/fd/3 2>/dev/null
 RANDOM=$SRANDOM
-exec 3<&-  # "builtin exec" would close it for that one command only
+exec 3<&- 5<&-  # "builtin exec" would close them for that one command only
 builtin eval "$__ts_cmd"
 """
 
@@ -112,26 +118,39 @@ def _quote(text: str) -> bytes:
 
 
 class _Spare:
-    """A bash started ahead of need, blocked reading its state and command."""
+    """A bash started ahead of need, blocked reading its state, then its command."""
 
-    def __init__(self, cmd_w: int, out_r: int, err_r: int, in_w: int, state_out: int) -> None:
-        self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out = (
-            cmd_w,
-            out_r,
-            err_r,
-            in_w,
-            state_out,
-        )
+    def __init__(
+        self, cmd_w: int, out_r: int, err_r: int, in_w: int, state_out: int, state_in: int
+    ) -> None:
+        self.cmd_w, self.out_r, self.err_r, self.in_w = cmd_w, out_r, err_r, in_w
+        self.state_out, self.state_in = state_out, state_in
         self.pid = 0
+        #: the generation of the shell state it was given (-1: none yet, -2: it is dead)
+        self.generation = -1
+
+    def prime(self, state: bytes, generation: int) -> None:
+        """Hand it the state to restore now, before its command is known."""
+        try:
+            view = memoryview(state)
+            while view:  # a memfd: never blocks
+                view = view[os.write(self.state_in, view) :]
+            os.close(self.state_in)
+            self.state_in = -1
+            os.write(self.cmd_w, b"\n")  # one byte in a fresh pipe: never blocks
+        except OSError:  # its bash is gone (a command killed it): never to be used
+            self.generation = -2
+            return
+        self.generation = generation
 
     def close(self) -> None:
-        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out):
+        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out, self.state_in):
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = -1
+        self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = self.state_in = -1
 
 
 class Shell:
@@ -142,6 +161,8 @@ class Shell:
         self.max_output = max_output
         self.max_file = max_file
         self.state = ""
+        # bumped at each change of ``state``: a spare primed with another generation is stale
+        self.generation = 0
         self.pid = os.getpid()
         _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         self.spawner: Spawner | None = None
@@ -165,6 +186,7 @@ class Shell:
         if source != self.workspace:
             state = state.replace(source, self.workspace)
         self.state = state
+        self.generation += 1  # a spare primed with the state this session started with is stale
         return {"ok": True}
 
     def _drain_lingering(self, keep: tuple[int, ...] = ()) -> None:
@@ -198,9 +220,10 @@ class Shell:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
-        spare = _Spare(cmd_w, out_r, err_r, in_w, state_out)
+        state_in = os.memfd_create("state-in", os.MFD_CLOEXEC)
+        spare = _Spare(cmd_w, out_r, err_r, in_w, state_out, state_in)
         try:
-            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out])
+            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out, state_in])
         except OSError:
             spare.close()
             self._drop_spawner()
@@ -243,8 +266,17 @@ class Shell:
                 _killpg(spare.pid)
                 spare.close()
                 continue
+            if spare.generation == -1:
+                self._prime(spare)
+            if spare.generation != self.generation:  # dead, or restored another state
+                _killpg(spare.pid)
+                spare.close()
+                continue
             return spare
         raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
+
+    def _prime(self, spare: _Spare) -> None:
+        spare.prime(self.state.encode("utf-8", "surrogateescape"), self.generation)
 
     def _discard_pending(self) -> None:
         """Drop the spare asked for while the command ran (it was born after the command,
@@ -269,13 +301,8 @@ class Shell:
         # Background jobs of earlier commands, reparented to us: never this command's,
         # even when they forked after this command's bash was started as a spare.
         earlier = _children(self.pid)
-        try:  # the next command's bash starts while this one runs
-            self._request_spare()
-        except OSError:
-            pass  # asked again (and reported) by the next command
         try:
-            script = self.state.encode("utf-8", "surrogateescape")
-            script += b"\n__ts_cmd=" + _quote(command) + b"\n"
+            script = b"__ts_cmd=" + _quote(command) + b"\n"
             # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
             writes = {spare.cmd_w: script, spare.in_w: stdin or b""}
             spare.cmd_w = spare.in_w = -1
@@ -295,8 +322,17 @@ class Shell:
         text = saved.decode("utf-8", "surrogateescape")
         restarted = True
         if not timed_out and not stuck and text.endswith(_STATE_END + "\n"):
-            self.state = text
+            if text != self.state:
+                self.state = text
+                self.generation += 1
             restarted = False
+        if self.pending is None:
+            try:  # the next command's bash starts and restores the state while we reply
+                self._request_spare()
+            except OSError:
+                pass  # asked again (and reported) by the next command
+        if self.pending is not None:
+            self._prime(self.pending)
         _reap()
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
@@ -607,8 +643,8 @@ def _kill_tree(root: int, bash: int, born: int, spared: int, earlier: dict[int, 
     command's are those in its process group (``bash``'s pid) or started after
     its bash (a higher pid and a start time not before ``born``: ``setsid``,
     double forks) and not among ``earlier`` (root's children when the command
-    started: the spare bash is started while the previous command runs, so a job
-    that command put in the background can be younger than it); everything below
+    started: the spare bash is started when the previous command ends, so a job
+    that command put in the background can fork after it); everything below
     them goes too. Background jobs of earlier commands are in older groups, and
     so are the processes they start later; ``spared`` (the spawner) stays.
     """
@@ -686,6 +722,14 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.read_file(args["path"])
     elif op == "list":
         reply = shell.list_files(args["path"], args["limit"])
+    elif op == "warm":  # a spare interpreter, ahead of need: the first bash starts now
+        try:
+            shell._request_spare()
+            assert shell.pending is not None
+            shell._prime(shell.pending)
+        except OSError:
+            pass  # the first command asks again and reports it
+        reply = {"ok": True}
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}
     elif op == "state":

@@ -66,7 +66,7 @@ EVICTED_MEMORY = 65536
 #: The keyword of ``execute`` / ``aexecute`` by which a service client says it used
 #: the session before (services/_ray.py sends it to services with ``toolservices_session_hint``).
 SESSION_KNOWN_KWARG = "_session_known"
-#: the warm-up call of a new spare interpreter ("pass")
+#: the time limit of the warm-up call of a new spare interpreter (``warmup``)
 SPAWN_WARMUP_TIMEOUT = 10.0
 #: the least default ``max_queue`` (it grows with ``max_sessions``)
 DEFAULT_MAX_QUEUE = 4096
@@ -117,6 +117,9 @@ class PythonExecutorService:
       have a call waiting (a whole batch of episodes calling at once).
     * ``spares``: interpreters forked ahead of need, so that a fresh-process
       run or a new session does not wait for a fork.
+    * ``warmup``: code each spare runs once, ahead of need (its output is
+      dropped): what every session would do first (``ShellService`` loads its
+      supervisor and starts a bash there). ``"pass"`` by default.
     * ``busy_poll``: seconds a waiting side polls before it sleeps: the parent
       for a reply when it is the only call executing, an interpreter for its
       next call when calls have been coming back to back. A sleeping process
@@ -136,6 +139,7 @@ class PythonExecutorService:
         max_queue: int | None = None,
         spares: int = 2,
         busy_poll: float = DEFAULT_BUSY_POLL,
+        warmup: str = "pass",
     ) -> None:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
@@ -150,6 +154,8 @@ class PythonExecutorService:
             raise UserError(f"max_sessions ({max_sessions}) must be >= pool_size ({pool_size})")
         if max_output < 1 or max_queue < 1 or spares < 0:
             raise UserError("max_output and max_queue must be positive, spares >= 0")
+        if not isinstance(warmup, str):
+            raise UserError(f"warmup must be a str of Python code, got {type(warmup).__name__}")
         if not 0 <= busy_poll <= 0.01:
             raise UserError(f"busy_poll must be between 0 and 0.01 seconds, got {busy_poll}")
         self.pool_size = pool_size
@@ -160,6 +166,7 @@ class PythonExecutorService:
         self.max_queue = max_queue
         self.spares = spares
         self.busy_poll = float(busy_poll)
+        self.warmup = warmup
         self._layers: ModuleType = _sandbox
         self.sandbox = default_config() if sandbox is None else check_config(sandbox)
         self._start_lock = threading.Lock()
@@ -207,6 +214,7 @@ class PythonExecutorService:
             "max_queue": self._max_queue_arg,
             "spares": self.spares,
             "busy_poll": self.busy_poll,
+            "warmup": self.warmup,
         }
 
     # --- sync faces --------------------------------------------------------------
@@ -435,7 +443,7 @@ class PythonExecutorService:
                     return
                 spare = await server.spawn()
                 # one throw-away call faults in the pages a first call touches
-                warm = await spare.run("pass", limit=SPAWN_WARMUP_TIMEOUT, fresh=True)
+                warm = await spare.run(self.warmup, limit=SPAWN_WARMUP_TIMEOUT, fresh=True)
                 if self._closed or server is not self._server or not warm.success:
                     await self._discard(spare)
                     return
