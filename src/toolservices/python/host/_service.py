@@ -34,7 +34,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -671,12 +671,26 @@ class PythonExecutorService:
         return True
 
     async def _fork_session(self, src: str, n: int) -> list[str]:
-        if n < 1:
-            raise UserError(f"fork_session needs n >= 1, got {n}")
+        return await self._copy_session(src, n, fork_handles, "fork_session")
+
+    async def _spawn_with_files(self, src: str, n: int) -> list[str]:
+        return await self._copy_session(src, n, _seeded_handles, "spawn_with_files")
+
+    async def _copy_session(
+        self,
+        src: str,
+        n: int,
+        make: Callable[[ForkServerClient, SessionHandle, int], Awaitable[list[SessionHandle]]],
+        what: str,
+    ) -> list[str]:
+        """``n`` new sessions made from ``src`` by ``make`` (forks of it, or fresh sessions
+        seeded with its files), under its gate: no call of ``src`` runs meanwhile."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(f"{what} needs n >= 1, got {n!r}")
         server = await self._ensure_started()
         slot = self._slots.get(src)
         if slot is None:
-            raise UserError(f"cannot fork unknown session {src!r}; create it with execute() first")
+            raise UserError(f"{what}: unknown session {src!r}; create it with execute() first")
         slot.pending += 1
         try:
             async with slot.gate:
@@ -688,42 +702,12 @@ class PythonExecutorService:
                 for _ in range(n - (self.max_sessions - len(self._slots))):
                     self._evict_one()
                 try:
-                    handles = await fork_handles(server, slot.handle, n)
+                    handles = await make(server, slot.handle, n)
                 except InfrastructureError:
                     if slot.handle.dead:  # killed: its next call must say its state is gone
                         slot.handle = None
                         slot.lost = True
                     raise
-        finally:
-            slot.pending -= 1
-        ids = []
-        for handle in handles:
-            new = _Slot(f"{src}/{uuid.uuid4().hex[:12]}", handle=handle, lost=slot.lost)
-            new.last_used = next(_clock)
-            self._slots[new.id] = new
-            ids.append(new.id)
-        self._bump("forks", n)
-        return ids
-
-    async def _spawn_with_files(self, src: str, n: int) -> list[str]:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise UserError(f"spawn_with_files needs n >= 1, got {n!r}")
-        server = await self._ensure_started()
-        slot = self._slots.get(src)
-        if slot is None:
-            raise UserError(f"cannot copy unknown session {src!r}; create it with execute() first")
-        handles: list[SessionHandle] = []
-        slot.pending += 1
-        try:
-            async with slot.gate:  # no call of the source runs while its files are copied
-                if slot.closed:
-                    raise UserError(f"session {src!r} was closed or evicted")
-                if slot.handle is None or slot.handle.dead:
-                    slot.handle = await self._spawn()
-                    server = await self._ensure_started()
-                for _ in range(n - (self.max_sessions - len(self._slots))):
-                    self._evict_one()
-                handles = await _seeded_handles(server, slot.handle, n)
         finally:
             slot.pending -= 1
         ids = []

@@ -27,11 +27,13 @@ shell could not read.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import socket
 import stat
+from collections.abc import Iterator
 
 from ._linux import SetupError, check, die_with_parent, libc
 
@@ -287,27 +289,37 @@ class _Tree:
         pending = [""]
         while pending:
             rel = pending.pop()
-            try:
-                src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
-            except OSError as exc:
-                if _skipped(exc):
+            with self._both(rel) as dirs:
+                if dirs is None:
                     continue
+                src_dir, dst_dir = dirs
+                with os.scandir(src_dir) as entries:
+                    names = [entry.name for entry in entries]
+                for name in names:
+                    try:
+                        self._entry(src_dir, dst_dir, rel, name, first, pending)
+                    except OSError as exc:
+                        if not _skipped(exc):
+                            raise
+
+    @contextlib.contextmanager
+    def _both(self, rel: str) -> Iterator[tuple[int, int] | None]:
+        """Directory ``rel`` open in the source and the copy; None: gone from the source."""
+        try:
+            src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
+        except OSError as exc:
+            if not _skipped(exc):
                 raise
+            yield None
+            return
+        try:
+            dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
             try:
-                dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
-                try:
-                    with os.scandir(src_dir) as entries:
-                        names = [entry.name for entry in entries]
-                    for name in names:
-                        try:
-                            self._entry(src_dir, dst_dir, rel, name, first, pending)
-                        except OSError as exc:
-                            if not _skipped(exc):
-                                raise
-                finally:
-                    os.close(dst_dir)
+                yield src_dir, dst_dir
             finally:
-                os.close(src_dir)
+                os.close(dst_dir)
+        finally:
+            os.close(src_dir)
 
     def _entry(
         self,
@@ -376,21 +388,10 @@ class _Tree:
 
     def _copy(self, share: dict[str, list[tuple[str, int]]]) -> None:
         for rel, entries in share.items():
-            try:
-                src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
-            except OSError as exc:
-                if _skipped(exc):
-                    continue
-                raise
-            try:
-                dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
-                try:
+            with self._both(rel) as dirs:
+                if dirs is not None:
                     for name, _size in entries:
-                        _copy_file(src_dir, dst_dir, name)
-                finally:
-                    os.close(dst_dir)
-            finally:
-                os.close(src_dir)
+                        _copy_file(*dirs, name)
 
     def finish(self) -> None:
         """Hard links, then the directories' own modes and times (deepest first)."""
