@@ -108,3 +108,28 @@ def test_every_live_session_can_have_a_call_waiting() -> None:
     assert large.max_queue == 10_000
     assert pickle.loads(pickle.dumps(large))._config()["max_queue"] is None
     assert PythonExecutorService(pool_size=2, max_sessions=10_000, max_queue=8).max_queue == 8
+
+
+def test_a_shell_session_reserves_more_and_sizes_itself_the_same_way(tmp_path: Path) -> None:
+    from toolservices import ShellService
+    from toolservices.shell._service import SESSION_BYTES as SHELL_BYTES
+
+    root = fake_root(tmp_path / "m", available=8 * GIB)
+    assert default_max_sessions(root=root, session_bytes=SHELL_BYTES) == 512  # 4 GiB / 8 MiB
+    shell = ShellService(pool_size=2)
+    try:
+        expected = default_max_sessions(pool_size=2, session_bytes=SHELL_BYTES)
+        assert shell.max_sessions == pytest.approx(expected, abs=16)
+        assert shell.stats()["max_sessions"] == shell.max_sessions
+        copy = pickle.loads(pickle.dumps(shell))
+        try:  # the default travels as "size yourself" to a replica
+            assert copy._init_kwargs()["max_sessions"] is None
+        finally:
+            copy.close()
+        explicit = ShellService(pool_size=2, max_sessions=40)
+        try:
+            assert pickle.loads(pickle.dumps(explicit)).max_sessions == 40
+        finally:
+            explicit.close()
+    finally:
+        shell.close()

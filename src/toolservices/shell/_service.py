@@ -14,6 +14,7 @@ from typing import Any
 
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
+from toolservices.python.host import default_max_sessions
 from toolservices.python.sandbox import check_config, default_config
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
@@ -21,6 +22,10 @@ __all__ = ["ShellService"]
 
 #: seconds the supervisor gets beyond a command's own limit to kill its tree and report
 _GRACE = 5.0
+#: memory reserved per idle shell session for the default ``max_sessions``: 5.9-6.4 MiB
+#: PSS measured (the supervisor, its spawner, a waiting bash; docs/benchmarks.md), rounded
+#: up. Files in a workspace take memory too (a tmpfs), up to its ``disk_quota``.
+SESSION_BYTES = 8 << 20
 #: the default size cap of a session's workspace (each fork_session copy has its own)
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
@@ -97,8 +102,10 @@ class ShellService:
     ``docs/shell.md``.
 
     * ``pool_size``: commands executing at once; ``timeout``: default limit per command.
-    * ``max_sessions``: live sessions (LRU eviction beyond it), ``max_queue``:
-      calls allowed to wait before :class:`~toolservices.ExecutorBusyError`.
+    * ``max_sessions``: live sessions (LRU eviction beyond it); by default half
+      the free memory at 8 MiB a session (256-16,384), sized where the service is
+      built. ``max_queue``: calls allowed to wait before
+      :class:`~toolservices.ExecutorBusyError`.
     * ``max_output``: bytes kept of stdout and of stderr per command.
     * ``max_file_size``: the largest file ``read_file``/``write_file`` move.
     * ``disk_quota``: bytes a session's workspace may hold (each copy made by
@@ -114,7 +121,7 @@ class ShellService:
         pool_size: int = 32,
         timeout: float = 30.0,
         *,
-        max_sessions: int = 1024,
+        max_sessions: int | None = None,
         max_queue: int = 4096,
         max_output: int = 128 * 1024,
         max_file_size: int = 16 * 1024 * 1024,
@@ -140,6 +147,9 @@ class ShellService:
         config = dataclasses.replace(config, fixed_workspace=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
         self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
+        self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
+        if max_sessions is None:
+            max_sessions = default_max_sessions(pool_size=pool_size, session_bytes=SESSION_BYTES)
         self._python = PythonExecutorService(
             pool_size=pool_size,
             timeout=self.timeout + _GRACE,
@@ -576,13 +586,14 @@ class ShellService:
         return {
             "pool_size": self.pool_size,
             "timeout": self.timeout,
-            "max_sessions": self.max_sessions,
+            "max_sessions": self._max_sessions_arg,
             "max_queue": self.max_queue,
             "max_output": self.max_output,
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
             "sandbox": self.sandbox,
             "disk_quota": None,
+            "spares": self._python.spares,
         }
 
 

@@ -8,7 +8,8 @@
 * ``_channel``: the parent's end of a framed channel and its request/reply;
 * ``_forking``: ``fork_session``'s parent side;
 * ``_persistent``, ``_result``: the contract's faces;
-* ``_selftest``: the sandbox's self-test, run through an executor.
+* ``_selftest``: the sandbox's self-test, run through an executor;
+* ``_sizing``: the default ``max_sessions``, from the memory free.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from toolservices.python.host._persistent import PersistentPythonProcess
 from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
 from toolservices.python.host._service import PythonExecutorService
+from toolservices.python.host._sizing import default_max_sessions
 
 __all__ = [
     "ExceptionInfo",
@@ -24,5 +26,6 @@ __all__ = [
     "PersistentPythonProcess",
     "PythonExecutorService",
     "ResultMapping",
+    "default_max_sessions",
     "self_test",
 ]

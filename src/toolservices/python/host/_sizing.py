@@ -89,11 +89,14 @@ def free_memory(root: str = "/") -> int | None:
     return min(known) if known else None
 
 
-def default_max_sessions(*, pool_size: int = 1, root: str = "/") -> int:
+def default_max_sessions(
+    *, pool_size: int = 1, root: str = "/", session_bytes: int = SESSION_BYTES
+) -> int:
     """Half the free memory in idle sessions, within ``[FLOOR, CAP]`` and at least ``pool_size``.
 
-    ``root`` is where ``proc/`` and ``sys/`` are found (tests point it at a fake tree).
+    ``root`` is where ``proc/`` and ``sys/`` are found (tests point it at a fake tree);
+    ``session_bytes`` what one session reserves (a shell session costs more).
     """
     free = free_memory(root)
-    count = FLOOR if free is None else int(free * SHARE) // SESSION_BYTES
+    count = FLOOR if free is None else int(free * SHARE) // session_bytes
     return max(pool_size, min(CAP, max(FLOOR, count)))
