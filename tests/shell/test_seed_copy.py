@@ -105,3 +105,33 @@ def test_spawn_with_files_of_a_python_session(quota: int | None) -> None:
         assert py.execute("print(open('f').read())", session_id="src").stdout == "v1\n"
         with pytest.raises(UserError):
             py.spawn_with_files("never-was", 1)
+
+
+def test_a_symlink_planted_on_the_path_to_the_source_is_not_followed() -> None:
+    """Without bwrap the session may write the parent of its lineage (its own /dev/shm):
+    a symlink put there must not lead the copy, made outside the session's Landlock, to a
+    host directory the session cannot read."""
+    import shutil
+    import tempfile
+
+    from toolservices.errors import InfrastructureError
+
+    secret_top = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        (secret_top / "w0").mkdir()
+        (secret_top / "w0" / "secret.txt").write_text("TOPSECRET")
+        config = dataclasses.replace(default_config(), bwrap=False)
+        with PythonExecutorService(pool_size=1, timeout=10.0, spares=0, sandbox=config) as py:
+            read = py.execute(f"open('{secret_top}/w0/secret.txt').read()", session_id="src")
+            if read.success:
+                pytest.skip("no Landlock here: nothing is hidden from the session")
+            plant = (
+                "import os\nw0 = os.getcwd(); lin = os.path.dirname(w0); base = "
+                "os.path.dirname(lin)\nos.chdir('/'); os.rename(base, base + '.old'); "
+                f"os.mkdir(base); os.symlink({str(secret_top)!r}, lin)"
+            )
+            assert py.execute(plant, session_id="src").success
+            with pytest.raises(InfrastructureError, match="symbolic links"):
+                py.spawn_with_files("src", 1)
+    finally:
+        shutil.rmtree(secret_top)

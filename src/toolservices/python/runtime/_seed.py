@@ -67,7 +67,7 @@ def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
     without, the path is opened here (a shared namespace).
     """
     if not enter:
-        return os.open(path, _DIR_FLAGS)
+        return _open_no_symlinks(path)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # the helper: never returns
@@ -88,7 +88,7 @@ def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
                 check(libc().setns(ns[1], _CLONE_NEWNS), "setns(the source's mount namespace)")
             else:
                 check(libc().setns(ns[0], _CLONE_NEWUSER | _CLONE_NEWNS), "setns(source pidfd)")
-            fd = os.open(path, _DIR_FLAGS)
+            fd = _open_no_symlinks(path)
             socket.send_fds(theirs, [b"k"], [fd])
         except BaseException as exc:
             try:
@@ -108,10 +108,24 @@ def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
     return fds[0]
 
 
-def _open_beneath(root: int, rel: str, flags: int) -> int:
+def _open_no_symlinks(path: str) -> int:
+    """Open directory ``path`` (absolute) following no symlink on the way.
+
+    The source session may plant one in a directory of the path it can write
+    (its own ``/dev/shm`` at L2), and whoever opens this is outside its Landlock.
+    """
+    top = os.open("/", _DIR_FLAGS)
+    try:
+        return _open_beneath(top, path.strip("/"), _DIR_FLAGS, cross_mounts=True)
+    finally:
+        os.close(top)
+
+
+def _open_beneath(root: int, rel: str, flags: int, *, cross_mounts: bool = False) -> int:
     """Open ``rel`` (a relative path of directories) below ``root`` following no symlink.
 
     A path longer than one system call takes (a deep tree) is opened a part at a time.
+    ``cross_mounts``: a path may pass mount points (not within a copied tree).
     """
     if not rel:
         return os.open(".", flags, dir_fd=root)
@@ -124,7 +138,9 @@ def _open_beneath(root: int, rel: str, flags: int) -> int:
                 size += len(parts[take]) + 1
                 take += 1
             chunk, parts = "/".join(parts[: max(take, 1)]), parts[max(take, 1) :]
-            nxt = _open_chunk(current, chunk, flags if not parts else _DIR_FLAGS)
+            nxt = _open_chunk(
+                current, chunk, flags if not parts else _DIR_FLAGS, cross_mounts=cross_mounts
+            )
             if current != root:
                 os.close(current)
             current = nxt
@@ -139,14 +155,11 @@ def _open_beneath(root: int, rel: str, flags: int) -> int:
 _CHUNK = 2048
 
 
-def _open_chunk(root: int, rel: str, flags: int) -> int:
+def _open_chunk(root: int, rel: str, flags: int, *, cross_mounts: bool = False) -> int:
     global _openat2_works
     if _openat2_works:
-        how = _OpenHow(
-            flags,
-            0,
-            _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV,
-        )
+        resolve = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+        how = _OpenHow(flags, 0, resolve if cross_mounts else resolve | _RESOLVE_NO_XDEV)
         path = rel.encode("utf-8", "surrogateescape")
         fd = libc().syscall(_SYS_OPENAT2, root, path, ctypes.byref(how), ctypes.sizeof(how))
         if fd >= 0:
