@@ -82,7 +82,7 @@ def test_floor_cap_and_pool_size(tmp_path: Path) -> None:
     assert default_max_sessions(root=small) == FLOOR
     assert default_max_sessions(pool_size=512, root=small) == 512
     huge = fake_root(tmp_path / "huge", available=1024 * GIB)
-    assert default_max_sessions(root=huge) == CAP
+    assert default_max_sessions(root=huge, nofile=1 << 20) == CAP
     unknown = fake_root(tmp_path / "unknown", available=None)
     assert free_memory(unknown) is None
     assert default_max_sessions(root=unknown) == FLOOR
@@ -133,3 +133,42 @@ def test_a_shell_session_reserves_more_and_sizes_itself_the_same_way(tmp_path: P
             explicit.close()
     finally:
         shell.close()
+
+
+def test_the_default_never_plans_more_sessions_than_descriptors_allow(tmp_path: Path) -> None:
+    plenty = fake_root(tmp_path / "m", available=1024 * GIB)
+    assert default_max_sessions(root=plenty, nofile=1 << 20) == CAP
+    # 1,024 descriptors, 512 kept for the rest of the process, 5 a session
+    assert default_max_sessions(root=plenty, nofile=1024, session_fds=5) == 102
+    assert default_max_sessions(pool_size=200, root=plenty, nofile=1024, session_fds=5) == 200
+
+
+_OUT_OF_FDS = """
+import os, resource
+from toolservices.errors import InfrastructureError
+from toolservices.python import PythonExecutorService
+with PythonExecutorService(pool_size=1, max_sessions=500, spares=0) as py:
+    assert py.execute("x = 0", session_id="s0").success
+    room = len(os.listdir("/proc/self/fd")) + 40
+    resource.setrlimit(resource.RLIMIT_NOFILE, (room, room))  # hard too: no lifting it back
+    for i in range(1, 200):
+        try:
+            py.execute("x = 1", session_id=f"s{i}")
+        except InfrastructureError as exc:
+            assert exc.retryable and "ulimit -n" in exc.message, exc
+            print("refused", i)
+            break
+    else:
+        raise SystemExit("never ran out")
+    assert py.execute("print(x)", session_id="s0").stdout == "0\\n"  # live ones still work
+"""
+
+
+def test_running_out_of_descriptors_is_a_retryable_infrastructure_error() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_FDS], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "refused" in proc.stdout, proc.stderr[-2000:]

@@ -26,6 +26,9 @@ _GRACE = 5.0
 #: PSS measured (the supervisor, its spawner, a waiting bash; docs/benchmarks.md), rounded
 #: up. Files in a workspace take memory too (a tmpfs), up to its ``disk_quota``.
 SESSION_BYTES = 8 << 20
+#: descriptors a shell session holds in the caller: the Python session's, plus its user
+#: and mount namespaces (what fork_session copies its workspace through)
+SESSION_FDS = 5
 #: the default size cap of a session's workspace (each fork_session copy has its own)
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
@@ -149,7 +152,9 @@ class ShellService:
         self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
-            max_sessions = default_max_sessions(pool_size=pool_size, session_bytes=SESSION_BYTES)
+            max_sessions = default_max_sessions(
+                pool_size=pool_size, session_bytes=SESSION_BYTES, session_fds=SESSION_FDS
+            )
         self._python = PythonExecutorService(
             pool_size=pool_size,
             timeout=self.timeout + _GRACE,

@@ -30,6 +30,7 @@ import time
 
 import anyio
 
+from toolservices.errors import InfrastructureError
 from toolservices.python.host._gate import on_loop
 from toolservices.python.runtime import (
     ANC_SPACE,
@@ -43,10 +44,20 @@ from toolservices.python.runtime import (
     new_seq,
 )
 
-__all__ = ["Channel", "Outgoing", "check_reply"]
+__all__ = ["Channel", "Outgoing", "check_reply", "out_of_descriptors"]
 
 #: the unsent rest of a frame and the descriptors still to go with its first byte
 Outgoing = tuple[memoryview, list[tuple[int, int, bytes]]]
+
+
+def out_of_descriptors(detail: str) -> InfrastructureError:
+    """This process ran out of file descriptors (``EMFILE``): what to change, retryable."""
+    return InfrastructureError(
+        f"no file descriptor left for a new session ({detail}): each live session holds "
+        "a few in this process; lower max_sessions or raise the open-files limit (ulimit -n)",
+        retryable=True,
+    )
+
 
 _POLL_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
 
@@ -65,7 +76,7 @@ class Channel:
         self.max_body = max_body
         self._buf = bytearray()
         self._fds: list[int] = []
-        self._error: PeerClosed | None = None
+        self._error: PeerClosed | InfrastructureError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False
@@ -147,12 +158,17 @@ class Channel:
     def _pull(self) -> bool:
         """Read what is available without blocking; False when nothing was."""
         try:
-            chunk, anc, _flags, _addr = self.sock.recvmsg(1 << 16, ANC_SPACE)
+            chunk, anc, flags, _addr = self.sock.recvmsg(1 << 16, ANC_SPACE)
         except BlockingIOError:
             return False
         except OSError as exc:
             raise PeerClosed(f"cannot read from peer: {exc}") from None
         self._fds.extend(fds_from_ancdata(anc))
+        if flags & socket.MSG_CTRUNC:  # the kernel dropped descriptors we had no room for
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = []
+            raise out_of_descriptors("descriptors sent to us were dropped")
         if not chunk:
             raise PeerClosed("peer closed the channel")
         self._buf += chunk
@@ -234,7 +250,7 @@ class Channel:
             return
         try:
             self._pull()
-        except PeerClosed as exc:
+        except (PeerClosed, InfrastructureError) as exc:  # the waiting task raises it
             self._error = exc
             self._unregister()
         if not waiter.done():

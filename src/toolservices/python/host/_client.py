@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import os
 import signal
@@ -30,7 +31,7 @@ import anyio
 from toolservices import _portal
 from toolservices.errors import InfrastructureError
 from toolservices.python import runtime
-from toolservices.python.host._channel import Channel, check_reply
+from toolservices.python.host._channel import Channel, check_reply, out_of_descriptors
 from toolservices.python.host._result import ExceptionInfo, ExecResult
 from toolservices.python.runtime import (
     EXIT_BROKEN,
@@ -299,7 +300,12 @@ class ForkServerClient:
     async def start_spawn(self, *, seed: SessionHandle | None = None) -> tuple[socket.socket, str]:
         """The SPAWN request alone: the new session's channel and workdir (it says HELLO
         there once started; :meth:`SessionHandle.connect` waits for that)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise out_of_descriptors(str(exc.strerror)) from exc
         source = None if seed is None else seed.workdir
         fds = (theirs.fileno(), *(() if seed is None else seed.ns_fds))
         try:

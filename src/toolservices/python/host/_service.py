@@ -53,7 +53,7 @@ from toolservices.python.host._client import (
 from toolservices.python.host._forking import fork_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
-from toolservices.python.host._sizing import default_max_sessions
+from toolservices.python.host._sizing import default_max_sessions, raise_fd_limit
 from toolservices.python.sandbox import check_config, default_config
 
 __all__ = ["PythonExecutorService"]
@@ -147,6 +147,8 @@ class PythonExecutorService:
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
             max_sessions = default_max_sessions(pool_size=pool_size)
+        else:
+            raise_fd_limit()  # each live session holds descriptors here
         self._max_queue_arg = max_queue
         if max_queue is None:
             max_queue = max(DEFAULT_MAX_QUEUE, max_sessions)

@@ -9,13 +9,29 @@ and everything else on the machine. The result is clamped between
 :data:`FLOOR` (a rollout batch's worth: fewer would evict episodes mid-rollout)
 and :data:`CAP`. Read when the executor is constructed, so a Ray replica sizes
 itself from its own node.
+
+Each live session also holds a few file descriptors in the caller's process
+(its channel, output memfds, and a shell session's namespace descriptors), so
+:func:`raise_fd_limit` lifts the soft ``RLIMIT_NOFILE`` to the hard one and the
+default never plans more sessions than the descriptors left can serve.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 
-__all__ = ["CAP", "FLOOR", "SESSION_BYTES", "default_max_sessions", "free_memory"]
+__all__ = [
+    "CAP",
+    "FLOOR",
+    "SESSION_BYTES",
+    "default_max_sessions",
+    "free_memory",
+    "raise_fd_limit",
+]
+
+log = logging.getLogger(__name__)
 
 #: memory reserved per session: 2.2-2.4 MiB measured idle, rounded up
 SESSION_BYTES = 3 << 20
@@ -25,6 +41,10 @@ SHARE = 0.5
 FLOOR = 256
 #: ... nor more (4,096 were measured on one machine; more wants a cluster)
 CAP = 16384
+#: descriptors a Python session holds in the caller (channel, stdout and stderr memfds)
+SESSION_FDS = 3
+#: descriptors left to the rest of the caller's process (Ray, sockets, files)
+FD_MARGIN = 512
 #: what cgroup v1 reports for "no limit" is close to 2**63; anything this large is no limit
 _UNLIMITED = 1 << 60
 
@@ -89,14 +109,38 @@ def free_memory(root: str = "/") -> int | None:
     return min(known) if known else None
 
 
+def raise_fd_limit() -> int:
+    """Lift the soft ``RLIMIT_NOFILE`` to the hard limit (or ``fs.nr_open``); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = _read_int("/proc/sys/fs/nr_open") or 1 << 20
+    target = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("RLIMIT_NOFILE raised from %d to %d for sessions' descriptors", soft, target)
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.debug("could not raise RLIMIT_NOFILE from %d: %s", soft, exc)
+    return ceiling if soft == resource.RLIM_INFINITY else soft
+
+
 def default_max_sessions(
-    *, pool_size: int = 1, root: str = "/", session_bytes: int = SESSION_BYTES
+    *,
+    pool_size: int = 1,
+    root: str = "/",
+    session_bytes: int = SESSION_BYTES,
+    session_fds: int = SESSION_FDS,
+    nofile: int | None = None,
 ) -> int:
-    """Half the free memory in idle sessions, within ``[FLOOR, CAP]`` and at least ``pool_size``.
+    """Half the free memory in idle sessions, within ``[FLOOR, CAP]`` and at least ``pool_size``,
+    and no more than the file descriptors left can serve.
 
     ``root`` is where ``proc/`` and ``sys/`` are found (tests point it at a fake tree);
-    ``session_bytes`` what one session reserves (a shell session costs more).
+    ``session_bytes``, ``session_fds``: what one session takes (a shell session more);
+    ``nofile``: the descriptor limit (by default lifted and read here).
     """
     free = free_memory(root)
     count = FLOOR if free is None else int(free * SHARE) // session_bytes
-    return max(pool_size, min(CAP, max(FLOOR, count)))
+    limit = raise_fd_limit() if nofile is None else nofile
+    by_fds = max(1, (limit - FD_MARGIN) // session_fds)
+    return max(pool_size, min(CAP, max(FLOOR, count), by_fds))
