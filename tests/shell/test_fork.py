@@ -253,3 +253,19 @@ def test_a_source_swapping_links_while_copied_gets_no_more(shell: ShellService, 
         res = shell.run("if [ -L d ]; then readlink d; else ls -A d; fi", session_id=copy)
         assert res.stdout in ("", "f\n", "/etc\n"), res
         shell.close_session(copy)
+
+
+def test_fork_of_an_unknown_or_evicted_session_is_refused(shell: ShellService) -> None:
+    from toolservices.errors import UserError
+
+    before = shell.stats()["sessions"]
+    with pytest.raises(UserError, match="unknown session"):
+        shell.fork_session(new_sid(), 1)
+    assert shell.stats()["sessions"] == before  # nothing made on the way
+    with ShellService(pool_size=1, max_sessions=2, spares=0) as small:
+        for sid in ("a", "b", "c"):  # "a" is evicted, its files and state gone
+            assert small.run("echo x > f", session_id=sid).success
+        with pytest.raises(UserError, match="unknown session"):
+            small.fork_session("a", 1)
+        (copy,) = small.fork_session("c", 1)  # evicts "b" for room: still a whole copy
+        assert small.run("cat f", session_id=copy).stdout == "x\n"

@@ -473,14 +473,14 @@ class ShellService:
     def fork_session(self, src: str, n: int = 1) -> list[str]:
         """``n`` copies of session ``src``: its workspace files and shell state; ``src`` runs on."""
         _check_session(src, required=True)
-        res, _ = self._request("state", {}, src, self._file_limit())
-        args = self._state_args(res)
-        copies = self._python.spawn_with_files(src, n)
+        copies = self._python.spawn_with_files(src, n)  # an unknown source: UserError
         try:
+            res, lost = self._request("state", {}, src, self._file_limit())
+            args = self._state_args(res, lost)
             for copy in copies:
                 if args["state"]:
-                    res, _ = self._request("adopt", args, copy, self._file_limit())
-                    self._adopted(res)
+                    res, lost = self._request("adopt", args, copy, self._file_limit())
+                    self._adopted(res, lost)
         except BaseException:
             for copy in copies:
                 self.close_session(copy)
@@ -490,25 +490,35 @@ class ShellService:
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
         """Async :meth:`fork_session`."""
         _check_session(src, required=True)
-        res, _ = await self._arequest("state", {}, src, self._file_limit())
-        args = self._state_args(res)
-        copies = await self._python.aspawn_with_files(src, n)
+        copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
         try:
+            res, lost = await self._arequest("state", {}, src, self._file_limit())
+            args = self._state_args(res, lost)
             for copy in copies:
                 if args["state"]:
-                    res, _ = await self._arequest("adopt", args, copy, self._file_limit())
-                    self._adopted(res)
+                    res, lost = await self._arequest("adopt", args, copy, self._file_limit())
+                    self._adopted(res, lost)
         except BaseException:
             for copy in copies:
                 await self.aclose_session(copy)
             raise
         return copies
 
-    def _state_args(self, res: ExecResult) -> dict[str, Any]:
+    def _state_args(self, res: ExecResult, lost: bool) -> dict[str, Any]:
+        if lost:  # its files were copied, its shell state is gone: the copies would mix the two
+            raise InfrastructureError(
+                "fork_session: the source session was restarted during the copy", retryable=True
+            )
         reply = self._reply(res)
         return {"state": str(reply["state"]), "workspace": str(reply["workspace"])}
 
-    def _adopted(self, res: ExecResult) -> None:
+    def _adopted(self, res: ExecResult, lost: bool) -> None:
+        if lost:
+            raise InfrastructureError(
+                "fork_session: a copy was evicted before it got the shell state "
+                "(max_sessions too small for the copies?)",
+                retryable=True,
+            )
         reply = self._reply(res)
         if not reply.get("ok"):
             raise InfrastructureError(

@@ -207,16 +207,20 @@ class ForkServer:
                 os.close(fd)
             raise ValueError("SPAWN needs one channel descriptor (and two namespaces)")
         chan_fd, ns = frame.fds[0], list(frame.fds[1:])
-        source = Spawn.decode(frame).seed
         seed = None
         try:
+            source = Spawn.decode(frame).seed
             if source is not None:
                 pid = self.sessions.get(source)
                 if pid is None:
-                    os.close(chan_fd)
                     raise ValueError("the seed session is not a live session")
                 # a pidfd pins the source: its pid cannot be reused while the copy opens it
                 seed = (source, ns or [os.pidfd_open(pid)])
+        except BaseException:  # no session comes of it: none of its descriptors stays
+            for fd in (chan_fd, *ns):
+                os.close(fd)
+            raise
+        try:
             return self._spawn(chan_fd, seed)
         finally:
             for fd in seed[1] if seed is not None else ns:
