@@ -541,6 +541,20 @@ def test_job_started_after_the_next_spare_is_not_killed_by_the_next_timeout(
     assert gone_within(mark)
 
 
+def test_a_double_fork_of_an_earlier_job_is_not_killed_by_a_later_timeout(
+    shell: ShellService,
+) -> None:
+    # the earlier job forks its orphan while the later command runs: a younger process than
+    # that command's bash, reparented to the supervisor, but of the earlier job's group
+    sid, mark = new_sid(), marker()
+    shell.run(f"( sleep 0.2; ( exec -a {mark} sleep 300 & ) ) &", session_id=sid)
+    wait = f"for _ in $(seq 500); do pgrep -f {mark} >/dev/null && break; sleep 0.01; done"
+    assert shell.run(f"{wait}; sleep 30", session_id=sid, timeout=3).timed_out
+    assert shell.run(alive_probe(mark), session_id=sid).stdout == "alive\n"
+    shell.close_session(sid)
+    assert gone_within(mark)
+
+
 def test_timeout_kills_the_jobs_its_command_started(shell: ShellService) -> None:
     sid, mark = new_sid(), marker()
     res = shell.run(

@@ -620,8 +620,8 @@ def _start_time(pid: int) -> int:
         return 0
 
 
-def _children(root: int) -> dict[int, int]:
-    """``root``'s children now, pid -> start time (to tell a reused pid apart)."""
+def _children(root: int) -> dict[int, tuple[int, int]]:
+    """``root``'s children now, pid -> (start time, to tell a reused pid apart; group)."""
     pids: list[int] = []
     try:
         for task in os.listdir(f"/proc/{root}/task"):
@@ -633,10 +633,19 @@ def _children(root: int) -> dict[int, int]:
             for name in os.listdir("/proc")
             if name.isdigit() and _parent(int(name)) == root
         ]
-    return {pid: _start_time(pid) for pid in pids}
+    found = {}
+    for pid in pids:
+        try:
+            fields = _stat(pid)
+            found[pid] = (int(fields[19]), int(fields[2]))
+        except (OSError, ValueError, IndexError):
+            continue  # gone already
+    return found
 
 
-def _kill_tree(root: int, bash: int, born: int, spared: int, earlier: dict[int, int]) -> None:
+def _kill_tree(
+    root: int, bash: int, born: int, spared: int, earlier: dict[int, tuple[int, int]]
+) -> None:
     """Kill the timed-out command's tree, and nothing of the commands before it.
 
     Orphans come back to ``root`` (a subreaper). Among its children, the
@@ -646,8 +655,10 @@ def _kill_tree(root: int, bash: int, born: int, spared: int, earlier: dict[int, 
     started: the spare bash is started when the previous command ends, so a job
     that command put in the background can fork after it); everything below
     them goes too. Background jobs of earlier commands are in older groups, and
-    so are the processes they start later; ``spared`` (the spawner) stays.
+    so are the processes they start later (an orphan of their double fork is
+    spared by its group); ``spared`` (the spawner) stays.
     """
+    older = {group for _start, group in earlier.values() if group != bash}
     for _ in range(16):
         info: dict[int, tuple[int, int, int, bytes]] = {}  # pid -> ppid, pgid, start, state
         for name in os.listdir("/proc"):
@@ -662,7 +673,15 @@ def _kill_tree(root: int, bash: int, born: int, spared: int, earlier: dict[int, 
             for pid, (ppid, pgid, start, _state) in info.items()
             if ppid == root
             and pid != spared
-            and (pgid == bash or (pid >= bash and start >= born and earlier.get(pid, -1) != start))
+            and (
+                pgid == bash
+                or (
+                    pid >= bash
+                    and start >= born
+                    and earlier.get(pid, (-1, -1))[0] != start
+                    and pgid not in older
+                )
+            )
         }
         tree: set[int] = set()
         while frontier:
