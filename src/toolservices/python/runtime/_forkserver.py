@@ -106,15 +106,30 @@ def _remove(path: str) -> None:
     try:
         remove_tree(path)
     except OSError:
-        import subprocess  # noqa: PLC0415 - here only: it imports threading (see main)
+        # not subprocess: it imports threading, whose after-fork hook every session pays
+        rm = _which("rm")
+        if rm is None:
+            return
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            pid = os.posix_spawn(
+                rm,
+                [rm, "-rf", "--one-file-system", "--", path],
+                os.environ,
+                file_actions=[(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)],
+            )
+        finally:
+            os.close(null)
+        os.waitpid(pid, 0)
 
-        subprocess.run(
-            ["rm", "-rf", "--one-file-system", "--", path],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
+
+def _which(name: str) -> str | None:
+    """``name`` on the PATH (``shutil`` is not imported here for one lookup)."""
+    for folder in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 class ForkServer:
