@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
@@ -472,23 +473,10 @@ class ShellService:
 
     def fork_session(self, src: str, n: int = 1) -> list[str]:
         """``n`` copies of session ``src``: its workspace files and shell state; ``src`` runs on."""
-        _check_session(src, required=True)
-        copies = self._python.spawn_with_files(src, n)  # an unknown source: UserError
-        try:
-            res, lost = self._request("state", {}, src, self._file_limit())
-            args = self._state_args(res, lost)
-            for copy in copies:
-                if args["state"]:
-                    res, lost = self._request("adopt", args, copy, self._file_limit())
-                    self._adopted(res, lost)
-        except BaseException:
-            for copy in copies:
-                self.close_session(copy)
-            raise
-        return copies
+        return run_sync(self.afork_session, src, n)
 
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
-        """Async :meth:`fork_session`."""
+        """Async :meth:`fork_session` (which waits for this one on the library's loop)."""
         _check_session(src, required=True)
         copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
         try:

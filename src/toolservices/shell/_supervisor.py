@@ -275,6 +275,17 @@ class Shell:
             return spare
         raise OSError(errno.EAGAIN, "could not start bash (process budget used up?)")
 
+    def prepare_next(self) -> None:
+        """Start the next command's bash and have it restore the state while we reply."""
+        if self.pending is None:
+            try:
+                self._request_spare()
+            except OSError:
+                return  # asked again (and reported) by the next command
+        assert self.pending is not None
+        if self.pending.generation == -1:
+            self._prime(self.pending)
+
     def _prime(self, spare: _Spare) -> None:
         spare.prime(self.state.encode("utf-8", "surrogateescape"), self.generation)
 
@@ -326,13 +337,7 @@ class Shell:
                 self.state = text
                 self.generation += 1
             restarted = False
-        if self.pending is None:
-            try:  # the next command's bash starts and restores the state while we reply
-                self._request_spare()
-            except OSError:
-                pass  # asked again (and reported) by the next command
-        if self.pending is not None:
-            self._prime(self.pending)
+        self.prepare_next()
         _reap()
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
@@ -742,12 +747,7 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     elif op == "list":
         reply = shell.list_files(args["path"], args["limit"])
     elif op == "warm":  # a spare interpreter, ahead of need: the first bash starts now
-        try:
-            shell._request_spare()
-            assert shell.pending is not None
-            shell._prime(shell.pending)
-        except OSError:
-            pass  # the first command asks again and reports it
+        shell.prepare_next()
         reply = {"ok": True}
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}

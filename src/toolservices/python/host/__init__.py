@@ -6,7 +6,7 @@
 * ``_client``: the fork-server process and its control channel, one
   :class:`SessionHandle` per interpreter;
 * ``_channel``: the parent's end of a framed channel and its request/reply;
-* ``_forking``: ``fork_session``'s parent side;
+* ``_forking``: ``fork_session``'s and ``spawn_with_files``' parent side;
 * ``_persistent``, ``_result``: the contract's faces;
 * ``_selftest``: the sandbox's self-test, run through an executor;
 * ``_sizing``: the default ``max_sessions``, from the memory free.

@@ -403,7 +403,9 @@ class SessionHandle:
         if frame.kind != Kind.HELLO or len(fds) not in (2, 4):
             for fd in fds:
                 os.close(fd)
-            raise ProtocolViolation(f"expected HELLO with 2 descriptors, got kind {frame.kind}")
+            raise ProtocolViolation(
+                f"expected HELLO with 2 or 4 descriptors, got kind {frame.kind} with {len(fds)}"
+            )
         self.out_fd, self.err_fd = fds[:2]
         self.ns_fds = tuple(fds[2:])  # its user and mount namespaces: seeds copies (_seed)
         self.pid = int(Hello.decode(frame).pid)

@@ -6,6 +6,10 @@ over the source's channel with ``SCM_RIGHTS`` and its own working directory
 in the source's lineage, and the server adopts the copies as sessions. The
 control channel is held throughout, so no sweep can mistake a copy in flight
 for an orphan.
+
+``spawn_with_files`` (:func:`seeded_handles`) makes fresh sessions instead,
+which the fork server seeds with a copy of the source's files (``_seed``):
+nothing of the source's memory travels.
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ import anyio
 
 from toolservices.errors import InfrastructureError
 from toolservices.python.host._channel import Channel
-from toolservices.python.host._client import MAX_META, ForkServerClient, SessionHandle
+from toolservices.python.host._client import (
+    MAX_META,
+    SEED_START_TIMEOUT,
+    ForkServerClient,
+    SessionHandle,
+)
 from toolservices.python.runtime import (
     Adopt,
     Error,
@@ -28,7 +37,7 @@ from toolservices.python.runtime import (
     Release,
 )
 
-__all__ = ["FORK_TIMEOUT", "fork_handles"]
+__all__ = ["FORK_TIMEOUT", "fork_handles", "seeded_handles"]
 
 #: the FORK request: n forks of a warm interpreter take milliseconds each
 FORK_TIMEOUT = 30.0
@@ -80,3 +89,45 @@ async def fork_handles(server: ForkServerClient, src: SessionHandle, n: int) -> 
             await src.kill()  # its state is unknown now
         raise InfrastructureError(failure, retryable=True)
     return handles
+
+
+async def seeded_handles(
+    server: ForkServerClient, seed: SessionHandle, n: int
+) -> list[SessionHandle]:
+    """``n`` sessions seeded with ``seed``'s files, copied at the same time (each copy's
+    work is in its own processes); all of them, or none and the first failure."""
+    started: list[tuple[socket.socket, str]] = []
+    results: list[SessionHandle | BaseException | None] = [None] * n
+    failure: BaseException | None = None
+    try:
+        for _ in range(n):
+            started.append(await server.start_spawn(seed=seed))
+    except BaseException as exc:  # those already started still say HELLO: take them down
+        failure = exc
+
+    async def connect(index: int, sock: socket.socket, workdir: str) -> None:
+        try:
+            results[index] = await SessionHandle.connect(
+                server, sock, workdir, start_timeout=SEED_START_TIMEOUT
+            )
+        except Exception as exc:  # the handle killed itself
+            results[index] = exc
+
+    try:
+        with anyio.CancelScope(shield=failure is not None):
+            async with anyio.create_task_group() as group:
+                for index, (sock, workdir) in enumerate(started):
+                    group.start_soon(connect, index, sock, workdir)
+        failure = failure or next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            raise failure
+    except BaseException:  # cancelled, or one failed: none of them is handed out
+        with anyio.CancelScope(shield=True):
+            for result in results:
+                if isinstance(result, SessionHandle):
+                    try:
+                        await result.kill()
+                    except InfrastructureError:
+                        continue  # the server is gone: its sweep took the session
+        raise
+    return [r for r in results if isinstance(r, SessionHandle)]

@@ -28,7 +28,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import socket
 import subprocess
 import threading
 import uuid
@@ -44,13 +43,8 @@ from toolservices import _portal
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
 from toolservices.python import sandbox as _sandbox
 from toolservices.python.host._admission import Admission, Ticket
-from toolservices.python.host._client import (
-    SEED_START_TIMEOUT,
-    ForkServerClient,
-    SessionHandle,
-    SessionLost,
-)
-from toolservices.python.host._forking import fork_handles
+from toolservices.python.host._client import ForkServerClient, SessionHandle, SessionLost
+from toolservices.python.host._forking import fork_handles, seeded_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
 from toolservices.python.host._sizing import default_max_sessions, raise_fd_limit
@@ -676,7 +670,7 @@ class PythonExecutorService:
         return await self._copy_session(src, n, fork_handles, "fork_session")
 
     async def _spawn_with_files(self, src: str, n: int) -> list[str]:
-        return await self._copy_session(src, n, _seeded_handles, "spawn_with_files")
+        return await self._copy_session(src, n, seeded_handles, "spawn_with_files")
 
     async def _copy_session(
         self,
@@ -767,48 +761,6 @@ def _check_session_id(value: object) -> str:
 
 def _rebuild(cls: type[PythonExecutorService], config: dict[str, Any]) -> PythonExecutorService:
     return cls(**config)
-
-
-async def _seeded_handles(
-    server: ForkServerClient, seed: SessionHandle, n: int
-) -> list[SessionHandle]:
-    """``n`` sessions seeded with ``seed``'s files, copied at the same time (each copy's
-    work is in its own processes); all of them, or none and the first failure."""
-    started: list[tuple[socket.socket, str]] = []
-    results: list[SessionHandle | BaseException | None] = [None] * n
-    failure: BaseException | None = None
-    try:
-        for _ in range(n):
-            started.append(await server.start_spawn(seed=seed))
-    except BaseException as exc:  # those already started still say HELLO: take them down
-        failure = exc
-
-    async def connect(index: int, sock: socket.socket, workdir: str) -> None:
-        try:
-            results[index] = await SessionHandle.connect(
-                server, sock, workdir, start_timeout=SEED_START_TIMEOUT
-            )
-        except Exception as exc:  # the handle killed itself
-            results[index] = exc
-
-    try:
-        with anyio.CancelScope(shield=failure is not None):
-            async with anyio.create_task_group() as group:
-                for index, (sock, workdir) in enumerate(started):
-                    group.start_soon(connect, index, sock, workdir)
-        failure = failure or next((r for r in results if isinstance(r, BaseException)), None)
-        if failure is not None:
-            raise failure
-    except BaseException:  # cancelled, or one failed: none of them is handed out
-        with anyio.CancelScope(shield=True):
-            for result in results:
-                if isinstance(result, SessionHandle):
-                    try:
-                        await result.kill()
-                    except InfrastructureError:
-                        pass
-        raise
-    return [r for r in results if isinstance(r, SessionHandle)]
 
 
 def _abandon_sessions(server: ForkServerClient) -> None:

@@ -383,7 +383,7 @@ def enter_session(
             pass
     session_ns = state.get("session_ns")
     own = home or workdir
-    fixed = session_ns.get("workspace") if session_ns else None
+    fixed = fixed_workspace(state)
     if session_ns:  # before the rlimits: a new user namespace starts its own NPROC count
         enter_session_namespaces(
             lineage=workdir,
@@ -394,8 +394,11 @@ def enter_session(
             home=own,
         )
     where = fixed or own
+    try:
+        os.makedirs(own, 0o700, exist_ok=True)  # hidden by a disk_quota mount on the lineage
+    except OSError as exc:
+        raise SessionSetupError(f"cannot make the session workdir {own!r}: {exc}") from exc
     if seed_fd is not None:  # capabilities dropped already; Landlock would deny the source
-        os.makedirs(own, 0o700, exist_ok=True)
         copy_into(seed_fd, where)
     set_no_new_privs()
     limits = dict(state["rlimits"])
@@ -408,7 +411,6 @@ def enter_session(
         limits["NPROC"] = state.get("nproc_hidden", 0) + uid_tasks(os.getuid()) + headroom
     apply_rlimits(limits)
     try:
-        os.makedirs(own, 0o700, exist_ok=True)  # hidden by a disk_quota mount on the lineage
         os.chdir(where)
     except OSError as exc:
         raise SessionSetupError(f"cannot enter the session workdir {where!r}: {exc}") from exc
