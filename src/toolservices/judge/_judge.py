@@ -1,0 +1,563 @@
+"""``CodeJudge``: SandboxFusion's ``run_code`` / ``run_jupyter`` semantics, and multi-case
+``run_tests``, each submission in a fresh sandboxed shell session."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import functools
+import hashlib
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from toolservices._portal import run_sync
+from toolservices.errors import InfrastructureError, UserError
+from toolservices.judge._cache import CompileCache
+from toolservices.judge._compare import outputs_match
+from toolservices.judge._languages import LANGUAGES, STACK_MB, Toolchain, discover, java_flags
+from toolservices.python import SandboxConfig
+from toolservices.shell import ShellFileError, ShellResult, ShellService
+
+__all__ = ["CodeJudge"]
+
+T = TypeVar("T")
+_MiB = 1 << 20
+_COMPILE_STACK_KB = 64 * 1024
+_TIMEOUT_NOTE = re.compile(r"\n\[timed out after [^\]\n]*\]\n\Z")
+_CUT_NOTE = re.compile(r"\n\[\.\.\. output truncated: \d+ more bytes not shown \.\.\.\]\n\Z")
+_DRIVER = (Path(__file__).parent / "_jupyter_driver.py").read_text("utf-8")
+#: stderr fragments of an allocation refused under RLIMIT_AS, per runtime
+_OOM = (
+    "MemoryError",
+    "std::bad_alloc",
+    "OutOfMemoryError",
+    "memory allocation of",
+    "out of memory",
+    "Cannot allocate memory",
+    "JavaScript heap out of memory",
+)
+
+
+def _command(status: str, *, time: float | None = None, rc: int | None = None, out: str | None = None, err: str | None = None) -> dict[str, Any]:
+    return {"status": status, "execution_time": time, "return_code": rc, "stdout": out, "stderr": err}
+
+
+def _from_shell(res: ShellResult) -> dict[str, Any]:
+    """A SandboxFusion ``CommandRunResult`` from a shell result (our notes taken off)."""
+    err = _TIMEOUT_NOTE.sub("", res.stderr) if res.timed_out else res.stderr
+    out = _CUT_NOTE.sub("", res.stdout)
+    err = _CUT_NOTE.sub("", err)
+    if res.timed_out:
+        return _command("TimeLimitExceeded", time=res.duration, out=out, err=err)
+    return _command("Finished", time=res.duration, rc=res.returncode, out=out, err=err)
+
+
+def _overall(compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None) -> tuple[str, str]:
+    """SandboxFusion's status of a run: SandboxError, Failed (a timeout or non-zero exit), Success."""
+    steps = [r for r in (compile_result, run_result) if r is not None]
+    for step in steps:
+        if step["status"] == "Error":
+            return "SandboxError", step["stderr"] or ""
+    if any(s["status"] == "TimeLimitExceeded" for s in steps):
+        return "Failed", ""
+    if any(s["return_code"] not in (None, 0) for s in steps):
+        return "Failed", ""
+    return "Success", ""
+
+
+def _response(status: str, message: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "status": status,
+        "message": message,
+        "compile_result": fields.get("compile_result"),
+        "run_result": fields.get("run_result"),
+        "executor_pod_name": None,
+        "files": fields.get("files", {}),
+    }
+
+
+def _check_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value == value:
+        raise UserError(f"{name} must be a number of seconds, got {value!r}")
+    return float(value)
+
+
+class _Prepared:
+    """What a request brings into its session: decoded files, then the source."""
+
+    def __init__(self, toolchain: Toolchain, code: str, files: Mapping[str, str | None] | None) -> None:
+        self.toolchain = toolchain
+        self.code = code
+        self.files: dict[str, bytes] = {}
+        for name, content in (files or {}).items():
+            if content is None or "IGNORE_THIS_FILE" in name:
+                continue
+            try:
+                self.files[name] = base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise _Refused(f"files[{name!r}] is not valid base64: {exc}") from None
+
+    def cache_key(self) -> str:
+        h = hashlib.sha256()
+        tc = self.toolchain
+        h.update(f"{tc.language}\0{tc.identity}\0{tc.compile}\0".encode())
+        h.update(hashlib.sha256(self.code.encode()).digest())
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\0" + hashlib.sha256(self.files[name]).digest())
+        return h.hexdigest()
+
+
+class _Refused(Exception):
+    """A request the judge answers with SandboxError before running anything."""
+
+
+class CodeJudge:
+    """Judge programs in fresh sandboxed sessions (SandboxFusion's semantics; see docs/code-judge.md).
+
+    Each submission runs in a session of its own (from warmed spares), which is
+    closed afterwards: no files or processes are shared between submissions.
+
+    * ``concurrency``: submission steps running at once (the shell's pool).
+    * ``memory_limit_mb``: the most memory (``RLIMIT_AS``) and stack any program
+      gets; a request's ``memory_limit_MB`` lowers it, ``-1`` means this cap.
+    * ``max_output``: bytes of stdout and of stderr kept per step (SandboxFusion: 1 MiB).
+    * ``cache_bytes``: the compile cache's size (artifacts of compiled submissions).
+    * ``disk_quota``: bytes a submission's workspace may hold.
+    * ``sandbox``: a :class:`~toolservices.python.SandboxConfig` to start from.
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 8,
+        memory_limit_mb: int = 4096,
+        max_output: int = _MiB,
+        cache_bytes: int = 256 * _MiB,
+        disk_quota: int = 512 * _MiB,
+        sandbox: SandboxConfig | None = None,
+        spares: int | None = None,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
+            raise UserError(f"memory_limit_mb must be an int >= 64, got {memory_limit_mb!r}")
+        self.concurrency = concurrency
+        self.memory_limit_mb = memory_limit_mb
+        self.toolchains: dict[str, Toolchain] = {lang: discover(lang) for lang in LANGUAGES}
+        binds = sorted({b for t in self.toolchains.values() for b in t.binds})
+        config = sandbox if sandbox is not None else SandboxConfig()
+        config = dataclasses.replace(
+            config,
+            memory_limit=memory_limit_mb * _MiB,
+            stack_size=memory_limit_mb * _MiB,
+            extra_ro_paths=tuple(dict.fromkeys((*config.extra_ro_paths, *binds))),
+        )
+        self.bound = tuple(binds)
+        self._shell = ShellService(
+            pool_size=concurrency,
+            timeout=60.0,
+            max_sessions=max(64, 4 * concurrency),
+            max_output=max_output,
+            max_file_size=64 * _MiB,
+            disk_quota=disk_quota,
+            sandbox=config,
+            spares=concurrency if spares is None else spares,
+        )
+        self._cache = CompileCache(max_bytes=cache_bytes)
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + n
+
+    def _toolchain(self, language: object) -> Toolchain:
+        if language not in self.toolchains:
+            raise UserError(f"language must be one of {', '.join(LANGUAGES)}; got {language!r}")
+        return self.toolchains[str(language)]
+
+    def available(self) -> dict[str, str]:
+        """Each language: ``"ok"``, or what this server lacks to run it."""
+        return {k: ("missing " + ", ".join(t.missing)) if t.missing else "ok" for k, t in self.toolchains.items()}
+
+    def _limit_mb(self, memory_limit_mb: int) -> int:
+        if memory_limit_mb is None or memory_limit_mb <= 0:
+            return self.memory_limit_mb
+        return min(int(memory_limit_mb), self.memory_limit_mb)
+
+    def _run_line(self, tc: Toolchain, limit_mb: int, artifacts: Sequence[str]) -> str:
+        kb = limit_mb * 1024
+        java_vm, _ = java_flags(limit_mb)
+        run = tc.command(tc.run, java_flags=java_vm)
+        chmod = f"chmod u+x {' '.join(_quote(a) for a in artifacts)} 2>/dev/null; " if artifacts else ""
+        # as SandboxFusion: address space, data and stack all at the memory limit (but
+        # thread-heavy runtimes, see STACK_MB)
+        stack = min(kb, STACK_MB.get(tc.language, limit_mb) * 1024)
+        return f"{chmod}ulimit -v {kb}; ulimit -d {kb}; ulimit -s {stack}; exec {run}"
+
+    async def _write(self, sid: str, prepared: _Prepared) -> None:
+        for name, data in prepared.files.items():
+            await self._shell.awrite_file(name, data, session_id=sid)
+        await self._shell.awrite_file(prepared.toolchain.source, prepared.code, session_id=sid)
+
+    async def _artifacts(self, sid: str, before: set[str]) -> dict[str, bytes] | None:
+        out: dict[str, bytes] = {}
+        for entry in await self._shell.alist_files(".", session_id=sid):
+            if entry.kind == "file" and entry.name not in before:
+                try:
+                    data = await self._shell.aread_file(entry.name, session_id=sid, binary=True)
+                except ShellFileError:
+                    return None  # too large to cache: compile again next time
+                assert isinstance(data, bytes)
+                out[entry.name] = data
+        return out
+
+    async def _compile(
+        self, sid: str, prepared: _Prepared, compile_timeout: float
+    ) -> tuple[dict[str, Any] | None, list[str]]:
+        """The compile step (or its cached outcome): its result and the artifacts' names."""
+        tc = prepared.toolchain
+        if tc.compile is None:
+            return None, []
+        key = prepared.cache_key()
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._count("compile_cache_hits")
+            result, artifacts = hit
+            for name, data in artifacts.items():
+                await self._shell.awrite_file(name, data, session_id=sid)
+            return dict(result), list(artifacts)
+        self._count("compile_cache_misses")
+        before = {*prepared.files, tc.source}
+        # the sandbox's own stack limit (as large as its memory cap) would size every
+        # compiler thread's stack by it (go build, javac, rustc are multi-threaded)
+        line = f"ulimit -s {_COMPILE_STACK_KB}; {tc.command(tc.compile)}"
+        res = await self._shell.arun(line, session_id=sid, timeout=compile_timeout)
+        result = _from_shell(res)
+        artifacts: dict[str, bytes] | None = {}
+        if result["status"] == "Finished" and result["return_code"] == 0:
+            artifacts = await self._artifacts(sid, before)
+        if artifacts is not None and result["status"] == "Finished":
+            self._cache.put(key, result, artifacts)
+        return result, []
+
+    async def _fetch(self, sid: str, names: Sequence[str]) -> dict[str, str]:
+        files: dict[str, str] = {}
+        for name in names:
+            try:
+                data = await self._shell.aread_file(name, session_id=sid, binary=True)
+            except ShellFileError:
+                continue  # as SandboxFusion: only files that exist come back
+            assert isinstance(data, bytes)
+            files[name] = base64.b64encode(data).decode()
+        return files
+
+    def _session(self) -> str:
+        return f"judge-{uuid.uuid4().hex}"
+
+    # --- run_code ---------------------------------------------------------------------
+
+    async def arun_code(
+        self,
+        code: str,
+        language: str,
+        *,
+        stdin: str | None = None,
+        compile_timeout: float = 10.0,
+        run_timeout: float = 10.0,
+        memory_limit_MB: int = -1,  # noqa: N803 - SandboxFusion's field name
+        files: Mapping[str, str | None] | None = None,
+        fetch_files: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """SandboxFusion's ``/run_code``: compile (compiled languages), run, fetch files.
+
+        Returns its response as a dict (``status`` Success / Failed / SandboxError,
+        ``compile_result``, ``run_result``, ``files`` base64). A language whose
+        toolchain this server lacks, bad base64 or a failure of the sandbox answer
+        SandboxError with a message saying what went wrong.
+        """
+        tc = self._toolchain(language)
+        compile_timeout = _check_number("compile_timeout", compile_timeout)
+        run_timeout = _check_number("run_timeout", run_timeout)
+        self._count(f"run_code_{language}")
+        try:
+            if tc.missing:
+                raise _Refused(
+                    f"language {language!r} is not available on this server: missing "
+                    + ", ".join(tc.missing)
+                )
+            prepared = _Prepared(tc, code, files)
+        except _Refused as exc:
+            self._count("sandbox_errors")
+            return _response("SandboxError", str(exc))
+        sid = self._session()
+        try:
+            await self._write(sid, prepared)
+            compile_result, artifacts = await self._compile(sid, prepared, compile_timeout)
+            run_result = None
+            if compile_result is None or (
+                compile_result["status"] == "Finished" and compile_result["return_code"] == 0
+            ):
+                line = self._run_line(tc, self._limit_mb(memory_limit_MB), artifacts)
+                res = await self._shell.arun(line, session_id=sid, timeout=run_timeout, stdin=stdin)
+                run_result = _from_shell(res)
+            fetched = await self._fetch(sid, fetch_files)
+        except (InfrastructureError, ShellFileError) as exc:
+            self._count("sandbox_errors")
+            return _response("SandboxError", f"the sandbox failed: {exc}")
+        finally:
+            await self._shell.aclose_session(sid)
+        status, message = _overall(compile_result, run_result)
+        self._count(f"status_{status}")
+        return _response(
+            status, message, compile_result=compile_result, run_result=run_result, files=fetched
+        )
+
+    def run_code(self, code: str, language: str, **kwargs: Any) -> dict[str, Any]:
+        """Sync :meth:`arun_code`."""
+        return self._sync(functools.partial(self.arun_code, code, language, **kwargs))
+
+    # --- run_jupyter ------------------------------------------------------------------
+
+    async def arun_jupyter(
+        self,
+        cells: Sequence[str],
+        *,
+        cell_timeout: float = 0.0,
+        total_timeout: float = 45.0,
+        memory_limit_MB: int = -1,  # noqa: N803 - SandboxFusion's field name
+        files: Mapping[str, str] | None = None,
+        fetch_files: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """SandboxFusion's ``/run_jupyter``: the cells in one fresh Python process, in order.
+
+        Each cell's stdout, stderr, ``display`` (the last expression's value as
+        ``{"text/plain": repr}``) and ``error`` (``ename``, ``evalue``, ``traceback``);
+        an error does not stop later cells. ``cell_timeout`` > 0 bounds each cell.
+        """
+        self._count("run_jupyter")
+        tc = self.toolchains["python"]
+        nonce = uuid.uuid4().hex
+        out_name = f".judge-{nonce}.json"
+        spec = {"cells": list(cells), "cell_timeout": float(cell_timeout), "output": out_name}
+        driver_files = {"_judge_cells.json": base64.b64encode(json.dumps(spec).encode()).decode()}
+        try:
+            prepared = _Prepared(tc, _DRIVER, {**(files or {}), **driver_files})
+        except _Refused as exc:
+            return {**_jupyter(None), "status": "SandboxError", "message": str(exc)}
+        sid = self._session()
+        try:
+            await self._write(sid, prepared)
+            line = self._run_line(tc, self._limit_mb(memory_limit_MB), ())
+            res = await self._shell.arun(line, session_id=sid, timeout=float(total_timeout) + 10)
+            driver = _from_shell(res)
+            if driver["status"] != "Finished":
+                return {**_jupyter(driver), "status": "Failed"}
+            fetched = await self._fetch(sid, [*fetch_files, out_name])
+        except (InfrastructureError, ShellFileError) as exc:
+            return {**_jupyter(None), "status": "SandboxError", "message": f"the sandbox failed: {exc}"}
+        finally:
+            await self._shell.aclose_session(sid)
+        raw = fetched.pop(out_name, None)
+        if raw is None:
+            return {**_jupyter(driver), "status": "Failed", "files": fetched}
+        cells_out = json.loads(base64.b64decode(raw))
+        return {**_jupyter(driver), "status": "Success", "cells": cells_out, "files": fetched}
+
+    def run_jupyter(self, cells: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+        """Sync :meth:`arun_jupyter`."""
+        return self._sync(functools.partial(self.arun_jupyter, cells, **kwargs))
+
+    # --- run_tests --------------------------------------------------------------------
+
+    async def arun_tests(
+        self,
+        code: str,
+        language: str,
+        cases: Sequence[Mapping[str, Any]],
+        *,
+        compile_timeout: float = 10.0,
+        run_timeout: float = 10.0,
+        memory_limit_MB: int = -1,  # noqa: N803 - SandboxFusion's field name
+        files: Mapping[str, str | None] | None = None,
+        float_tolerance: float | None = None,
+        stop_on_first_failure: bool = False,
+    ) -> dict[str, Any]:
+        """One program against N cases: compiled once, cases run at once, a verdict each.
+
+        ``cases``: ``{"stdin", "expected_stdout", "run_timeout"?, "memory_limit_MB"?}``.
+        Verdicts: ``accepted``, ``wrong_answer``, ``time_limit``, ``memory_limit``,
+        ``runtime_error``, ``compile_error``, ``skipped`` (after a failure with
+        ``stop_on_first_failure``), ``sandbox_error``.
+        """
+        tc = self._toolchain(language)
+        compile_timeout = _check_number("compile_timeout", compile_timeout)
+        run_timeout = _check_number("run_timeout", run_timeout)
+        self._count("run_tests")
+        try:
+            if tc.missing:
+                raise _Refused(
+                    f"language {language!r} is not available on this server: missing "
+                    + ", ".join(tc.missing)
+                )
+            prepared = _Prepared(tc, code, files)
+        except _Refused as exc:
+            return _tests("SandboxError", str(exc), None, [])
+        sid = self._session()
+        try:
+            await self._write(sid, prepared)
+            compile_result, _ = await self._compile(sid, prepared, compile_timeout)
+        except (InfrastructureError, ShellFileError) as exc:
+            return _tests("SandboxError", f"the sandbox failed: {exc}", None, [])
+        finally:
+            await self._shell.aclose_session(sid)
+        if compile_result is not None and (
+            compile_result["status"] != "Finished" or compile_result["return_code"] != 0
+        ):
+            verdicts = [{"verdict": "compile_error", "run_result": None} for _ in cases]
+            return _tests("Failed", "", compile_result, verdicts)
+        artifacts = self._cache.get(prepared.cache_key()) if tc.compile else None
+        built = dict(artifacts[1]) if artifacts is not None else {}
+        if tc.compile and artifacts is None:  # not cacheable: each case compiles on its own
+            built = {}
+
+        async def one(case: Mapping[str, Any]) -> dict[str, Any]:
+            return await self._case(prepared, built, case, run_timeout, memory_limit_MB, compile_timeout, float_tolerance)
+
+        tasks = [asyncio.ensure_future(one(c)) for c in cases]
+        results: list[dict[str, Any] | None] = [None] * len(tasks)
+        index = {t: i for i, t in enumerate(tasks)}
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = False
+                for t in done:
+                    results[index[t]] = t.result()
+                    failed = failed or t.result()["verdict"] != "accepted"
+                if failed and stop_on_first_failure:
+                    break
+        finally:
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        verdicts = [r if r is not None else {"verdict": "skipped", "run_result": None} for r in results]
+        ok = all(v["verdict"] == "accepted" for v in verdicts)
+        return _tests("Success" if ok else "Failed", "", compile_result, verdicts)
+
+    async def _case(
+        self,
+        prepared: _Prepared,
+        built: Mapping[str, bytes],
+        case: Mapping[str, Any],
+        run_timeout: float,
+        memory_limit_mb: int,
+        compile_timeout: float,
+        tolerance: float | None,
+    ) -> dict[str, Any]:
+        tc = prepared.toolchain
+        sid = self._session()
+        try:
+            await self._write(sid, prepared)
+            names = list(built)
+            if tc.compile and not built:
+                compile_result, names = await self._compile(sid, prepared, compile_timeout)
+                if compile_result is None or compile_result["return_code"] != 0:
+                    return {"verdict": "compile_error", "run_result": None}
+            for name, data in built.items():
+                await self._shell.awrite_file(name, data, session_id=sid)
+            limit = self._limit_mb(int(case.get("memory_limit_MB", memory_limit_mb)))
+            timeout = _check_number("run_timeout", case.get("run_timeout", run_timeout))
+            res = await self._shell.arun(
+                self._run_line(tc, limit, names), session_id=sid, timeout=timeout, stdin=case.get("stdin")
+            )
+        except (InfrastructureError, ShellFileError) as exc:
+            return {"verdict": "sandbox_error", "run_result": _command("Error", err=str(exc))}
+        finally:
+            await self._shell.aclose_session(sid)
+        run = _from_shell(res)
+        return {"verdict": _verdict(run, case.get("expected_stdout"), tolerance), "run_result": run}
+
+    def run_tests(self, code: str, language: str, cases: Sequence[Mapping[str, Any]], **kwargs: Any) -> dict[str, Any]:
+        """Sync :meth:`arun_tests`."""
+        return self._sync(functools.partial(self.arun_tests, code, language, cases, **kwargs))
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def isolation_report(self) -> dict[str, Any]:
+        """The shell sessions' report, plus ``toolchains_bound``: host directories bound read-only."""
+        report = dict(self._shell.isolation_report())
+        report["toolchains_bound"] = list(self.bound)
+        return report
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: requests per language and status, compile cache, the shell's own."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._counts)
+        out.update(self._cache.stats())
+        out.update(self._shell.stats())
+        return out
+
+    @staticmethod
+    def _sync(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        return run_sync(call)
+
+    async def aclose(self) -> None:
+        """Close every session and the sandbox's fork server."""
+        await self._shell.aclose()
+
+    def close(self) -> None:
+        """Sync :meth:`aclose`."""
+        self._shell.close()
+
+    def __enter__(self) -> CodeJudge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> CodeJudge:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _quote(name: str) -> str:
+    return "'" + name.replace("'", "'\\''") + "'"
+
+
+def _jupyter(driver: dict[str, Any] | None) -> dict[str, Any]:
+    return {"status": "Success", "message": "", "driver": driver, "cells": [], "executor_pod_name": None, "files": {}}
+
+
+def _tests(status: str, message: str, compile_result: dict[str, Any] | None, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "status": status,
+        "message": message,
+        "compile_result": compile_result,
+        "cases": cases,
+        "accepted": sum(c["verdict"] == "accepted" for c in cases),
+        "total": len(cases),
+    }
+
+
+def _verdict(run: dict[str, Any], expected: str | None, tolerance: float | None) -> str:
+    if run["status"] == "TimeLimitExceeded":
+        return "time_limit"
+    if run["return_code"] != 0:
+        err = run["stderr"] or ""
+        return "memory_limit" if any(s in err for s in _OOM) else "runtime_error"
+    if expected is not None and not outputs_match(run["stdout"] or "", expected, float_tolerance=tolerance):
+        return "wrong_answer"
+    return "accepted"
