@@ -44,10 +44,39 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also run small, capped hostile snippets and say whether each layer held",
     )
     serve = commands.add_parser("serve", help="serve tools over a protocol")
-    serve.add_argument("--mcp", action="store_true", required=True, help="serve as an MCP server")
+    protocol = serve.add_mutually_exclusive_group(required=True)
+    protocol.add_argument("--mcp", action="store_true", help="serve as an MCP server")
+    protocol.add_argument(
+        "--sandbox-fusion",
+        action="store_true",
+        help="serve a code judge with SandboxFusion's HTTP API (/run_code, /run_jupyter, "
+        "/v1/ping) plus /run_tests and /metrics; see docs/code-judge.md",
+    )
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    serve.add_argument(
+        "--port", type=int, help="0 picks a free port (default 8765; --sandbox-fusion: 8080)"
+    )
+    serve.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="--sandbox-fusion: submissions judged at once (default 8); more wait in a "
+        "bounded queue served round-robin per client",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="--sandbox-fusion: requests allowed to wait (default 1024); beyond it HTTP 504",
+    )
+    serve.add_argument(
+        "--memory-limit-mb",
+        type=int,
+        default=4096,
+        help="--sandbox-fusion: the most memory (RLIMIT_AS) and stack a program gets "
+        "(default 4096); a request's memory_limit_MB lowers it",
+    )
     serve.add_argument("--path", default="/mcp", help="HTTP endpoint path")
     serve.add_argument("--pool-size", type=int, default=4, help="Python calls running at once")
     serve.add_argument("--timeout", type=float, default=10.0, help="seconds per Python call")
@@ -143,13 +172,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = self_test()
         print(json.dumps(result, indent=2) if args.json else "\n" + format_self_test(result))
         return 0 if result["ok"] else 1
+    if args.command == "serve" and args.sandbox_fusion:
+        from toolservices.judge import serve_judge
+
+        return serve_judge(
+            host=args.host,
+            port=8080 if args.port is None else args.port,
+            concurrency=args.concurrency,
+            max_queue=args.max_queue,
+            memory_limit_mb=args.memory_limit_mb,
+        )
     if args.command == "serve":
         from toolservices.mcp import serve_main
 
         return serve_main(
             transport=args.transport,
             host=args.host,
-            port=args.port,
+            port=8765 if args.port is None else args.port,
             path=args.path,
             pool_size=args.pool_size,
             timeout=args.timeout,

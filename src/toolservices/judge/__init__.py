@@ -8,4 +8,12 @@ from toolservices.judge._compare import outputs_match
 from toolservices.judge._judge import CodeJudge
 from toolservices.judge._languages import LANGUAGES
 
-__all__ = ["LANGUAGES", "CodeJudge", "outputs_match"]
+
+def serve_judge(**kwargs: object) -> int:
+    """``toolservices serve --sandbox-fusion`` (needs the ``judge`` extra: starlette, uvicorn)."""
+    from toolservices.judge._server import serve_judge as serve
+
+    return serve(**kwargs)  # type: ignore[arg-type]
+
+
+__all__ = ["LANGUAGES", "CodeJudge", "outputs_match", "serve_judge"]

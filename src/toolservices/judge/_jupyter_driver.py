@@ -29,7 +29,8 @@ def _cell(source, scope, timeout):
                 if value is not None:
                     result["display"].append({"text/plain": repr(value)})
         except BaseException as exc:  # a notebook reports every error of a cell and goes on
-            lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not this frame
+            lines = traceback.format_exception(type(exc), exc, tb)
             result["error"].append(
                 {"ename": type(exc).__name__, "evalue": str(exc), "traceback": lines}
             )
