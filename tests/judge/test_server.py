@@ -1,0 +1,144 @@
+"""``serve --sandbox-fusion`` over real HTTP on 127.0.0.1: routes, SandboxFusion's defaults,
+FastAPI-shaped 422s, /run_tests, /metrics, 504 on overload; the admission queue's turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _server import judge_server  # noqa: E402
+
+sys.path.pop(0)
+
+from toolservices.judge._admission import Admission  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def call(base: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            text = resp.read().decode()
+            status = resp.status
+            kind = resp.headers.get("content-type", "")
+    except urllib.error.HTTPError as err:
+        text, status, kind = err.read().decode(), err.code, err.headers.get("content-type", "")
+    return status, json.loads(text) if "json" in kind else text
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    with judge_server("--concurrency", "2") as url:
+        yield url
+
+
+def test_ping(base: str) -> None:
+    assert call(base, "/v1/ping") == (200, "pong")
+
+
+def test_run_code_with_only_code_and_language(base: str) -> None:
+    status, body = call(base, "/run_code", {"code": "print(6*7)", "language": "python"})
+    assert status == 200
+    assert set(body) == {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\n"
+    assert set(body["run_result"]) == {"status", "execution_time", "return_code", "stdout", "stderr"}
+
+
+def test_422_missing_field(base: str) -> None:
+    status, body = call(base, "/run_code", {"language": "python"})
+    assert status == 422
+    assert body["detail"][0]["type"] == "missing" and body["detail"][0]["loc"] == ["body", "code"]
+    assert body["detail"][0]["msg"] == "Field required"
+
+
+def test_422_unknown_language(base: str) -> None:
+    status, body = call(base, "/run_code", {"code": "x", "language": "cobol"})
+    assert status == 422 and body["detail"][0]["type"] == "literal_error"
+    assert body["detail"][0]["loc"] == ["body", "language"]
+
+
+def test_422_bad_json(base: str) -> None:
+    status, body = call(base, "/run_code", raw=b'{"code": ')
+    assert status == 422 and body["detail"][0]["type"] == "json_invalid"
+
+
+def test_missing_toolchain_answers_sandbox_error(base: str) -> None:
+    status, body = call(base, "/run_code", {"code": "x", "language": "python_gpu"})
+    assert status == 200 and body["status"] == "SandboxError" and "GPU" in body["message"]
+
+
+def test_run_jupyter(base: str) -> None:
+    status, body = call(base, "/run_jupyter", {"cells": ["x = 2", "x * 21"]})
+    assert status == 200 and body["cells"][1]["display"] == [{"text/plain": "42"}]
+    assert body["driver"]["status"] == "Finished"
+
+
+def test_run_tests(base: str) -> None:
+    req = {
+        "code": "print(int(input()) ** 2)",
+        "language": "python",
+        "cases": [{"stdin": "3", "expected_stdout": "9"}, {"stdin": "4", "expected_stdout": "15"}],
+    }
+    status, body = call(base, "/run_tests", req)
+    assert status == 200
+    assert [c["verdict"] for c in body["cases"]] == ["accepted", "wrong_answer"]
+
+
+def test_metrics(base: str) -> None:
+    call(base, "/run_code", {"code": "print(1)", "language": "python"})
+    status, text = call(base, "/metrics")
+    assert status == 200
+    assert 'toolservices_judge_requests_total{path="/run_code",code="200"}' in text
+    assert "toolservices_judge_running 0" in text
+
+
+def test_overload_answers_504() -> None:
+    with judge_server("--concurrency", "1", "--max-queue", "0") as url:
+        req = {"code": "import time; time.sleep(3)", "language": "python"}
+        with ThreadPoolExecutor(4) as pool:
+            codes = [s for s, _ in pool.map(lambda _: call(url, "/run_code", req), range(4))]
+    assert sorted(set(codes)) == [200, 504] and codes.count(504) >= 1
+
+
+async def test_admission_turns_per_client() -> None:
+    adm = Admission(concurrency=1, max_queue=10, max_wait=30)
+    assert await adm.enter("a")
+    order: list[str] = []
+
+    async def req(client: str) -> None:
+        assert await adm.enter(client)
+        order.append(client)
+        adm.leave()
+
+    tasks = [asyncio.ensure_future(req(c)) for c in ["a", "a", "a", "b", "b"]]
+    await asyncio.sleep(0)  # let every request queue up
+    adm.leave()
+    await asyncio.gather(*tasks)
+    assert order == ["a", "b", "a", "b", "a"]
+
+
+async def test_admission_full_queue_and_wait_bound() -> None:
+    adm = Admission(concurrency=1, max_queue=1, max_wait=30)
+    assert await adm.enter("a")
+    waiter = asyncio.ensure_future(adm.enter("b", 0.05))
+    await asyncio.sleep(0)
+    assert not await adm.enter("c")  # queue full: 504 at once
+    assert not await waiter  # no slot within its wait: 504
+    assert adm.waiting == 0 and adm.rejected == 2
+    adm.leave()
+    assert adm.running == 0
