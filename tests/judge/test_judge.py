@@ -16,15 +16,17 @@ pytestmark = pytest.mark.timeout(120)
 PROGRAMS = {
     "python": "print('py' + input())",
     "pytest": "def test_ok():\n    assert 1 + 1 == 2\n",
-    "cpp": "#include <iostream>\nint main(){std::string s;std::cin>>s;std::cout<<\"cpp\"<<s<<std::endl;}",
+    "cpp": "#include <iostream>\nint main(){std::string s;std::cin>>s;"
+    'std::cout<<"cpp"<<s<<std::endl;}',
     "bash": "read x; echo sh$x",
-    "nodejs": "require('fs').readFileSync(0,'utf8').split('\\n').slice(0,1).forEach(l=>console.log('js'+l))",
+    "nodejs": "require('fs').readFileSync(0,'utf8').split('\\n').slice(0,1)"
+    ".forEach(l=>console.log('js'+l))",
     "java": "import java.util.*;public class Main{public static void main(String[] a)"
-    "{System.out.println(\"java\"+new Scanner(System.in).next());}}",
+    '{System.out.println("java"+new Scanner(System.in).next());}}',
     "rust": "use std::io::*;fn main(){let mut s=String::new();stdin().read_line(&mut s).unwrap();"
-    "println!(\"rs{}\",s.trim());}",
-    "perl": "my $x = <STDIN>; chomp $x; print \"pl$x\\n\";",
-    "go": "package main\nimport \"fmt\"\nfunc main(){var s string;fmt.Scan(&s);fmt.Println(\"go\"+s)}",
+    'println!("rs{}",s.trim());}',
+    "perl": 'my $x = <STDIN>; chomp $x; print "pl$x\\n";',
+    "go": 'package main\nimport "fmt"\nfunc main(){var s string;fmt.Scan(&s);fmt.Println("go"+s)}',
 }
 EXPECTED = {"python": "pyx\n", "cpp": "cppx\n", "bash": "shx\n", "nodejs": "jsx\n",
             "java": "javax\n", "rust": "rsx\n", "perl": "plx\n", "go": "gox\n"}  # fmt: skip
@@ -82,7 +84,9 @@ def test_execution_time_measured(judge: CodeJudge) -> None:
 
 
 def test_timeout_keeps_partial_output(judge: CodeJudge) -> None:
-    code = "import sys, time\nprint('partial', flush=True)\nsys.stderr.write('e\\n')\ntime.sleep(30)"
+    code = (
+        "import sys, time\nprint('partial', flush=True)\nsys.stderr.write('e\\n')\ntime.sleep(30)"
+    )
     r = judge.run_code(code, "python", run_timeout=0.5)
     run = r["run_result"]
     assert r["status"] == "Failed"
@@ -119,7 +123,10 @@ def test_executor_pod_name_is_none(judge: CodeJudge) -> None:
 
 
 def test_memory_limit_sets_address_space_and_stack(judge: CodeJudge) -> None:
-    code = "import resource as r\nprint(r.getrlimit(r.RLIMIT_AS)[0] >> 20, r.getrlimit(r.RLIMIT_STACK)[0] >> 20)"
+    code = (
+        "import resource as r\n"
+        "print(r.getrlimit(r.RLIMIT_AS)[0] >> 20, r.getrlimit(r.RLIMIT_STACK)[0] >> 20)"
+    )
     r = judge.run_code(code, "python", memory_limit_MB=512)
     assert r["run_result"]["stdout"] == "512 512\n"
     r = judge.run_code("x = bytearray(900 << 20)", "python", memory_limit_MB=256)
@@ -128,8 +135,9 @@ def test_memory_limit_sets_address_space_and_stack(judge: CodeJudge) -> None:
 
 def test_deep_recursion_uses_the_stack(judge: CodeJudge) -> None:
     code = (
-        "#include <cstdio>\nint f(int n){volatile char pad[64]; pad[0]=n; return n? f(n-1)+pad[0]*0+1 : 0;}\n"
-        "int main(){printf(\"%d\\n\", f(2000000));}"
+        "#include <cstdio>\n"
+        "int f(int n){volatile char pad[64]; pad[0]=n; return n? f(n-1)+pad[0]*0+1 : 0;}\n"
+        'int main(){printf("%d\\n", f(2000000));}'
     )
     r = judge.run_code(code, "cpp", memory_limit_MB=1024)
     assert r["run_result"]["stdout"] == "2000000\n", r
@@ -152,12 +160,17 @@ def test_output_flood_is_cut(judge: CodeJudge) -> None:
 
 def test_no_file_of_another_submission(judge: CodeJudge) -> None:
     judge.run_code("open('secret.txt','w').write('s3cret')", "python")
-    r = judge.run_code("import os; print(os.listdir('.'), os.path.exists('/workspace/secret.txt'))", "python")
+    r = judge.run_code(
+        "import os; print(os.listdir('.'), os.path.exists('/workspace/secret.txt'))", "python"
+    )
     assert "secret.txt" not in r["run_result"]["stdout"]
 
 
 def test_no_network(judge: CodeJudge) -> None:
-    code = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 22), 1)\n    print('open')\nexcept OSError as e:\n    print('blocked')"
+    code = (
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 22), 1)\n"
+        "    print('open')\nexcept OSError as e:\n    print('blocked')"
+    )
     assert judge.run_code(code, "python")["run_result"]["stdout"] == "blocked\n"
 
 
@@ -192,7 +205,7 @@ def test_run_tests_verdicts(judge: CodeJudge) -> None:
 
 
 def test_run_tests_compiles_once_and_caches(judge: CodeJudge) -> None:
-    code = "#include <cstdio>\nint main(){int n;scanf(\"%d\",&n);printf(\"%d\\n\",n+1);} // cache"
+    code = '#include <cstdio>\nint main(){int n;scanf("%d",&n);printf("%d\\n",n+1);} // cache'
     before = judge.stats().get("compile_cache_misses", 0)
     cases = [{"stdin": str(i), "expected_stdout": str(i + 1)} for i in range(6)]
     r = judge.run_tests(code, "cpp", cases)

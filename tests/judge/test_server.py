@@ -54,9 +54,22 @@ def test_ping(base: str) -> None:
 def test_run_code_with_only_code_and_language(base: str) -> None:
     status, body = call(base, "/run_code", {"code": "print(6*7)", "language": "python"})
     assert status == 200
-    assert set(body) == {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
+    assert set(body) == {
+        "status",
+        "message",
+        "compile_result",
+        "run_result",
+        "executor_pod_name",
+        "files",
+    }
     assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\n"
-    assert set(body["run_result"]) == {"status", "execution_time", "return_code", "stdout", "stderr"}
+    assert set(body["run_result"]) == {
+        "status",
+        "execution_time",
+        "return_code",
+        "stdout",
+        "stderr",
+    }
 
 
 def test_422_missing_field(base: str) -> None:

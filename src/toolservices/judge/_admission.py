@@ -50,7 +50,7 @@ class Admission:
             await asyncio.wait_for(
                 asyncio.shield(slot), self.max_wait if max_wait is None else max_wait
             )
-        except TimeoutError:
+        except asyncio.TimeoutError:
             if slot.done():  # granted at the very moment the wait ended: keep it
                 return True
             self._drop(client, slot)

@@ -45,8 +45,21 @@ _OOM = (
 )
 
 
-def _command(status: str, *, time: float | None = None, rc: int | None = None, out: str | None = None, err: str | None = None) -> dict[str, Any]:
-    return {"status": status, "execution_time": time, "return_code": rc, "stdout": out, "stderr": err}
+def _command(
+    status: str,
+    *,
+    time: float | None = None,
+    rc: int | None = None,
+    out: str | None = None,
+    err: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "execution_time": time,
+        "return_code": rc,
+        "stdout": out,
+        "stderr": err,
+    }
 
 
 def _from_shell(res: ShellResult) -> dict[str, Any]:
@@ -59,8 +72,10 @@ def _from_shell(res: ShellResult) -> dict[str, Any]:
     return _command("Finished", time=res.duration, rc=res.returncode, out=out, err=err)
 
 
-def _overall(compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None) -> tuple[str, str]:
-    """SandboxFusion's status of a run: SandboxError, Failed (a timeout or non-zero exit), Success."""
+def _overall(
+    compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None
+) -> tuple[str, str]:
+    """SandboxFusion's status: SandboxError, Failed (a timeout or non-zero exit), Success."""
     steps = [r for r in (compile_result, run_result) if r is not None]
     for step in steps:
         if step["status"] == "Error":
@@ -92,7 +107,9 @@ def _check_number(name: str, value: object) -> float:
 class _Prepared:
     """What a request brings into its session: decoded files, then the source."""
 
-    def __init__(self, toolchain: Toolchain, code: str, files: Mapping[str, str | None] | None) -> None:
+    def __init__(
+        self, toolchain: Toolchain, code: str, files: Mapping[str, str | None] | None
+    ) -> None:
         self.toolchain = toolchain
         self.code = code
         self.files: dict[str, bytes] = {}
@@ -119,7 +136,7 @@ class _Refused(Exception):
 
 
 class CodeJudge:
-    """Judge programs in fresh sandboxed sessions (SandboxFusion's semantics; see docs/code-judge.md).
+    """Judge programs in fresh sandboxed sessions (SandboxFusion's semantics, docs/code-judge.md).
 
     Each submission runs in a session of its own (from warmed spares), which is
     closed afterwards: no files or processes are shared between submissions.
@@ -146,7 +163,11 @@ class CodeJudge:
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
+        if (
+            isinstance(memory_limit_mb, bool)
+            or not isinstance(memory_limit_mb, int)
+            or memory_limit_mb < 64
+        ):
             raise UserError(f"memory_limit_mb must be an int >= 64, got {memory_limit_mb!r}")
         self.concurrency = concurrency
         self.memory_limit_mb = memory_limit_mb
@@ -187,7 +208,10 @@ class CodeJudge:
 
     def available(self) -> dict[str, str]:
         """Each language: ``"ok"``, or what this server lacks to run it."""
-        return {k: ("missing " + ", ".join(t.missing)) if t.missing else "ok" for k, t in self.toolchains.items()}
+        return {
+            k: ("missing " + ", ".join(t.missing)) if t.missing else "ok"
+            for k, t in self.toolchains.items()
+        }
 
     def _limit_mb(self, memory_limit_mb: int) -> int:
         if memory_limit_mb is None or memory_limit_mb <= 0:
@@ -198,7 +222,9 @@ class CodeJudge:
         kb = limit_mb * 1024
         java_vm, _ = java_flags(limit_mb)
         run = tc.command(tc.run, java_flags=java_vm)
-        chmod = f"chmod u+x {' '.join(_quote(a) for a in artifacts)} 2>/dev/null; " if artifacts else ""
+        chmod = (
+            f"chmod u+x {' '.join(_quote(a) for a in artifacts)} 2>/dev/null; " if artifacts else ""
+        )
         # as SandboxFusion: address space, data and stack all at the memory limit (but
         # thread-heavy runtimes, see STACK_MB)
         stack = min(kb, STACK_MB.get(tc.language, limit_mb) * 1024)
@@ -232,10 +258,10 @@ class CodeJudge:
         hit = self._cache.get(key)
         if hit is not None:
             self._count("compile_cache_hits")
-            result, artifacts = hit
-            for name, data in artifacts.items():
+            cached_result, cached = hit
+            for name, data in cached.items():
                 await self._shell.awrite_file(name, data, session_id=sid)
-            return dict(result), list(artifacts)
+            return dict(cached_result), list(cached)
         self._count("compile_cache_misses")
         before = {*prepared.files, tc.source}
         # the sandbox's own stack limit (as large as its memory cap) would size every
@@ -364,7 +390,11 @@ class CodeJudge:
                 return {**_jupyter(driver), "status": "Failed"}
             fetched = await self._fetch(sid, [*fetch_files, out_name])
         except (InfrastructureError, ShellFileError) as exc:
-            return {**_jupyter(None), "status": "SandboxError", "message": f"the sandbox failed: {exc}"}
+            return {
+                **_jupyter(None),
+                "status": "SandboxError",
+                "message": f"the sandbox failed: {exc}",
+            }
         finally:
             await self._shell.aclose_session(sid)
         raw = fetched.pop(out_name, None)
@@ -431,7 +461,15 @@ class CodeJudge:
             built = {}
 
         async def one(case: Mapping[str, Any]) -> dict[str, Any]:
-            return await self._case(prepared, built, case, run_timeout, memory_limit_MB, compile_timeout, float_tolerance)
+            return await self._case(
+                prepared,
+                built,
+                case,
+                run_timeout,
+                memory_limit_MB,
+                compile_timeout,
+                float_tolerance,
+            )
 
         tasks = [asyncio.ensure_future(one(c)) for c in cases]
         results: list[dict[str, Any] | None] = [None] * len(tasks)
@@ -451,7 +489,9 @@ class CodeJudge:
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        verdicts = [r if r is not None else {"verdict": "skipped", "run_result": None} for r in results]
+        verdicts = [
+            r if r is not None else {"verdict": "skipped", "run_result": None} for r in results
+        ]
         ok = all(v["verdict"] == "accepted" for v in verdicts)
         return _tests("Success" if ok else "Failed", "", compile_result, verdicts)
 
@@ -479,7 +519,10 @@ class CodeJudge:
             limit = self._limit_mb(int(case.get("memory_limit_MB", memory_limit_mb)))
             timeout = _check_number("run_timeout", case.get("run_timeout", run_timeout))
             res = await self._shell.arun(
-                self._run_line(tc, limit, names), session_id=sid, timeout=timeout, stdin=case.get("stdin")
+                self._run_line(tc, limit, names),
+                session_id=sid,
+                timeout=timeout,
+                stdin=case.get("stdin"),
             )
         except (InfrastructureError, ShellFileError) as exc:
             return {"verdict": "sandbox_error", "run_result": _command("Error", err=str(exc))}
@@ -488,14 +531,16 @@ class CodeJudge:
         run = _from_shell(res)
         return {"verdict": _verdict(run, case.get("expected_stdout"), tolerance), "run_result": run}
 
-    def run_tests(self, code: str, language: str, cases: Sequence[Mapping[str, Any]], **kwargs: Any) -> dict[str, Any]:
+    def run_tests(
+        self, code: str, language: str, cases: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> dict[str, Any]:
         """Sync :meth:`arun_tests`."""
         return self._sync(functools.partial(self.arun_tests, code, language, cases, **kwargs))
 
     # --- lifecycle --------------------------------------------------------------------
 
     def isolation_report(self) -> dict[str, Any]:
-        """The shell sessions' report, plus ``toolchains_bound``: host directories bound read-only."""
+        """The sessions' report, plus ``toolchains_bound``: host directories bound read-only."""
         report = dict(self._shell.isolation_report())
         report["toolchains_bound"] = list(self.bound)
         return report
@@ -538,10 +583,19 @@ def _quote(name: str) -> str:
 
 
 def _jupyter(driver: dict[str, Any] | None) -> dict[str, Any]:
-    return {"status": "Success", "message": "", "driver": driver, "cells": [], "executor_pod_name": None, "files": {}}
+    return {
+        "status": "Success",
+        "message": "",
+        "driver": driver,
+        "cells": [],
+        "executor_pod_name": None,
+        "files": {},
+    }
 
 
-def _tests(status: str, message: str, compile_result: dict[str, Any] | None, cases: list[dict[str, Any]]) -> dict[str, Any]:
+def _tests(
+    status: str, message: str, compile_result: dict[str, Any] | None, cases: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "status": status,
         "message": message,
@@ -558,6 +612,8 @@ def _verdict(run: dict[str, Any], expected: str | None, tolerance: float | None)
     if run["return_code"] != 0:
         err = run["stderr"] or ""
         return "memory_limit" if any(s in err for s in _OOM) else "runtime_error"
-    if expected is not None and not outputs_match(run["stdout"] or "", expected, float_tolerance=tolerance):
+    if expected is not None and not outputs_match(
+        run["stdout"] or "", expected, float_tolerance=tolerance
+    ):
         return "wrong_answer"
     return "accepted"

@@ -67,7 +67,7 @@ class _Metrics:
         ]
         for path, s in sorted(self.seconds.items()):
             lines.append(f'toolservices_judge_request_seconds_total{{path="{path}"}} {s:.6f}')
-        gauges = {
+        gauges: dict[str, float] = {
             "running": admission.running,
             "waiting": admission.waiting,
             "concurrency": admission.concurrency,
@@ -112,9 +112,8 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
         if not await admission.enter(client, wait):
             return _busy("the judge is busy: no slot within the request's time budget; retry")
         try:
-            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                answer = await call(body)
-        except TimeoutError:
+            answer = await asyncio.wait_for(call(body), max(0.1, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
             return _busy("the judge could not finish the request within its time budget; retry")
         except InfrastructureError as exc:
             if exc.retryable:
@@ -124,7 +123,9 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
             admission.leave()
         return JSONResponse(answer)
 
-    def timed(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def timed(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
             start = time.monotonic()
             response = await handler(request)
