@@ -3,6 +3,7 @@ fields one by one, hostile submissions, run_tests verdicts and the compile cache
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Iterator
 
@@ -248,3 +249,17 @@ def test_isolation_report_lists_bound_toolchains(judge: CodeJudge) -> None:
     assert report["toolchains_bound"] == list(judge.bound)
     if judge.toolchains["rust"].binds:
         assert any(".rustup" in b for b in report["toolchains_bound"])
+
+
+def test_score_is_the_fraction_accepted(judge: CodeJudge) -> None:
+    cases = [{"stdin": str(i), "expected_stdout": str(i * 2 if i < 3 else 0)} for i in range(4)]
+    assert judge.score("print(int(input()) * 2)", "python", cases) == 0.75
+    assert judge.score("x", "python_gpu", cases) == 0.0
+    with pytest.raises(UserError, match="at least one case"):
+        judge.score("x", "python", [])
+
+
+async def test_async_core_on_the_callers_loop() -> None:
+    async with CodeJudge(concurrency=2, spares=1) as j:
+        results = await asyncio.gather(*(j.arun_code(f"print({i})", "python") for i in range(4)))
+    assert [r["run_result"]["stdout"] for r in results] == [f"{i}\n" for i in range(4)]

@@ -537,6 +537,31 @@ class CodeJudge:
         """Sync :meth:`arun_tests`."""
         return self._sync(functools.partial(self.arun_tests, code, language, cases, **kwargs))
 
+    # --- rewards ----------------------------------------------------------------------
+
+    async def ascore(
+        self,
+        code: str,
+        language: str,
+        cases: Sequence[Mapping[str, Any]],
+        **kwargs: Any,
+    ) -> float:
+        """The fraction of ``cases`` accepted (a reward in [0, 1]); 0.0 when nothing could run.
+
+        ``kwargs`` as for :meth:`arun_tests`. A missing toolchain or a sandbox
+        failure scores 0.0 like a wrong answer, never raises for what the code does.
+        """
+        if not cases:
+            raise UserError("cases must hold at least one case to score against")
+        result = await self.arun_tests(code, language, cases, **kwargs)
+        return float(result["accepted"]) / len(cases)
+
+    def score(
+        self, code: str, language: str, cases: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> float:
+        """Sync :meth:`ascore`."""
+        return self._sync(functools.partial(self.ascore, code, language, cases, **kwargs))
+
     # --- lifecycle --------------------------------------------------------------------
 
     def isolation_report(self) -> dict[str, Any]:
