@@ -263,3 +263,33 @@ async def test_async_core_on_the_callers_loop() -> None:
     async with CodeJudge(concurrency=2, spares=1) as j:
         results = await asyncio.gather(*(j.arun_code(f"print({i})", "python") for i in range(4)))
     assert [r["run_result"]["stdout"] for r in results] == [f"{i}\n" for i in range(4)]
+
+
+def test_python_runs_as_a_script(judge: CodeJudge) -> None:
+    code = (
+        "import os, sys\n"
+        "print(__name__, sys.argv, __file__, sys.stdin.buffer.read(), open('f.txt').read())\n"
+        "print(sorted(n for n in globals() if not n.startswith('__')))\n"
+    )
+    files = {"f.txt": base64.b64encode(b"F").decode()}
+    r = judge.run_code(code, "python", stdin="in", files=files)
+    assert r["run_result"]["stdout"] == "__main__ ['main.py'] main.py b'in' F\n['os', 'sys']\n"
+
+
+def test_python_exit_statuses_and_traceback(judge: CodeJudge) -> None:
+    assert judge.run_code("import os; os._exit(4)", "python")["run_result"]["return_code"] == 4
+    r = judge.run_code("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "python")
+    assert r["run_result"]["return_code"] == -9
+    err = judge.run_code("x = 1\nraise KeyError('k')", "python")["run_result"]["stderr"]
+    assert err.startswith('Traceback (most recent call last):\n  File "main.py", line 2')
+    assert err.endswith("KeyError: 'k'\n") and "_main" not in err
+
+
+def test_python_output_buffering_as_a_script(judge: CodeJudge) -> None:
+    code = (
+        "import sys, time\nprint('kept', flush=True)\nprint('buffered')\nsys.stderr.write('e\\n')\n"
+    )
+    r = judge.run_code(code + "time.sleep(30)", "python", run_timeout=0.5)
+    assert r["run_result"]["stdout"] == "kept\n" and r["run_result"]["stderr"] == "e\n"
+    r = judge.run_code(code, "python", fetch_files=["main.py"])  # through the shell
+    assert r["run_result"]["stdout"] == "kept\nbuffered\n" and "main.py" in r["files"]

@@ -21,8 +21,9 @@ from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.judge._cache import CompileCache
 from toolservices.judge._compare import outputs_match
+from toolservices.judge._fastpy import clean_output, wrap
 from toolservices.judge._languages import LANGUAGES, STACK_MB, Toolchain, discover, java_flags
-from toolservices.python import SandboxConfig
+from toolservices.python import PythonExecutorService, SandboxConfig
 from toolservices.shell import ShellFileError, ShellResult, ShellService
 
 __all__ = ["CodeJudge"]
@@ -189,6 +190,15 @@ class CodeJudge:
             max_file_size=64 * _MiB,
             disk_quota=disk_quota,
             sandbox=config,
+            spares=max(1, concurrency // 2) if spares is None else spares,
+        )
+        # Python programs that fetch no files run without a shell (_fastpy.py)
+        self._python = PythonExecutorService(
+            pool_size=concurrency,
+            timeout=60.0,
+            max_sessions=max(64, 4 * concurrency),
+            max_output=max_output,
+            sandbox=dataclasses.replace(config, disk_quota=disk_quota),
             spares=concurrency if spares is None else spares,
         )
         self._cache = CompileCache(max_bytes=cache_bytes)
@@ -287,6 +297,13 @@ class CodeJudge:
             files[name] = base64.b64encode(data).decode()
         return files
 
+    async def _fast(
+        self, prepared: _Prepared, stdin: str | None, run_timeout: float, memory_limit_mb: int
+    ) -> dict[str, Any]:
+        limit = self._limit_mb(memory_limit_mb) * _MiB
+        code = wrap(prepared.code, stdin, prepared.files, limit, limit)
+        return clean_output(await self._python.aexecute(code, timeout=run_timeout))
+
     def _session(self) -> str:
         return f"judge-{uuid.uuid4().hex}"
 
@@ -325,6 +342,17 @@ class CodeJudge:
         except _Refused as exc:
             self._count("sandbox_errors")
             return _response("SandboxError", str(exc))
+        if language == "python" and not fetch_files:
+            try:
+                run = await self._fast(prepared, stdin, run_timeout, memory_limit_MB)
+            except InfrastructureError as exc:
+                if exc.retryable:
+                    raise
+                self._count("sandbox_errors")
+                return _response("SandboxError", f"the sandbox failed: {exc}")
+            status, message = _overall(None, run)
+            self._count(f"status_{status}")
+            return _response(status, message, run_result=run)
         sid = self._session()
         try:
             await self._write(sid, prepared)
@@ -338,6 +366,8 @@ class CodeJudge:
                 run_result = _from_shell(res)
             fetched = await self._fetch(sid, fetch_files)
         except (InfrastructureError, ShellFileError) as exc:
+            if isinstance(exc, InfrastructureError) and exc.retryable:
+                raise
             self._count("sandbox_errors")
             return _response("SandboxError", f"the sandbox failed: {exc}")
         finally:
@@ -506,6 +536,17 @@ class CodeJudge:
         tolerance: float | None,
     ) -> dict[str, Any]:
         tc = prepared.toolchain
+        limit = int(case.get("memory_limit_MB", memory_limit_mb))
+        timeout = _check_number("run_timeout", case.get("run_timeout", run_timeout))
+        if tc.language == "python":
+            try:
+                run = await self._fast(prepared, case.get("stdin"), timeout, limit)
+            except InfrastructureError as exc:
+                return {"verdict": "sandbox_error", "run_result": _command("Error", err=str(exc))}
+            return {
+                "verdict": _verdict(run, case.get("expected_stdout"), tolerance),
+                "run_result": run,
+            }
         sid = self._session()
         try:
             await self._write(sid, prepared)
@@ -516,10 +557,8 @@ class CodeJudge:
                     return {"verdict": "compile_error", "run_result": None}
             for name, data in built.items():
                 await self._shell.awrite_file(name, data, session_id=sid)
-            limit = self._limit_mb(int(case.get("memory_limit_MB", memory_limit_mb)))
-            timeout = _check_number("run_timeout", case.get("run_timeout", run_timeout))
             res = await self._shell.arun(
-                self._run_line(tc, limit, names),
+                self._run_line(tc, self._limit_mb(limit), names),
                 session_id=sid,
                 timeout=timeout,
                 stdin=case.get("stdin"),
@@ -576,6 +615,7 @@ class CodeJudge:
             out: dict[str, Any] = dict(self._counts)
         out.update(self._cache.stats())
         out.update(self._shell.stats())
+        out.update({f"python_{k}": v for k, v in self._python.stats().items()})
         return out
 
     @staticmethod
@@ -583,12 +623,18 @@ class CodeJudge:
         return run_sync(call)
 
     async def aclose(self) -> None:
-        """Close every session and the sandbox's fork server."""
-        await self._shell.aclose()
+        """Close every session and the sandboxes' fork servers."""
+        try:
+            await self._shell.aclose()
+        finally:
+            await self._python.aclose()
 
     def close(self) -> None:
         """Sync :meth:`aclose`."""
-        self._shell.close()
+        try:
+            self._shell.close()
+        finally:
+            self._python.close()
 
     def __enter__(self) -> CodeJudge:
         return self
