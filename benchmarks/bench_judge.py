@@ -1,13 +1,18 @@
 """The code judge side by side with SandboxFusion: the same HTTP requests to both.
 
-Run: .venv/bin/python benchmarks/bench_judge.py [--sandbox-fusion URL] [--requests 400]
+Run: .venv/bin/python benchmarks/bench_judge.py [--sandbox-fusion URL] [--requests 200]
 
 Starts ``toolservices serve --sandbox-fusion`` (a child process, loopback, a free port)
 and, when given, sends the same requests to a SandboxFusion server already running at
 URL (how to run one locally: docs/benchmarks.md). Measured, per server:
 
+Every measure alternates between the servers, round by round (``--rounds``), and the
+medians over the rounds are reported, so that both see the same load.
+
 * Python requests/s with 8 concurrent clients, each request a stdin/stdout solution
-  (a new HTTP connection per request, as verl's client makes);
+  (a new HTTP connection per request, as verl's client makes), and the CPU time the
+  server and every process it started spent per request (less dependent on the load
+  other work puts on the machine than requests/s);
 * C++ compile + run, one request at a time: p50 of distinct sources (nothing cached)
   and of one repeated source (our compile cache; SandboxFusion has none);
 * 20 test cases of one C++ program: 20 ``/run_code`` calls from 8 clients against one
@@ -26,6 +31,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "judge"))
@@ -45,6 +53,29 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
     with urllib.request.urlopen(req, timeout=120) as resp:
         answer: dict[str, Any] = json.loads(resp.read())
     return answer
+
+
+def server_pid(base: str) -> int:
+    """The process listening on ``base``'s port (this machine)."""
+    port = urlsplit(base).port
+    for conn in psutil.net_connections(kind="tcp"):
+        listening = conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+        if listening and conn.pid is not None:
+            return conn.pid
+    raise RuntimeError(f"no process listens on {base}")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a server and everything it started (live or reaped) so far."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def python_rps(base: str, n: int, clients: int) -> tuple[float, float, int]:
@@ -96,44 +127,64 @@ def cases_20(base: str, *, tests_endpoint: bool) -> float:
                     cases,
                 )
             )
-        assert all(o["run_result"]["stdout"] == c["expected_stdout"] for o, c in zip(outs, cases))
+        assert all(
+            o["run_result"]["stdout"] == c["expected_stdout"]
+            for o, c in zip(outs, cases, strict=True)
+        )
     return time.perf_counter() - started
 
 
-def measure(name: str, base: str, args: argparse.Namespace, ours: bool) -> dict[str, Any]:
-    rps, p50, wrong = python_rps(base, args.requests, 8)
-    row: dict[str, Any] = {"server": name, "python_rps": rps, "python_p50": p50, "wrong": wrong}
-    row["cpp_p50"] = cpp_p50(base, args.cpp, repeated=False)
-    row["cpp_repeat_p50"] = cpp_p50(base, args.cpp, repeated=True)
-    row["cases_run_code"] = statistics.median(
-        cases_20(base, tests_endpoint=False) for _ in range(3)
-    )
-    if ours:
-        row["cases_run_tests"] = statistics.median(
-            cases_20(base, tests_endpoint=True) for _ in range(3)
-        )
-    print(json.dumps(row), flush=True)
-    return row
+def side_by_side(servers: dict[str, str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each measure alternates between the servers, round by round, so both see the same load."""
+    rows: dict[str, dict[str, Any]] = {name: {"server": name} for name in servers}
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in servers}
+
+    def add(name: str, key: str, value: float) -> None:
+        samples[name].setdefault(key, []).append(value)
+
+    for _ in range(args.rounds):
+        for name, base in servers.items():
+            pid = server_pid(base)
+            cpu = tree_cpu(pid)
+            rps, p50, wrong = python_rps(base, args.requests, 8)
+            # the warm-up requests count too: 16 of them
+            add(name, "python_cpu_ms", (tree_cpu(pid) - cpu) * 1e3 / (args.requests + 16))
+            add(name, "python_rps", rps)
+            add(name, "python_p50", p50)
+            assert wrong == 0, f"{name}: {wrong} wrong answers"
+        for name, base in servers.items():
+            add(name, "cpp_p50", cpp_p50(base, args.cpp, repeated=False))
+            add(name, "cpp_repeat_p50", cpp_p50(base, args.cpp, repeated=True))
+            add(name, "cases_run_code", cases_20(base, tests_endpoint=False))
+            if name == "toolservices":
+                add(name, "cases_run_tests", cases_20(base, tests_endpoint=True))
+    for name in servers:
+        for key, values in samples[name].items():
+            rows[name][key] = statistics.median(values)
+        print(json.dumps(rows[name]), flush=True)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sandbox-fusion", metavar="URL", help="a running SandboxFusion")
-    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--cpp", type=int, default=15)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the servers")
     args = parser.parse_args()
     print(f"# load average {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
-    rows = []
-    if args.sandbox_fusion:
-        rows.append(measure("SandboxFusion", args.sandbox_fusion.rstrip("/"), args, False))
     with judge_server("--concurrency", str(args.concurrency)) as base:
-        rows.append(measure("toolservices", base, args, True))
+        servers = {"toolservices": base}
+        if args.sandbox_fusion:
+            servers["SandboxFusion"] = args.sandbox_fusion.rstrip("/")
+        rows = side_by_side(servers, args)
     print(f"# load average {os.getloadavg()}", flush=True)
     if len(rows) == 2:
-        sf, us = rows
+        us, sf = rows["toolservices"], rows["SandboxFusion"]
         print(
             f"# python rps x{us['python_rps'] / sf['python_rps']:.1f}, "
+            f"python CPU per request x{sf['python_cpu_ms'] / us['python_cpu_ms']:.1f}, "
             f"cpp p50 x{sf['cpp_p50'] / us['cpp_p50']:.2f}, "
             f"cpp repeated p50 x{sf['cpp_repeat_p50'] / us['cpp_repeat_p50']:.1f}"
         )

@@ -67,7 +67,7 @@ class RunTestsRequest(BaseModel):
 
 
 def _detail(errors: list[Any]) -> dict[str, Any]:
-    # FastAPI's shape: pydantic's errors with "body" before each location, no docs URL
+    # FastAPI's shape: pydantic's errors with "body" before each location
     return {"detail": [{**e, "loc": ["body", *e["loc"]]} for e in errors]}
 
 
@@ -96,5 +96,6 @@ def parse_body(model: type[BaseModel], raw: bytes) -> tuple[BaseModel | None, di
     try:
         return model.model_validate(data), {}
     except ValidationError as exc:
-        errors = json.loads(exc.json(include_url=False))
+        # with the docs URL, as SandboxFusion's FastAPI (0.103) gives it
+        errors = json.loads(exc.json(include_url=True))
         return None, _detail(errors)
