@@ -12,19 +12,9 @@ the request's limit, tracebacks of its own frames only, exit statuses of ``sys.e
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Mapping
-from typing import Any
 
-from toolservices.python import ExecResult
-
-__all__ = ["clean_output", "wrap"]
-
-_EXEC_NOTE = re.compile(
-    r"(?:TimeoutError: execution exceeded the [^\n]* time limit and was killed\.|"
-    r"InterpreterExit: the interpreter exited with status -?\d+\.)\n\Z"
-)
-_CUT_NOTE = re.compile(r"\n\[\.\.\. output truncated: \d+ more bytes not shown \.\.\.\]\n\Z")
+__all__ = ["wrap"]
 
 _WRAPPER = """\
 import base64 as _b, os as _os, resource as _r, sys as _s, traceback as _t
@@ -80,14 +70,3 @@ def wrap(
         limit=limit_bytes,
         stack=stack,
     )
-
-
-def clean_output(res: ExecResult) -> dict[str, Any]:
-    """The run step's SandboxFusion result from the executor's (its own notes taken off)."""
-    out = _CUT_NOTE.sub("", res.stdout)
-    err = _CUT_NOTE.sub("", _EXEC_NOTE.sub("", res.stderr))
-    if res.timed_out:
-        return {"status": "TimeLimitExceeded", "execution_time": res.duration,
-                "return_code": None, "stdout": out, "stderr": err}  # fmt: skip
-    return {"status": "Finished", "execution_time": res.duration,
-            "return_code": res.returncode, "stdout": out, "stderr": err}  # fmt: skip

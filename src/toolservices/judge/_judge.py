@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-import re
+import shlex
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -20,10 +20,17 @@ from typing import Any, TypeVar
 from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.judge._cache import CompileCache
-from toolservices.judge._compare import outputs_match
-from toolservices.judge._fastpy import clean_output, wrap
+from toolservices.judge._fastpy import wrap
 from toolservices.judge._languages import LANGUAGES, STACK_MB, Toolchain, discover, java_flags
-from toolservices.python import PythonExecutorService, SandboxConfig
+from toolservices.judge._results import (
+    code_response,
+    jupyter_response,
+    overall,
+    step,
+    tests_response,
+    verdict,
+)
+from toolservices.python import ExecResult, PythonExecutorService, SandboxConfig
 from toolservices.shell import ShellFileError, ShellResult, ShellService
 
 __all__ = ["CodeJudge"]
@@ -31,72 +38,18 @@ __all__ = ["CodeJudge"]
 T = TypeVar("T")
 _MiB = 1 << 20
 _COMPILE_STACK_KB = 64 * 1024
-_TIMEOUT_NOTE = re.compile(r"\n\[timed out after [^\]\n]*\]\n\Z")
-_CUT_NOTE = re.compile(r"\n\[\.\.\. output truncated: \d+ more bytes not shown \.\.\.\]\n\Z")
 _DRIVER = (Path(__file__).parent / "_jupyter_driver.py").read_text("utf-8")
-#: stderr fragments of an allocation refused under RLIMIT_AS, per runtime
-_OOM = (
-    "MemoryError",
-    "std::bad_alloc",
-    "OutOfMemoryError",
-    "memory allocation of",
-    "out of memory",
-    "Cannot allocate memory",
-    "JavaScript heap out of memory",
-)
 
 
-def _command(
-    status: str,
-    *,
-    time: float | None = None,
-    rc: int | None = None,
-    out: str | None = None,
-    err: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "status": status,
-        "execution_time": time,
-        "return_code": rc,
-        "stdout": out,
-        "stderr": err,
-    }
+def _from_run(res: ShellResult | ExecResult) -> dict[str, Any]:
+    """A SandboxFusion step result from a shell command's or an interpreter's result."""
+    status = "TimeLimitExceeded" if res.timed_out else "Finished"
+    return step(status, time=res.duration, rc=res.returncode, out=res.stdout, err=res.stderr)
 
 
-def _from_shell(res: ShellResult) -> dict[str, Any]:
-    """A SandboxFusion ``CommandRunResult`` from a shell result (our notes taken off)."""
-    err = _TIMEOUT_NOTE.sub("", res.stderr) if res.timed_out else res.stderr
-    out = _CUT_NOTE.sub("", res.stdout)
-    err = _CUT_NOTE.sub("", err)
-    if res.timed_out:
-        return _command("TimeLimitExceeded", time=res.duration, out=out, err=err)
-    return _command("Finished", time=res.duration, rc=res.returncode, out=out, err=err)
-
-
-def _overall(
-    compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None
-) -> tuple[str, str]:
-    """SandboxFusion's status: SandboxError, Failed (a timeout or non-zero exit), Success."""
-    steps = [r for r in (compile_result, run_result) if r is not None]
-    for step in steps:
-        if step["status"] == "Error":
-            return "SandboxError", step["stderr"] or ""
-    if any(s["status"] == "TimeLimitExceeded" for s in steps):
-        return "Failed", ""
-    if any(s["return_code"] not in (None, 0) for s in steps):
-        return "Failed", ""
-    return "Success", ""
-
-
-def _response(status: str, message: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "status": status,
-        "message": message,
-        "compile_result": fields.get("compile_result"),
-        "run_result": fields.get("run_result"),
-        "executor_pod_name": None,
-        "files": fields.get("files", {}),
-    }
+def _retryable(exc: Exception) -> bool:
+    """Overload (a full queue...): raised for the caller to retry (the server's 504)."""
+    return isinstance(exc, InfrastructureError) and exc.retryable
 
 
 def _check_number(name: str, value: object) -> float:
@@ -232,9 +185,7 @@ class CodeJudge:
         kb = limit_mb * 1024
         java_vm, _ = java_flags(limit_mb)
         run = tc.command(tc.run, java_flags=java_vm)
-        chmod = (
-            f"chmod u+x {' '.join(_quote(a) for a in artifacts)} 2>/dev/null; " if artifacts else ""
-        )
+        chmod = f"chmod u+x {shlex.join(artifacts)} 2>/dev/null; " if artifacts else ""
         # as SandboxFusion: address space, data and stack all at the memory limit (but
         # thread-heavy runtimes, see STACK_MB)
         stack = min(kb, STACK_MB.get(tc.language, limit_mb) * 1024)
@@ -278,7 +229,7 @@ class CodeJudge:
         # compiler thread's stack by it (go build, javac, rustc are multi-threaded)
         line = f"ulimit -s {_COMPILE_STACK_KB}; {tc.command(tc.compile)}"
         res = await self._shell.arun(line, session_id=sid, timeout=compile_timeout)
-        result = _from_shell(res)
+        result = _from_run(res)
         artifacts: dict[str, bytes] | None = {}
         if result["status"] == "Finished" and result["return_code"] == 0:
             artifacts = await self._artifacts(sid, before)
@@ -302,7 +253,7 @@ class CodeJudge:
     ) -> dict[str, Any]:
         limit = self._limit_mb(memory_limit_mb) * _MiB
         code = wrap(prepared.code, stdin, prepared.files, limit, limit)
-        return clean_output(await self._python.aexecute(code, timeout=run_timeout))
+        return _from_run(await self._python.aexecute(code, timeout=run_timeout))
 
     def _session(self) -> str:
         return f"judge-{uuid.uuid4().hex}"
@@ -341,7 +292,7 @@ class CodeJudge:
             prepared = _Prepared(tc, code, files)
         except _Refused as exc:
             self._count("sandbox_errors")
-            return _response("SandboxError", str(exc))
+            return code_response("SandboxError", str(exc))
         if language == "python" and not fetch_files:
             try:
                 run = await self._fast(prepared, stdin, run_timeout, memory_limit_MB)
@@ -349,10 +300,10 @@ class CodeJudge:
                 if exc.retryable:
                     raise
                 self._count("sandbox_errors")
-                return _response("SandboxError", f"the sandbox failed: {exc}")
-            status, message = _overall(None, run)
+                return code_response("SandboxError", f"the sandbox failed: {exc}")
+            status, message = overall(None, run)
             self._count(f"status_{status}")
-            return _response(status, message, run_result=run)
+            return code_response(status, message, run_result=run)
         sid = self._session()
         try:
             await self._write(sid, prepared)
@@ -363,18 +314,18 @@ class CodeJudge:
             ):
                 line = self._run_line(tc, self._limit_mb(memory_limit_MB), artifacts)
                 res = await self._shell.arun(line, session_id=sid, timeout=run_timeout, stdin=stdin)
-                run_result = _from_shell(res)
+                run_result = _from_run(res)
             fetched = await self._fetch(sid, fetch_files)
         except (InfrastructureError, ShellFileError) as exc:
-            if isinstance(exc, InfrastructureError) and exc.retryable:
+            if _retryable(exc):
                 raise
             self._count("sandbox_errors")
-            return _response("SandboxError", f"the sandbox failed: {exc}")
+            return code_response("SandboxError", f"the sandbox failed: {exc}")
         finally:
             await self._shell.aclose_session(sid)
-        status, message = _overall(compile_result, run_result)
+        status, message = overall(compile_result, run_result)
         self._count(f"status_{status}")
-        return _response(
+        return code_response(
             status, message, compile_result=compile_result, run_result=run_result, files=fetched
         )
 
@@ -409,29 +360,27 @@ class CodeJudge:
         try:
             prepared = _Prepared(tc, _DRIVER, {**(files or {}), **driver_files})
         except _Refused as exc:
-            return {**_jupyter(None), "status": "SandboxError", "message": str(exc)}
+            return jupyter_response("SandboxError", str(exc))
         sid = self._session()
         try:
             await self._write(sid, prepared)
             line = self._run_line(tc, self._limit_mb(memory_limit_MB), ())
             res = await self._shell.arun(line, session_id=sid, timeout=float(total_timeout) + 10)
-            driver = _from_shell(res)
+            driver = _from_run(res)
             if driver["status"] != "Finished":
-                return {**_jupyter(driver), "status": "Failed"}
+                return jupyter_response("Failed", driver=driver)
             fetched = await self._fetch(sid, [*fetch_files, out_name])
         except (InfrastructureError, ShellFileError) as exc:
-            return {
-                **_jupyter(None),
-                "status": "SandboxError",
-                "message": f"the sandbox failed: {exc}",
-            }
+            if _retryable(exc):
+                raise
+            return jupyter_response("SandboxError", f"the sandbox failed: {exc}")
         finally:
             await self._shell.aclose_session(sid)
         raw = fetched.pop(out_name, None)
         if raw is None:
-            return {**_jupyter(driver), "status": "Failed", "files": fetched}
+            return jupyter_response("Failed", driver=driver, files=fetched)
         cells_out = json.loads(base64.b64decode(raw))
-        return {**_jupyter(driver), "status": "Success", "cells": cells_out, "files": fetched}
+        return jupyter_response("Success", driver=driver, cells=cells_out, files=fetched)
 
     def run_jupyter(self, cells: Sequence[str], **kwargs: Any) -> dict[str, Any]:
         """Sync :meth:`arun_jupyter`."""
@@ -471,24 +420,23 @@ class CodeJudge:
                 )
             prepared = _Prepared(tc, code, files)
         except _Refused as exc:
-            return _tests("SandboxError", str(exc), None, [])
+            return tests_response("SandboxError", str(exc), None, [])
         sid = self._session()
         try:
             await self._write(sid, prepared)
             compile_result, _ = await self._compile(sid, prepared, compile_timeout)
         except (InfrastructureError, ShellFileError) as exc:
-            return _tests("SandboxError", f"the sandbox failed: {exc}", None, [])
+            return tests_response("SandboxError", f"the sandbox failed: {exc}", None, [])
         finally:
             await self._shell.aclose_session(sid)
         if compile_result is not None and (
             compile_result["status"] != "Finished" or compile_result["return_code"] != 0
         ):
             verdicts = [{"verdict": "compile_error", "run_result": None} for _ in cases]
-            return _tests("Failed", "", compile_result, verdicts)
+            return tests_response("Failed", "", compile_result, verdicts)
         artifacts = self._cache.get(prepared.cache_key()) if tc.compile else None
+        # not cacheable (too large): each case compiles on its own
         built = dict(artifacts[1]) if artifacts is not None else {}
-        if tc.compile and artifacts is None:  # not cacheable: each case compiles on its own
-            built = {}
 
         async def one(case: Mapping[str, Any]) -> dict[str, Any]:
             return await self._case(
@@ -523,7 +471,7 @@ class CodeJudge:
             r if r is not None else {"verdict": "skipped", "run_result": None} for r in results
         ]
         ok = all(v["verdict"] == "accepted" for v in verdicts)
-        return _tests("Success" if ok else "Failed", "", compile_result, verdicts)
+        return tests_response("Success" if ok else "Failed", "", compile_result, verdicts)
 
     async def _case(
         self,
@@ -542,9 +490,9 @@ class CodeJudge:
             try:
                 run = await self._fast(prepared, case.get("stdin"), timeout, limit)
             except InfrastructureError as exc:
-                return {"verdict": "sandbox_error", "run_result": _command("Error", err=str(exc))}
+                return {"verdict": "sandbox_error", "run_result": step("Error", err=str(exc))}
             return {
-                "verdict": _verdict(run, case.get("expected_stdout"), tolerance),
+                "verdict": verdict(run, case.get("expected_stdout"), tolerance),
                 "run_result": run,
             }
         sid = self._session()
@@ -564,11 +512,11 @@ class CodeJudge:
                 stdin=case.get("stdin"),
             )
         except (InfrastructureError, ShellFileError) as exc:
-            return {"verdict": "sandbox_error", "run_result": _command("Error", err=str(exc))}
+            return {"verdict": "sandbox_error", "run_result": step("Error", err=str(exc))}
         finally:
             await self._shell.aclose_session(sid)
-        run = _from_shell(res)
-        return {"verdict": _verdict(run, case.get("expected_stdout"), tolerance), "run_result": run}
+        run = _from_run(res)
+        return {"verdict": verdict(run, case.get("expected_stdout"), tolerance), "run_result": run}
 
     def run_tests(
         self, code: str, language: str, cases: Sequence[Mapping[str, Any]], **kwargs: Any
@@ -647,44 +595,3 @@ class CodeJudge:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def _quote(name: str) -> str:
-    return "'" + name.replace("'", "'\\''") + "'"
-
-
-def _jupyter(driver: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "status": "Success",
-        "message": "",
-        "driver": driver,
-        "cells": [],
-        "executor_pod_name": None,
-        "files": {},
-    }
-
-
-def _tests(
-    status: str, message: str, compile_result: dict[str, Any] | None, cases: list[dict[str, Any]]
-) -> dict[str, Any]:
-    return {
-        "status": status,
-        "message": message,
-        "compile_result": compile_result,
-        "cases": cases,
-        "accepted": sum(c["verdict"] == "accepted" for c in cases),
-        "total": len(cases),
-    }
-
-
-def _verdict(run: dict[str, Any], expected: str | None, tolerance: float | None) -> str:
-    if run["status"] == "TimeLimitExceeded":
-        return "time_limit"
-    if run["return_code"] != 0:
-        err = run["stderr"] or ""
-        return "memory_limit" if any(s in err for s in _OOM) else "runtime_error"
-    if expected is not None and not outputs_match(
-        run["stdout"] or "", expected, float_tolerance=tolerance
-    ):
-        return "wrong_answer"
-    return "accepted"

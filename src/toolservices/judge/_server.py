@@ -24,9 +24,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from toolservices.errors import InfrastructureError
+from toolservices.errors import InfrastructureError, UserError, describe_exception
 from toolservices.judge._admission import Admission
 from toolservices.judge._judge import CodeJudge
+from toolservices.judge._results import code_response, jupyter_response, tests_response
 from toolservices.judge._schema import (
     RunCodeRequest,
     RunJupyterRequest,
@@ -119,6 +120,11 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
             if exc.retryable:
                 return _busy(f"the judge is overloaded ({exc}); retry")
             answer = error(f"the sandbox failed: {exc}")
+        except UserError as exc:  # a value the schema lets through (a negative timeout...)
+            answer = error(str(exc))
+        except Exception as exc:  # as SandboxFusion: an answer, never a 500 (verl scores -1)
+            logger.exception("the judge failed on a request")
+            answer = error(f"the judge failed: {describe_exception(exc)}")
         finally:
             admission.leave()
         return JSONResponse(answer)
@@ -135,14 +141,7 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
         return wrapped
 
     def code_error(message: str) -> dict[str, Any]:
-        return {
-            "status": "SandboxError",
-            "message": message,
-            "compile_result": None,
-            "run_result": None,
-            "executor_pod_name": None,
-            "files": {},
-        }
+        return code_response("SandboxError", message)
 
     async def run_code(request: Request) -> Response:
         def call(r: RunCodeRequest) -> Awaitable[dict[str, Any]]:
@@ -177,8 +176,7 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
             )
 
         def error(message: str) -> dict[str, Any]:
-            return {"status": "SandboxError", "message": message, "driver": None, "cells": [],
-                    "executor_pod_name": None, "files": {}}  # fmt: skip
+            return jupyter_response("SandboxError", message)
 
         return await judged(
             request, RunJupyterRequest, lambda r: r.total_timeout + 2 * _SLACK, call, error
@@ -205,8 +203,7 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
             return r.compile_timeout + longest * max(1, waves) + _SLACK
 
         def error(message: str) -> dict[str, Any]:
-            return {"status": "SandboxError", "message": message, "compile_result": None,
-                    "cases": [], "accepted": 0, "total": 0}  # fmt: skip
+            return tests_response("SandboxError", message)
 
         return await judged(request, RunTestsRequest, budget, call, error)
 
