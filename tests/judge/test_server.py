@@ -1,11 +1,15 @@
-"""``serve --sandbox-fusion`` over real HTTP on 127.0.0.1: routes, SandboxFusion's defaults,
+"""The judge's HTTP server on 127.0.0.1 (uvicorn in a thread of this process, and the
+``serve --sandbox-fusion`` command as a process): routes, SandboxFusion's defaults,
 FastAPI-shaped 422s, /run_tests, /metrics, 504 on overload; the admission queue's turns."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,7 +27,11 @@ from _server import judge_server  # noqa: E402
 
 sys.path.pop(0)
 
+import uvicorn  # noqa: E402
+
+from toolservices.judge import CodeJudge  # noqa: E402
 from toolservices.judge._admission import Admission  # noqa: E402
+from toolservices.judge._server import ReadyServer, build_app  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,14 +49,42 @@ def call(base: str, path: str, body: Any = None, raw: bytes | None = None) -> tu
     return status, json.loads(text) if "json" in kind else text
 
 
+@contextlib.contextmanager
+def app_server(judge: CodeJudge, **options: Any) -> Iterator[str]:
+    """The judge's app served by uvicorn on a free loopback port, in a thread."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        build_app(judge, **options), loop="asyncio", log_level="warning", lifespan="off"
+    )
+    ready = threading.Event()
+    server = ReadyServer(config, ready.set)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30), "the judge's server did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    with judge_server("--concurrency", "2") as url:
+    with CodeJudge(concurrency=2, spares=1) as judge, app_server(judge) as url:
         yield url
 
 
 def test_ping(base: str) -> None:
     assert call(base, "/v1/ping") == (200, "pong")
+
+
+def test_the_command_serves() -> None:
+    with judge_server("--concurrency", "1") as url:
+        assert call(url, "/v1/ping") == (200, "pong")
+        status, body = call(url, "/run_code", {"code": "print(2)", "language": "python"})
+        assert status == 200 and body["run_result"]["stdout"] == "2\n"
 
 
 def test_run_code_with_only_code_and_language(base: str) -> None:
@@ -121,7 +157,7 @@ def test_metrics(base: str) -> None:
 
 
 def test_overload_answers_504() -> None:
-    with judge_server("--concurrency", "1", "--max-queue", "0") as url:
+    with CodeJudge(concurrency=1, spares=1) as judge, app_server(judge, max_queue=0) as url:
         req = {"code": "import time; time.sleep(3)", "language": "python"}
         with ThreadPoolExecutor(4) as pool:
             codes = [s for s, _ in pool.map(lambda _: call(url, "/run_code", req), range(4))]
@@ -155,3 +191,18 @@ async def test_admission_full_queue_and_wait_bound() -> None:
     assert adm.waiting == 0 and adm.rejected == 2
     adm.leave()
     assert adm.running == 0
+
+
+def test_a_value_the_judge_refuses_is_a_sandbox_error(base: str) -> None:
+    status, body = call(base, "/run_code", {"code": "echo", "language": "bash", "run_timeout": -1})
+    assert status == 200 and body["status"] == "SandboxError"
+    assert "timeout" in body["message"] and body["run_result"] is None
+
+
+def test_the_command_line_takes_one_protocol(capsys: pytest.CaptureFixture[str]) -> None:
+    from toolservices.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--mcp", "--sandbox-fusion"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -35,7 +35,7 @@ from toolservices.judge._schema import (
     parse_body,
 )
 
-__all__ = ["build_app", "serve_judge"]
+__all__ = ["ReadyServer", "build_app", "serve_judge"]
 
 logger = logging.getLogger(__name__)
 #: what verl adds to compile + run timeout for its HTTP timeout; we answer before it
@@ -226,17 +226,17 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
     )
 
 
-class _Server(uvicorn.Server):
-    """uvicorn that says where it listens once it does (a test waits for that line)."""
+class ReadyServer(uvicorn.Server):
+    """uvicorn that calls ``on_ready`` once it listens (a test waits for that)."""
 
-    def __init__(self, config: uvicorn.Config, where: str) -> None:
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None]) -> None:
         super().__init__(config)
-        self.where = where
+        self.on_ready = on_ready
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if not self.should_exit:
-            print(f"toolservices judge ready: {self.where}", file=sys.stderr, flush=True)
+            self.on_ready()
 
 
 def serve_judge(
@@ -263,7 +263,10 @@ def serve_judge(
         bound = sock.getsockname()[1]
         # the asyncio loop: judges run in its tasks; no access log per request
         config = uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False)
-        server = _Server(config, f"http://{host}:{bound}")
+        where = f"http://{host}:{bound}"
+        server = ReadyServer(
+            config, lambda: print(f"toolservices judge ready: {where}", file=sys.stderr, flush=True)
+        )
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         judge.close()
