@@ -5,17 +5,10 @@ FastAPI-shaped 422s, /run_tests, /metrics, 504 on overload; the admission queue'
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import socket
 import sys
-import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,51 +16,15 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _server import judge_server  # noqa: E402
+from _server import app_server, call, judge_server  # noqa: E402
 
 sys.path.pop(0)
 
-import uvicorn  # noqa: E402
 
 from toolservices.judge import CodeJudge  # noqa: E402
 from toolservices.judge._admission import Admission  # noqa: E402
-from toolservices.judge._server import ReadyServer, build_app  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def call(base: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            text = resp.read().decode()
-            status = resp.status
-            kind = resp.headers.get("content-type", "")
-    except urllib.error.HTTPError as err:
-        text, status, kind = err.read().decode(), err.code, err.headers.get("content-type", "")
-    return status, json.loads(text) if "json" in kind else text
-
-
-@contextlib.contextmanager
-def app_server(judge: CodeJudge, **options: Any) -> Iterator[str]:
-    """The judge's app served by uvicorn on a free loopback port, in a thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        build_app(judge, **options), loop="asyncio", log_level="warning", lifespan="off"
-    )
-    ready = threading.Event()
-    server = ReadyServer(config, ready.set)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(30), "the judge's server did not start"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="--sandbox-fusion: requests allowed to wait (default 1024); beyond it HTTP 504",
     )
     serve.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="--sandbox-fusion: judge on the Ray cluster at ADDRESS ('auto' for the local "
+        "one), one judge replica per node, this server in front",
+    )
+    serve.add_argument(
+        "--ray-namespace",
+        default="toolservices-judge",
+        help="--sandbox-fusion --ray: the namespace of the judge replicas",
+    )
+    serve.add_argument(
         "--memory-limit-mb",
         type=int,
         default=4096,
@@ -181,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             concurrency=args.concurrency,
             max_queue=args.max_queue,
             memory_limit_mb=args.memory_limit_mb,
+            ray=args.ray,
+            ray_namespace=args.ray_namespace,
         )
     if args.command == "serve":
         from toolservices.mcp import serve_main

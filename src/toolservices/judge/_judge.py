@@ -566,6 +566,10 @@ class CodeJudge:
         out.update({f"python_{k}": v for k, v in self._python.stats().items()})
         return out
 
+    async def astats(self) -> dict[str, Any]:
+        """Async :meth:`stats` (what the server's ``/metrics`` awaits)."""
+        return self.stats()
+
     @staticmethod
     def _sync(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return run_sync(call)

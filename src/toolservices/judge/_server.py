@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from pydantic import BaseModel
@@ -46,6 +46,23 @@ _MARGIN = 1.0
 CLIENT_HEADER = "x-client-id"
 
 
+class Judge(Protocol):
+    """What the server needs of a judge: a local :class:`CodeJudge` or Ray replicas."""
+
+    concurrency: int
+
+    @property
+    def arun_code(self) -> Callable[..., Awaitable[dict[str, Any]]]: ...
+
+    @property
+    def arun_jupyter(self) -> Callable[..., Awaitable[dict[str, Any]]]: ...
+
+    @property
+    def arun_tests(self) -> Callable[..., Awaitable[dict[str, Any]]]: ...
+
+    async def astats(self) -> dict[str, Any]: ...
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.requests: dict[tuple[str, int], int] = {}
@@ -55,7 +72,7 @@ class _Metrics:
         self.requests[(path, status)] = self.requests.get((path, status), 0) + 1
         self.seconds[path] = self.seconds.get(path, 0.0) + seconds
 
-    def text(self, admission: Admission, judge: CodeJudge) -> str:
+    def text(self, admission: Admission, stats: dict[str, Any]) -> str:
         lines = [
             "# HELP toolservices_judge_requests_total HTTP requests answered, by path and status.",
             "# TYPE toolservices_judge_requests_total counter",
@@ -75,7 +92,7 @@ class _Metrics:
             "max_queue": admission.max_queue,
             "rejected_total": admission.rejected,
         }
-        for key, value in judge.stats().items():
+        for key, value in stats.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 gauges[key] = value
         for key, value in gauges.items():
@@ -89,7 +106,7 @@ def _busy(what: str) -> JSONResponse:
     return JSONResponse({"detail": what}, status_code=504)
 
 
-def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0) -> Starlette:
+def build_app(judge: Judge, *, max_queue: int = 1024, max_wait: float = 5.0) -> Starlette:
     """The ASGI app: routes, validation, admission and deadlines around ``judge``."""
     admission = Admission(concurrency=judge.concurrency, max_queue=max_queue, max_wait=max_wait)
     metrics = _Metrics()
@@ -211,8 +228,9 @@ def build_app(judge: CodeJudge, *, max_queue: int = 1024, max_wait: float = 5.0)
         return JSONResponse("pong")
 
     async def prometheus(request: Request) -> Response:
+        stats = await judge.astats()
         return PlainTextResponse(
-            metrics.text(admission, judge), media_type="text/plain; version=0.0.4"
+            metrics.text(admission, stats), media_type="text/plain; version=0.0.4"
         )
 
     return Starlette(
@@ -247,13 +265,26 @@ def serve_judge(
     max_queue: int = 1024,
     max_wait: float = 5.0,
     memory_limit_mb: int = 4096,
+    ray: str | None = None,
+    ray_namespace: str = "toolservices-judge",
 ) -> int:
     """Serve until SIGINT/SIGTERM; the judge's sessions are closed on the way out.
 
     Prints ``toolservices judge ready: http://HOST:PORT`` on stderr once it listens
-    (``port=0`` picks a free port). Returns the exit status.
+    (``port=0`` picks a free port). With ``ray`` (a cluster address), the requests go
+    to judge replicas on the cluster, one per node (``_remote.py``). Returns the exit
+    status.
     """
-    judge = CodeJudge(concurrency=concurrency, memory_limit_mb=memory_limit_mb)
+    judge: Judge
+    local: CodeJudge | None = None
+    if ray is not None:
+        from toolservices.judge._remote import ray_judge
+
+        judge = ray_judge(
+            ray, namespace=ray_namespace, concurrency=concurrency, memory_limit_mb=memory_limit_mb
+        )
+    else:
+        judge = local = CodeJudge(concurrency=concurrency, memory_limit_mb=memory_limit_mb)
     try:
         app = build_app(judge, max_queue=max_queue, max_wait=max_wait)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -269,5 +300,6 @@ def serve_judge(
         )
         asyncio.run(server.serve(sockets=[sock]))
     finally:
-        judge.close()
+        if local is not None:
+            local.close()
     return 0
