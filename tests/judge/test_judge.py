@@ -293,3 +293,13 @@ def test_python_output_buffering_as_a_script(judge: CodeJudge) -> None:
     assert r["run_result"]["stdout"] == "kept\n" and r["run_result"]["stderr"] == "e\n"
     r = judge.run_code(code, "python", fetch_files=["main.py"])  # through the shell
     assert r["run_result"]["stdout"] == "kept\nbuffered\n" and "main.py" in r["files"]
+
+
+@pytest.mark.parametrize("fetch", [[], ["x"]], ids=["interpreter", "shell"])
+def test_python_deep_recursion_as_cpython(judge: CodeJudge, fetch: list[str]) -> None:
+    code = (
+        "import sys\nsys.setrecursionlimit(10**6)\n"
+        "def f(n): return n and 1 + f(n - 1)\nprint(sys.getrecursionlimit(), f(200000))"
+    )
+    r = judge.run_code(code, "python", memory_limit_MB=1024, fetch_files=fetch)
+    assert r["run_result"]["stdout"] == "1000000 200000\n", r["run_result"]["stderr"][-300:]

@@ -6,7 +6,9 @@ What the program sees is what ``python main.py`` gives it: ``__name__ == "__main
 ``sys.argv == ["main.py"]``, ``__file__``, its ``stdin`` on file descriptor 0 (a memfd),
 the request's files in its working directory, ``RLIMIT_AS``/``DATA``/``STACK`` lowered to
 the request's limit, tracebacks of its own frames only, exit statuses of ``sys.exit``,
-``os._exit`` and signals. Used for ``python`` requests that fetch no files back.
+``os._exit`` and signals, CPython's own ``sys.setrecursionlimit`` (the executor's clamp
+is an interactive session's safety net). Used for ``python`` requests that fetch no files
+back.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ _s.stderr = _s.__stderr__ = open(
     2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
 )
 _s.argv = ["main.py"]
+# the executor clamps sys.setrecursionlimit (an interactive session's safety); a script
+# gets CPython's own, as `python main.py` does: deep recursion is the stack's business
+for _cell in getattr(_s.setrecursionlimit, "__closure__", None) or ():
+    if getattr(_cell.cell_contents, "__self__", None) is _s:
+        _s.setrecursionlimit = _cell.cell_contents
 for _res in (_r.RLIMIT_AS, _r.RLIMIT_DATA, _r.RLIMIT_STACK):
     _r.setrlimit(_res, ({limit}, {limit}) if _res != _r.RLIMIT_STACK else ({stack}, {stack}))
 _main = {{"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}}
