@@ -5,6 +5,7 @@ FastAPI-shaped 422s, /run_tests, /metrics, 504 on overload; the admission queue'
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -163,3 +164,14 @@ def test_the_command_line_takes_one_protocol(capsys: pytest.CaptureFixture[str])
         main(["serve", "--mcp", "--sandbox-fusion"])
     assert exc.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_taken_port_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    from toolservices.judge import serve_judge
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve_judge(port=port, concurrency=1) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

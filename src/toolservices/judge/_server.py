@@ -290,7 +290,12 @@ def serve_judge(
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            print(f"toolservices serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+            return 2
         bound = sock.getsockname()[1]
         # the asyncio loop: judges run in its tasks; no access log per request
         config = uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False)
