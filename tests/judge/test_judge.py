@@ -303,3 +303,27 @@ def test_python_deep_recursion_as_cpython(judge: CodeJudge, fetch: list[str]) ->
     )
     r = judge.run_code(code, "python", memory_limit_MB=1024, fetch_files=fetch)
     assert r["run_result"]["stdout"] == "1000000 200000\n", r["run_result"]["stderr"][-300:]
+
+
+@pytest.mark.parametrize("fetch", [[], ["x"]], ids=["interpreter", "shell"])
+async def test_no_file_of_a_running_submission(fetch: list[str]) -> None:
+    writer = "open('s3cret-marker.txt', 'w').write('x')\nimport time\ntime.sleep(3)\n"
+    # searches for 1.5 s while the writer runs: every directory it can list, /proc's cwds
+    seeker = (
+        "import glob, os, time\nfound = set()\nend = time.monotonic() + 1.5\n"
+        "while time.monotonic() < end:\n"
+        "    for top in ('/', '/tmp', '/sandbox', '/workspace', '/proc'):\n"
+        "        for root, dirs, files in os.walk(top):\n"
+        "            if root.startswith(('/proc/sys', '/sys', '/usr', '/dev')):\n"
+        "                dirs[:] = []\n"
+        "            found.update(f for f in files if f.startswith('s3cret'))\n"
+        "            if root.count('/') > 6:\n"
+        "                dirs[:] = []\n"
+        "print(sorted(found))\n"
+    )
+    async with CodeJudge(concurrency=2, spares=2) as j:
+        seen, _ = await asyncio.gather(
+            j.arun_code(seeker, "python", fetch_files=fetch, run_timeout=20),
+            j.arun_code(writer, "python", fetch_files=fetch, run_timeout=20),
+        )
+    assert seen["run_result"]["stdout"] == "[]\n", seen["run_result"]
