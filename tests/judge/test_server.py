@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from _server import app_server, call, judge_server  # noqa: E402
 sys.path.pop(0)
 
 
+from toolservices.errors import ExecutorBusyError  # noqa: E402
 from toolservices.judge import CodeJudge  # noqa: E402
 from toolservices.judge._admission import Admission  # noqa: E402
 
@@ -175,3 +177,41 @@ def test_a_taken_port_is_said(capsys: pytest.CaptureFixture[str]) -> None:
         port = taken.getsockname()[1]
         assert serve_judge(port=port, concurrency=1) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+class _FaultyJudge:
+    """Faults a real judge cannot be made to show: a hang past the budget, an overload
+    raised from inside, a bug (fault injection, as the house rules allow)."""
+
+    concurrency = 2
+
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+
+    async def arun_code(self, code: str, language: str, **kwargs: Any) -> dict[str, Any]:
+        if self.fault == "hang":
+            await asyncio.Event().wait()
+        if self.fault == "busy":
+            raise ExecutorBusyError("the queue is full")
+        raise RuntimeError("a bug")
+
+    arun_jupyter = arun_tests = arun_code
+
+    async def astats(self) -> dict[str, Any]:
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "what"),
+    [("hang", 504, "time budget"), ("busy", 504, "overloaded"), ("bug", 200, "RuntimeError")],
+)
+def test_faults_are_answered(fault: str, status: int, what: str) -> None:
+    req = {"code": "x", "language": "python", "run_timeout": 0.1, "compile_timeout": 0.1}
+    with app_server(_FaultyJudge(fault), slack=1.5) as url:
+        got, body = call(url, "/run_code", req)
+        assert got == status
+        text = body["detail"] if status == 504 else body["message"]
+        assert what in text
+        if status == 200:
+            assert body["status"] == "SandboxError" and body["run_result"] is None
+        assert "toolservices_judge_running 0" in call(url, "/metrics")[1]

@@ -106,8 +106,13 @@ def _busy(what: str) -> JSONResponse:
     return JSONResponse({"detail": what}, status_code=504)
 
 
-def build_app(judge: Judge, *, max_queue: int = 1024, max_wait: float = 5.0) -> Starlette:
-    """The ASGI app: routes, validation, admission and deadlines around ``judge``."""
+def build_app(
+    judge: Judge, *, max_queue: int = 1024, max_wait: float = 5.0, slack: float = _SLACK
+) -> Starlette:
+    """The ASGI app: routes, validation, admission and deadlines around ``judge``.
+
+    A request's budget is its timeouts plus ``slack`` (verl's 10 s), less one second.
+    """
     admission = Admission(concurrency=judge.concurrency, max_queue=max_queue, max_wait=max_wait)
     metrics = _Metrics()
 
@@ -176,7 +181,7 @@ def build_app(judge: Judge, *, max_queue: int = 1024, max_wait: float = 5.0) -> 
         return await judged(
             request,
             RunCodeRequest,
-            lambda r: r.compile_timeout + r.run_timeout + _SLACK,
+            lambda r: r.compile_timeout + r.run_timeout + slack,
             call,
             code_error,
         )
@@ -196,7 +201,7 @@ def build_app(judge: Judge, *, max_queue: int = 1024, max_wait: float = 5.0) -> 
             return jupyter_response("SandboxError", message)
 
         return await judged(
-            request, RunJupyterRequest, lambda r: r.total_timeout + 2 * _SLACK, call, error
+            request, RunJupyterRequest, lambda r: r.total_timeout + 2 * slack, call, error
         )
 
     async def run_tests(request: Request) -> Response:
@@ -217,7 +222,7 @@ def build_app(judge: Judge, *, max_queue: int = 1024, max_wait: float = 5.0) -> 
             # cases run judge.concurrency at a time
             longest = max([c.run_timeout or r.run_timeout for c in r.cases] or [0.0])
             waves = -(-len(r.cases) // judge.concurrency)
-            return r.compile_timeout + longest * max(1, waves) + _SLACK
+            return r.compile_timeout + longest * max(1, waves) + slack
 
         def error(message: str) -> dict[str, Any]:
             return tests_response("SandboxError", message)
