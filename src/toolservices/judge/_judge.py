@@ -277,7 +277,8 @@ class CodeJudge:
         Returns its response as a dict (``status`` Success / Failed / SandboxError,
         ``compile_result``, ``run_result``, ``files`` base64). A language whose
         toolchain this server lacks, bad base64 or a failure of the sandbox answer
-        SandboxError with a message saying what went wrong.
+        SandboxError with a message saying what went wrong; a full queue raises
+        :class:`~toolservices.ExecutorBusyError` (retryable: the server's 504).
         """
         tc = self._toolchain(language)
         compile_timeout = _check_number("compile_timeout", compile_timeout)
