@@ -12,8 +12,6 @@ import pytest
 from toolservices.errors import UserError
 from toolservices.judge import CodeJudge, outputs_match
 
-pytestmark = pytest.mark.timeout(120)
-
 PROGRAMS = {
     "python": "print('py' + input())",
     "pytest": "def test_ok():\n    assert 1 + 1 == 2\n",

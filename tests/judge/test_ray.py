@@ -21,7 +21,7 @@ sys.path.pop(0)
 from toolservices.judge._remote import ray_judge  # noqa: E402
 from toolservices.services import get_services  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.ray
 
 RAY_INIT = {
     "num_cpus": 2,

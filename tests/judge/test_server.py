@@ -27,8 +27,6 @@ from toolservices.errors import ExecutorBusyError  # noqa: E402
 from toolservices.judge import CodeJudge  # noqa: E402
 from toolservices.judge._admission import Admission  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
-
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:

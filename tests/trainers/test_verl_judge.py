@@ -23,6 +23,8 @@ from _server import judge_server  # noqa: E402
 
 sys.path.pop(0)
 
+# Run in verl's own venv (.ci/run), like test_verl.py: the module's server start and
+# verl's thread pools were not measured against the suite's 60 s.
 pytestmark = pytest.mark.timeout(180)
 
 
