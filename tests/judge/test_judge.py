@@ -325,3 +325,22 @@ async def test_no_file_of_a_running_submission(fetch: list[str]) -> None:
             j.arun_code(writer, "python", fetch_files=fetch, run_timeout=20),
         )
     assert seen["run_result"]["stdout"] == "[]\n", seen["run_result"]
+
+
+def test_jupyter_cell_timeout_files_and_fetch(judge: CodeJudge) -> None:
+    r = judge.run_jupyter(
+        ["import time; time.sleep(30)", "open('out.txt', 'w').write(open('in.txt').read() * 2)"],
+        cell_timeout=0.5,
+        files={"in.txt": base64.b64encode(b"ab").decode()},
+        fetch_files=["out.txt"],
+    )
+    assert r["status"] == "Success"
+    assert r["cells"][0]["error"][0]["ename"] == "TimeoutError"
+    assert r["cells"][1]["error"] == []
+    assert base64.b64decode(r["files"]["out.txt"]) == b"abab"
+
+
+def test_jupyter_total_timeout_fails(judge: CodeJudge) -> None:
+    r = judge.run_jupyter(["import time; time.sleep(60)"], total_timeout=0.2)
+    assert r["status"] == "Failed" and r["cells"] == []
+    assert r["driver"]["status"] == "TimeLimitExceeded"
