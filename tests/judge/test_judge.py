@@ -344,3 +344,13 @@ def test_jupyter_total_timeout_fails(judge: CodeJudge) -> None:
     r = judge.run_jupyter(["import time; time.sleep(60)"], total_timeout=0.2)
     assert r["status"] == "Failed" and r["cells"] == []
     assert r["driver"]["status"] == "TimeLimitExceeded"
+
+
+def test_binds_never_show_a_whole_home() -> None:
+    from toolservices.judge._languages import _bind_for
+
+    assert _bind_for("/root/bin/tool") == "/root/bin/tool"
+    assert _bind_for("/home/me/bin/tool") == "/home/me/bin/tool"
+    assert _bind_for("/opt/tool") == "/opt/tool"
+    assert _bind_for("/opt/jdk-21/bin/java") == "/opt/jdk-21"
+    assert _bind_for("/root/.nvm/versions/node/v22/bin/node") == "/root/.nvm/versions/node/v22"

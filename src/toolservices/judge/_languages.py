@@ -167,6 +167,17 @@ def _root(path: str) -> str:
     return os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent
 
 
+def _bind_for(path: str) -> str:
+    """What to show the sandbox of a tool outside its view: its toolchain directory, or
+    the tool alone when that directory is a home or top-level one (``~/bin/x`` must not
+    show the sandbox all of ``~``)."""
+    root = _root(path)
+    homes = {os.path.expanduser("~"), "/root", "/home", "/opt", "/srv", "/var", "/tmp"}
+    if root in homes or root.count(os.sep) < 2 or os.path.dirname(root) == "/home":
+        return path
+    return root
+
+
 def _outside_links(root: str) -> list[str]:
     """Directories outside the view that a toolchain's config links into (a JDK's
     ``conf/security/java.security`` -> ``/etc/java-17-openjdk``)."""
@@ -224,7 +235,7 @@ def discover(language: str) -> Toolchain:
             missing.append(f"{name!r} on the server's PATH")
             continue
         if not _visible(path):
-            binds.append(_root(path))
+            binds.append(_bind_for(path))
         binds += _outside_links(_root(path))
         tools[name.replace("+", "x").replace("-", "_")] = path
     java_vm, javac_vm = java_flags(1024)
