@@ -3,6 +3,7 @@ trajectory, :class:`ToolEnv` for batches stepped in lockstep, and the
 :class:`EpisodeSpec` every driver (ToolEnv, rollouts, trainer adapters)
 makes its episodes from."""
 
+from toolservices.env._hooks import EpisodeHook
 from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
 from toolservices.env._shell_tools import (
     ShellTool,
@@ -19,6 +20,7 @@ from toolservices.env.episode import Episode
 __all__ = [
     "EnvStep",
     "Episode",
+    "EpisodeHook",
     "EpisodeSpec",
     "PythonRender",
     "PythonTool",
