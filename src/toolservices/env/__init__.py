@@ -3,7 +3,8 @@ trajectory, :class:`ToolEnv` for batches stepped in lockstep, and the
 :class:`EpisodeSpec` every driver (ToolEnv, rollouts, trainer adapters)
 makes its episodes from."""
 
-from toolservices.env._hooks import EpisodeHook
+from toolservices.env._clip import clip_middle, omitted_marker
+from toolservices.env._hooks import EpisodeHook, check_hook
 from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
 from toolservices.env._shell_tools import (
     ShellTool,
@@ -19,6 +20,8 @@ from toolservices.env.episode import Episode
 
 __all__ = [
     "EnvStep",
+    "clip_middle",
+    "omitted_marker",
     "Episode",
     "EpisodeHook",
     "EpisodeSpec",
@@ -27,6 +30,7 @@ __all__ = [
     "ShellTool",
     "ToolEnv",
     "bash_tool",
+    "check_hook",
     "check_episode_options",
     "exec_result_text",
     "python_tool",

@@ -12,8 +12,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import ConcurrencyBound, StepMetrics
-from toolservices.env import EpisodeSpec
-from toolservices.env._hooks import EpisodeHook
+from toolservices.env import EpisodeHook, EpisodeSpec
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.parsing import ParserLike
 from toolservices.rollout._request import (

@@ -74,6 +74,13 @@ __ts_opts() {
   IFS=: builtin read -r -a __ts_l <<<"$2"
   for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
 }
+__ts_limits() {  # restore `ulimit -a` lines (soft, then with -H the hard ones)
+  builtin local __ts_l __ts_f
+  while IFS= builtin read -r __ts_l; do
+    __ts_f=${__ts_l%)*}
+    builtin ulimit "${1:--S}" "-${__ts_f##*-}" "${__ts_l##* }" 2>/dev/null || :
+  done
+}
 __ts_save() {
   builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
   builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
@@ -81,11 +88,17 @@ __ts_save() {
     builtin declare -p
     builtin declare -f
     builtin alias -p
+    builtin printf '__ts_limits -S <<'\''__ts_lim'\''\n'
+    builtin ulimit -S -a
+    builtin printf '__ts_lim\n__ts_limits -H <<'\''__ts_lim'\''\n'
+    builtin ulimit -H -a
+    builtin printf '__ts_lim\n'
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
     builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
+builtin shopt -s expand_aliases  # as in an interactive terminal (the state may turn it off)
 builtin read -r __ts_cmd <&3 || builtin exit 1
 builtin trap __ts_save EXIT
 builtin source /dev/fd/5 2>/dev/null
@@ -156,7 +169,10 @@ class _Spare:
 class Shell:
     """One session's shell: its saved state, its workspace, its spawner and spare bash."""
 
-    def __init__(self, workspace: str, *, max_output: int, max_file: int) -> None:
+    def __init__(
+        self, workspace: str, *, max_output: int, max_file: int, command_stack: int | None = None
+    ) -> None:
+        _command_limits(command_stack)  # inherited by the spawner, so by every bash
         self.workspace = workspace
         self.max_output = max_output
         self.max_file = max_file
@@ -370,7 +386,7 @@ class Shell:
         the command was killed), or is empty.
         """
         cap = self.max_output
-        bufs = [bytearray(), bytearray()]
+        bufs = [[bytearray(), bytearray()], [bytearray(), bytearray()]]
         totals = [0, 0]
         fds = {out_r: 0, err_r: 1}
         pending: dict[int, memoryview] = {}
@@ -434,7 +450,7 @@ class Shell:
             os.close(pidfd)
             for fd in pending:
                 os.close(fd)
-        outs = [(bytes(bufs[0]), totals[0]), (bytes(bufs[1]), totals[1])]
+        outs = [(_kept(bufs[0], cap), totals[0]), (_kept(bufs[1], cap), totals[1])]
         return status, outs, timed_out, stuck
 
     # --- files ---------------------------------------------------------------------
@@ -526,13 +542,32 @@ class Shell:
         return {"ok": True, "entries": entries}
 
 
+def _command_limits(stack: int | None) -> None:
+    """Commands start with a usual terminal's soft stack limit, not the session's.
+
+    The session's ``RLIMIT_STACK`` (hard = soft) is sized for the Python
+    executor's deep recursion; glibc gives every thread of a command a stack
+    of the soft limit, so at 128 MiB a JVM or a thread pool runs out of
+    address space after a few threads. Only the soft limit drops:
+    ``ulimit -s`` can raise it again up to the session's.
+    """
+    if stack is None:
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    target = stack if hard == resource.RLIM_INFINITY else min(stack, hard)
+    if soft == resource.RLIM_INFINITY or soft > target:
+        resource.setrlimit(resource.RLIMIT_STACK, (target, hard))
+
+
 def _error(exc: OSError) -> dict[str, Any]:
     code = errno.errorcode.get(exc.errno or 0, "EIO")
     return {"ok": False, "errno": code, "message": exc.strerror or str(exc)}
 
 
-def _drain(fd: int, buf: bytearray, totals: list[int], index: int, cap: int) -> bool:
-    """Read what is there now; False at EOF."""
+def _drain(fd: int, buf: list[bytearray], totals: list[int], index: int, cap: int) -> bool:
+    """Read what is there now, keeping its head and tail (see :func:`_kept`); False at EOF."""
     while True:
         try:
             chunk = os.read(fd, 65536)
@@ -543,9 +578,24 @@ def _drain(fd: int, buf: bytearray, totals: list[int], index: int, cap: int) -> 
         if not chunk:
             return False
         totals[index] += len(chunk)
-        room = cap + 1 - len(buf)
+        head, tail = buf
+        room = cap - cap // 2 - len(head)
         if room > 0:
-            buf += chunk[:room]
+            head += chunk[:room]
+            chunk = chunk[room:]
+        keep = cap // 2
+        if chunk and keep:
+            tail += chunk[-keep:]
+            if len(tail) > 2 * keep:  # trimmed now and then: linear in what is read
+                del tail[:-keep]
+
+
+def _kept(buf: list[bytearray], cap: int) -> bytes:
+    """At most ``cap`` bytes of a stream: its first ``cap - cap // 2`` and its last
+    ``cap // 2`` (all of it when it was no longer); the host marks the cut between."""
+    head, tail = buf
+    keep = cap // 2
+    return bytes(head) + (bytes(tail[-keep:]) if keep else b"")
 
 
 def _read_all(fd: int) -> bytes:
@@ -721,7 +771,12 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     """Entry point of every request: one JSON line on stdout."""
     global _shell
     if _shell is None:
-        _shell = Shell(os.getcwd(), max_output=config["max_output"], max_file=config["max_file"])
+        _shell = Shell(
+            os.getcwd(),
+            max_output=config["max_output"],
+            max_file=config["max_file"],
+            command_stack=config.get("command_stack"),
+        )
     shell = _shell
     if op == "run":
         stdin = None if args["stdin"] is None else base64.b64decode(args["stdin"])

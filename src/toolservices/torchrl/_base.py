@@ -32,7 +32,7 @@ from torchrl.envs.transforms import Transform
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import ItemResult, StepMetrics
-from toolservices.env._hooks import EpisodeHook, check_hook
+from toolservices.env import EpisodeHook, check_hook
 from toolservices.env.episode import Episode, aclose_all
 from toolservices.errors import UserError
 from toolservices.tools import ToolRegistry

@@ -10,7 +10,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_simple
-from toolservices.env._hooks import EpisodeHook
+from toolservices.env import EpisodeHook
 from toolservices.env.episode import Episode, on_dispatcher, render_messages
 from toolservices.errors import UserError
 from toolservices.parsing import as_parser

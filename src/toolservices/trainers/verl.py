@@ -191,10 +191,8 @@ class ToolservicesTool(BaseTool):
         self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
     ) -> None:
         timeout = config.get("timeout", 10.0)
-        hooks = {
-            "setup": load_hook("setup", config.get("setup")),
-            "finalize": load_hook("finalize", config.get("finalize")),
-        }
+        setup = load_hook("setup", config.get("setup"))
+        finalize = load_hook("finalize", config.get("finalize"))
         self.tool: Tool
         self._shell_key: str | None = None
         if config.get("tool") in _SHELL_TOOLS:
@@ -203,11 +201,18 @@ class ToolservicesTool(BaseTool):
             tools = shell_tools(shell)
             self.tool = next(t for t in tools if t.name == config["tool"])
             self._shell_key = f"shell-{id(shell)}"
-            self.spec = adapter_spec(tools, timeout=timeout, max_turns=None, **hooks)
+            self.spec = adapter_spec(
+                tools, timeout=timeout, max_turns=None, setup=setup, finalize=finalize
+            )
         else:
             self.tool, executor = _load_tool(config)
             self.spec = adapter_spec(
-                [self.tool], python=executor, timeout=timeout, max_turns=None, **hooks
+                [self.tool],
+                python=executor,
+                timeout=timeout,
+                max_turns=None,
+                setup=setup,
+                finalize=finalize,
             )
         self._instances: dict[str, Episode] = {}
         self._states: dict[str, dict[str, Any]] = {}

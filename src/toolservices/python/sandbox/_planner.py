@@ -39,7 +39,7 @@ from toolservices.python.sandbox._launch_plan import (
     release,
     session_state,
 )
-from toolservices.python.sandbox._report import build_report
+from toolservices.python.sandbox._report import build_report, resolve_address_space
 from toolservices.python.sandbox._seccomp import SeccompUnavailable, build_filter
 
 __all__ = ["build_plan", "plan_server_launch"]
@@ -369,8 +369,18 @@ def _choose(
     # namespace: count them here.
     nproc: int | None = config.nproc
     hidden = _uid_tasks_here(os.getuid()) if uid is None and nproc is not None else 0
-    for attempt in _attempts(config, skipped):
+    base_config = config
+    for attempt in _attempts(base_config, skipped):
         run_uid = None if attempt.level == "L0" else uid
+        run_memcg = memcg_dir if run_uid is not None else None  # L0 keeps root: no group
+        # RLIMIT_AS as this attempt resolves it ("cgroup": none when the memory cgroup holds)
+        config = replace(
+            base_config,
+            address_space=resolve_address_space(
+                base_config,
+                memory_cgroup=run_memcg is not None and base_config.memory_limit is not None,
+            ),
+        )
         inside_base = _INSIDE_BASE if attempt.bwrap else host_base
         state = session_state(
             config,
@@ -385,7 +395,6 @@ def _choose(
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
-        run_memcg = memcg_dir if run_uid is not None else None  # L0 keeps root: no group
         if run_memcg is not None and config.memory_limit is not None:
             inside = _memcg.INSIDE if attempt.bwrap else run_memcg
             env[_memcg.ENV] = _memcg.env_value(inside, config.memory_limit)
