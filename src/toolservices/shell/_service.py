@@ -182,6 +182,7 @@ class ShellService:
             "max_output": self.max_output,
             "max_file": self.max_file_size,
             "command_stack": command_stack,
+            "offline": not bool(getattr(config, "network", False)),
         }
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
@@ -530,7 +531,13 @@ class ShellService:
                 "fork_session: the source session was restarted during the copy", retryable=True
             )
         reply = self._reply(res)
-        return {"state": str(reply["state"]), "workspace": str(reply["workspace"])}
+        if not reply.get("ok", True):
+            raise UserError(f"fork_session: {reply.get('message')}")
+        return {
+            "state": str(reply["state"]),
+            "workspace": str(reply["workspace"]),
+            "home": str(reply.get("home", "")),
+        }
 
     def _adopted(self, res: ExecResult, lost: bool) -> None:
         if lost:

@@ -170,10 +170,18 @@ class Shell:
     """One session's shell: its saved state, its workspace, its spawner and spare bash."""
 
     def __init__(
-        self, workspace: str, *, max_output: int, max_file: int, command_stack: int | None = None
+        self,
+        workspace: str,
+        *,
+        max_output: int,
+        max_file: int,
+        command_stack: int | None = None,
+        offline: bool = True,
     ) -> None:
         _command_limits(command_stack)  # inherited by the spawner, so by every bash
         self.workspace = workspace
+        self.home = _make_home(workspace)
+        self.offline = offline
         self.max_output = max_output
         self.max_file = max_file
         self.state = ""
@@ -189,7 +197,21 @@ class Shell:
 
     # --- commands ------------------------------------------------------------------
 
-    def adopt(self, state: str, source: str) -> dict[str, Any]:
+    def home_archive(self) -> dict[str, Any]:
+        """HOME as a base64 tar, for ``fork_session`` (empty when HOME is the workspace)."""
+        if self.home == self.workspace or not os.path.isdir(self.home):
+            return {"ok": True, "home": ""}
+        data = _pack_home(self.home, self.max_file)
+        if data is None:
+            return {
+                "ok": False,
+                "errno": "EFBIG",
+                "message": f"HOME ({self.home}) holds more than {self.max_file} bytes: "
+                "too much to copy; remove caches there",
+            }
+        return {"ok": True, "home": base64.b64encode(data).decode()}
+
+    def adopt(self, state: str, source: str, home: str = "") -> dict[str, Any]:
         """Take a shell state saved by another session (``fork_session``: a fresh copy).
 
         It is the text the source's own bash wrote; this session's bash runs it
@@ -201,6 +223,11 @@ class Shell:
             return {"ok": False, "errno": "EINVAL", "message": "not a saved shell state"}
         if source != self.workspace:
             state = state.replace(source, self.workspace)
+        if home:
+            try:
+                _unpack_home(home, self.home)
+            except (OSError, ValueError) as exc:  # tarfile errors are ValueErrors or OSErrors
+                return {"ok": False, "errno": "EIO", "message": f"cannot copy HOME: {exc}"}
         self.state = state
         self.generation += 1  # a spare primed with the state this session started with is stale
         return {"ok": True}
@@ -227,8 +254,7 @@ class Shell:
     def _request_spare(self) -> None:
         """Ask the spawner for the next command's bash; it starts while we reply."""
         if self.spawner is None:
-            env = dict(os.environ)
-            env.pop("PWD", None)
+            env = _command_env(dict(os.environ), self.home, self.offline)
             argv = [BASH, "--noprofile", "--norc", "-c", _PRELUDE, "bash"]
             self.spawner = Spawner(argv, env, self.workspace)
         cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
@@ -542,6 +568,77 @@ class Shell:
         return {"ok": True, "entries": entries}
 
 
+#: HOME of a session whose /tmp is its own (session namespaces): outside the repository.
+_HOME = "/tmp/home"
+#: the workspace paths that mean session namespaces (so a private /tmp)
+_FIXED_WORKSPACES = ("/workspace", "/tmp/workspace")
+_GITCONFIG = (
+    "[user]\n\tname = sandbox\n\temail = sandbox@localhost\n[init]\n\tdefaultBranch = main\n"
+)
+#: variables the executor sets for Python sessions that would make ``nproc`` lie
+_THREAD_CAPS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
+
+
+def _make_home(workspace: str) -> str:
+    """The session's HOME: private, outside the workspace (``git add -A`` never sees it).
+
+    It lives in the session's own ``/tmp`` and starts with a git identity
+    (``git config --global`` or ``GIT_AUTHOR_*`` override it). Without
+    session namespaces ``/tmp`` is the host's: HOME stays the workspace.
+    """
+    if workspace not in _FIXED_WORKSPACES:
+        return workspace
+    try:
+        os.makedirs(_HOME, 0o700, exist_ok=True)
+        gitconfig = os.path.join(_HOME, ".gitconfig")
+        if not os.path.exists(gitconfig):
+            with open(gitconfig, "w", encoding="utf-8") as handle:
+                handle.write(_GITCONFIG)
+    except OSError:  # a full /tmp: the workspace, as before
+        return workspace
+    return _HOME
+
+
+def _command_env(env: dict[str, str], home: str, offline: bool) -> dict[str, str]:
+    """The environment of every bash: HOME, an honest ``nproc``, fast no-network failures."""
+    env.pop("PWD", None)
+    env["HOME"] = home
+    for name in _THREAD_CAPS:  # coreutils' nproc obeys OMP_NUM_THREADS
+        env.pop(name, None)
+    if offline:  # pip and npm fail at once, saying there is no index, instead of retrying DNS
+        env.setdefault("PIP_NO_INDEX", "1")
+        env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        env.setdefault("npm_config_offline", "true")
+    return env
+
+
+def _pack_home(home: str, limit: int) -> bytes | None:
+    """HOME as an uncompressed tar; None when it is larger than ``limit``."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(home, arcname=".")
+    data = buffer.getvalue()
+    return data if len(data) <= limit else None
+
+
+def _unpack_home(data_b64: str, home: str) -> None:
+    import io
+    import tarfile
+
+    os.makedirs(home, 0o700, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data_b64)), mode="r") as archive:
+        archive.extractall(home, filter="data")
+
+
 def _command_limits(stack: int | None) -> None:
     """Commands start with a usual terminal's soft stack limit, not the session's.
 
@@ -776,6 +873,7 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
             max_output=config["max_output"],
             max_file=config["max_file"],
             command_stack=config.get("command_stack"),
+            offline=config.get("offline", True),
         )
     shell = _shell
     if op == "run":
@@ -807,9 +905,10 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}
     elif op == "state":
-        reply = {"ok": True, "state": shell.state, "workspace": shell.workspace}
+        reply = shell.home_archive()
+        reply.update(state=shell.state, workspace=shell.workspace)
     elif op == "adopt":
-        reply = shell.adopt(args["state"], args["workspace"])
+        reply = shell.adopt(args["state"], args["workspace"], args.get("home", ""))
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
     print(json.dumps(reply))
