@@ -8,8 +8,6 @@ once without a network.
 
 from __future__ import annotations
 
-import time
-
 from toolservices.shell import ShellService
 
 
@@ -77,10 +75,8 @@ def test_aliases_expand_and_nproc_is_honest(shell: ShellService, sid: str) -> No
 
 
 def test_pip_fails_at_once_without_a_network(shell: ShellService, sid: str) -> None:
-    started = time.monotonic()
     res = shell.run("python3 -m pip download --no-deps -d /tmp/x more-itertools", session_id=sid)
-    elapsed = time.monotonic() - started
     assert res.returncode != 0
     assert "from versions: none" in res.stdout + res.stderr, res
-    assert elapsed < shell.timeout  # no DNS retries: an answer, not a timeout
+    assert "Retrying" not in res.stdout + res.stderr  # no index asked: no DNS retries
     shell.close_session(sid)
