@@ -80,3 +80,13 @@ def test_pip_fails_at_once_without_a_network(shell: ShellService, sid: str) -> N
     assert "from versions: none" in res.stdout + res.stderr, res
     assert "Retrying" not in res.stdout + res.stderr  # no index asked: no DNS retries
     shell.close_session(sid)
+
+
+def test_the_report_says_what_fork_copies_share(shell: ShellService) -> None:
+    report = shell.isolation_report()
+    joined = " ".join(report["not_protected"])
+    assert "share their source's /tmp" not in joined
+    assert "copies made by fork_session are fresh sessions" in joined
+    nproc = report["layers"]["nproc_limit"]
+    if nproc["active"] and "per session" in nproc["detail"]:
+        assert "each fork_session copy has its own" in nproc["detail"]

@@ -7,6 +7,7 @@ from toolservices.env._clip import clip_middle, omitted_marker
 from toolservices.env._hooks import EpisodeHook, check_hook
 from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
 from toolservices.env._shell_tools import (
+    MODEL_OUTPUT,
     ShellTool,
     bash_tool,
     read_file_tool,
@@ -19,6 +20,7 @@ from toolservices.env.chat import EnvStep, ToolEnv
 from toolservices.env.episode import Episode
 
 __all__ = [
+    "MODEL_OUTPUT",
     "EnvStep",
     "clip_middle",
     "omitted_marker",

@@ -591,6 +591,20 @@ class ShellService:
             else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
             "its session's supervisor, which loses the session",
         }
+        # A shell fork_session makes fresh sessions (spawn_with_files), not forks sharing
+        # the source's namespaces as the executor's fork_session does: say what is true here.
+        nproc = layers.get("nproc_limit")
+        if nproc and "detail" in nproc:
+            layers["nproc_limit"] = {
+                **nproc,
+                "detail": nproc["detail"].replace(
+                    "its copies from fork_session share it", "each fork_session copy has its own"
+                ),
+            }
+        report["not_protected"] = [
+            _SHELL_COPIES if entry.startswith("copies made by fork_session") else entry
+            for entry in report.get("not_protected", [])
+        ]
         report["layers"] = layers
         return report
 
@@ -638,6 +652,14 @@ class ShellService:
             "spares": self._python.spares,
             "command_stack": self.command_stack,
         }
+
+
+#: What a shell's fork_session copies share (its report says it instead of the executor's).
+_SHELL_COPIES = (
+    "copies made by fork_session are fresh sessions (own /tmp, /dev/shm, process budget, "
+    "disk quota and memory group) that start with a copy of the source's workspace, HOME "
+    "and shell state; background processes of the source are not copied"
+)
 
 
 def shell_config(sandbox: object) -> SandboxConfig:

@@ -66,8 +66,11 @@ class SandboxConfig:
     the cgroup v1 memory controller): shared memory, tmpfs and memfd pages
     then count too; the report says whether it is on.
     ``disk_quota`` (bytes; needs session namespaces) mounts a private tmpfs of
-    that size over each session's directory, shared with its fork_session
-    copies: a full disk is ENOSPC for the session, never the host's.
+    that size over each session's directory: a full disk is ENOSPC for the
+    session, never the host's. The executor's ``fork_session`` copies (forks
+    in the source's namespaces) share it; ``spawn_with_files`` copies, and so a
+    ``ShellService``'s ``fork_session`` copies, are fresh sessions with a quota,
+    ``/tmp`` and process budget each.
     ``fixed_workspace`` (needs session namespaces) shows each session's
     directory at one fixed path, its working directory and ``HOME``:
     :data:`WORKSPACE` (``/workspace``) at L3, :data:`WORKSPACE_L2`
