@@ -256,7 +256,7 @@ class Episode:
         ``reason``. Never raises for anything the model or a tool did; raises
         :class:`UserError` when the episode is done or already stepping.
         """
-        if not self._started and not await self.astart():
+        if not self._started and not self.done and not await self.astart():
             return []  # setup failed: the episode ended before its first turn (see error)
         outcome = await self.arun_turn(response)
         return self._append_turn(response, outcome)
@@ -276,7 +276,7 @@ class Episode:
         if not turns.try_acquire():
             await turns.acquire()
         try:
-            if not self._started and not await self.astart():
+            if not self._started and not self.done and not await self.astart():
                 return []
             self._check_usable("step")
             outcome = await self._arun_parsed(ParseResult(text, list(calls)))
@@ -296,7 +296,7 @@ class Episode:
         ``History``) and format results their own way. A failed ``setup``
         gives an empty result (the episode is done, see :attr:`error`).
         """
-        if not self._started and not await self.astart():
+        if not self._started and not self.done and not await self.astart():
             return ItemResult()
         self._check_usable("step")
         return await self._arun_parsed(self._parse(response))
@@ -508,6 +508,7 @@ class Episode:
         self._started = True
         if self.setup is None or self.closed:
             return not self.closed
+        self._busy = True  # a step meanwhile is refused, as during another step
         try:
             await call_hook(self.setup, self)
         except Exception as exc:  # the user's hook: recorded on this episode, never raised
@@ -516,6 +517,8 @@ class Episode:
                 self.done = True
                 self.reason = "setup_error"
             return False
+        finally:
+            self._busy = False
         return True
 
     def run_finalize(self) -> Any:

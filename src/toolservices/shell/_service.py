@@ -56,6 +56,7 @@ _CODE = {
     ).decode()
     for name, file in (
         ("_toolservices_shell_spawner", "_spawner"),
+        ("_toolservices_shell_terminal", "_terminal"),
         ("_toolservices_shell", "_supervisor"),
     )
 }

@@ -40,10 +40,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from toolservices.shell import _terminal
     from toolservices.shell._spawner import Spawner
 elif "_toolservices_shell_spawner" in sys.modules:  # in a session: loaded just before this one
     Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
+    _terminal = sys.modules["_toolservices_shell_terminal"]
 else:  # on the host (tests)
+    from toolservices.shell import _terminal
     from toolservices.shell._spawner import Spawner
 
 BASH = "/bin/bash"
@@ -178,9 +181,9 @@ class Shell:
         command_stack: int | None = None,
         offline: bool = True,
     ) -> None:
-        _command_limits(command_stack)  # inherited by the spawner, so by every bash
+        _terminal.command_limits(command_stack)  # inherited by the spawner, so by every bash
         self.workspace = workspace
-        self.home = _make_home(workspace)
+        self.home = _terminal.make_home(workspace)
         self.offline = offline
         self.max_output = max_output
         self.max_file = max_file
@@ -201,7 +204,7 @@ class Shell:
         """HOME as a base64 tar, for ``fork_session`` (empty when HOME is the workspace)."""
         if self.home == self.workspace or not os.path.isdir(self.home):
             return {"ok": True, "home": ""}
-        data = _pack_home(self.home, self.max_file)
+        data = _terminal.pack_home(self.home, self.max_file)
         if data is None:
             return {
                 "ok": False,
@@ -225,7 +228,7 @@ class Shell:
             state = state.replace(source, self.workspace)
         if home:
             try:
-                _unpack_home(home, self.home)
+                _terminal.unpack_home(home, self.home)
             except (OSError, ValueError) as exc:  # tarfile errors are ValueErrors or OSErrors
                 return {"ok": False, "errno": "EIO", "message": f"cannot copy HOME: {exc}"}
         self.state = state
@@ -254,7 +257,7 @@ class Shell:
     def _request_spare(self) -> None:
         """Ask the spawner for the next command's bash; it starts while we reply."""
         if self.spawner is None:
-            env = _command_env(dict(os.environ), self.home, self.offline)
+            env = _terminal.command_env(dict(os.environ), self.home, self.offline)
             argv = [BASH, "--noprofile", "--norc", "-c", _PRELUDE, "bash"]
             self.spawner = Spawner(argv, env, self.workspace)
         cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
@@ -566,96 +569,6 @@ class Shell:
             return _error(exc)
         entries.sort()
         return {"ok": True, "entries": entries}
-
-
-#: HOME of a session whose /tmp is its own (session namespaces): outside the repository.
-_HOME = "/tmp/home"
-#: the workspace paths that mean session namespaces (so a private /tmp)
-_FIXED_WORKSPACES = ("/workspace", "/tmp/workspace")
-_GITCONFIG = (
-    "[user]\n\tname = sandbox\n\temail = sandbox@localhost\n[init]\n\tdefaultBranch = main\n"
-)
-#: variables the executor sets for Python sessions that would make ``nproc`` lie
-_THREAD_CAPS = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-)
-
-
-def _make_home(workspace: str) -> str:
-    """The session's HOME: private, outside the workspace (``git add -A`` never sees it).
-
-    It lives in the session's own ``/tmp`` and starts with a git identity
-    (``git config --global`` or ``GIT_AUTHOR_*`` override it). Without
-    session namespaces ``/tmp`` is the host's: HOME stays the workspace.
-    """
-    if workspace not in _FIXED_WORKSPACES:
-        return workspace
-    try:
-        os.makedirs(_HOME, 0o700, exist_ok=True)
-        gitconfig = os.path.join(_HOME, ".gitconfig")
-        if not os.path.exists(gitconfig):
-            with open(gitconfig, "w", encoding="utf-8") as handle:
-                handle.write(_GITCONFIG)
-    except OSError:  # a full /tmp: the workspace, as before
-        return workspace
-    return _HOME
-
-
-def _command_env(env: dict[str, str], home: str, offline: bool) -> dict[str, str]:
-    """The environment of every bash: HOME, an honest ``nproc``, fast no-network failures."""
-    env.pop("PWD", None)
-    env["HOME"] = home
-    for name in _THREAD_CAPS:  # coreutils' nproc obeys OMP_NUM_THREADS
-        env.pop(name, None)
-    if offline:  # pip and npm fail at once, saying there is no index, instead of retrying DNS
-        env.setdefault("PIP_NO_INDEX", "1")
-        env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-        env.setdefault("npm_config_offline", "true")
-    return env
-
-
-def _pack_home(home: str, limit: int) -> bytes | None:
-    """HOME as an uncompressed tar; None when it is larger than ``limit``."""
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.add(home, arcname=".")
-    data = buffer.getvalue()
-    return data if len(data) <= limit else None
-
-
-def _unpack_home(data_b64: str, home: str) -> None:
-    import io
-    import tarfile
-
-    os.makedirs(home, 0o700, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data_b64)), mode="r") as archive:
-        archive.extractall(home, filter="data")
-
-
-def _command_limits(stack: int | None) -> None:
-    """Commands start with a usual terminal's soft stack limit, not the session's.
-
-    The session's ``RLIMIT_STACK`` (hard = soft) is sized for the Python
-    executor's deep recursion; glibc gives every thread of a command a stack
-    of the soft limit, so at 128 MiB a JVM or a thread pool runs out of
-    address space after a few threads. Only the soft limit drops:
-    ``ulimit -s`` can raise it again up to the session's.
-    """
-    if stack is None:
-        return
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
-    target = stack if hard == resource.RLIM_INFINITY else min(stack, hard)
-    if soft == resource.RLIM_INFINITY or soft > target:
-        resource.setrlimit(resource.RLIMIT_STACK, (target, hard))
 
 
 def _error(exc: OSError) -> dict[str, Any]:
