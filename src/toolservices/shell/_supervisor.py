@@ -77,25 +77,18 @@ __ts_opts() {
   IFS=: builtin read -r -a __ts_l <<<"$2"
   for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
 }
-__ts_limits() {  # restore `ulimit -a` lines (soft, then with -H the hard ones)
-  builtin local __ts_l __ts_f
-  while IFS= builtin read -r __ts_l; do
-    __ts_f=${__ts_l%)*}
-    builtin ulimit "${1:--S}" "-${__ts_f##*-}" "${__ts_l##* }" 2>/dev/null || :
-  done
-}
 __ts_save() {
   builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
-  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
+  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob +o posix 2>/dev/null
   {
     builtin declare -p
     builtin declare -f
     builtin alias -p
-    builtin printf '__ts_limits -S <<'\''__ts_lim'\''\n'
+    builtin printf '#ts-limits -S\n'
     builtin ulimit -S -a
-    builtin printf '__ts_lim\n__ts_limits -H <<'\''__ts_lim'\''\n'
+    builtin printf '#ts-limits -H\n'
     builtin ulimit -H -a
-    builtin printf '__ts_lim\n'
+    builtin printf '#ts-limits end\n'
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
     builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
     builtin printf '%s\n' '#toolservices-state-end'
@@ -375,7 +368,7 @@ class Shell:
             self._drain_lingering(kept)
         finally:
             spare.close()
-        text = saved.decode("utf-8", "surrogateescape")
+        text = _terminal.compact_limits(saved.decode("utf-8", "surrogateescape"))
         restarted = True
         if not timed_out and not stuck and text.endswith(_STATE_END + "\n"):
             if text != self.state:

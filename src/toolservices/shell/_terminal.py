@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import resource
 
 #: HOME of a session whose /tmp is its own (session namespaces): outside the repository.
@@ -99,3 +100,55 @@ def command_limits(stack: int | None) -> None:
     target = stack if hard == resource.RLIM_INFINITY else min(stack, hard)
     if soft == resource.RLIM_INFINITY or soft > target:
         resource.setrlimit(resource.RLIMIT_STACK, (target, hard))
+
+
+#: ``ulimit -a`` (bash, not in POSIX mode) flag: the limit and the unit it is printed in
+_ULIMITS = {
+    "c": (resource.RLIMIT_CORE, 1024),
+    "d": (resource.RLIMIT_DATA, 1024),
+    "f": (resource.RLIMIT_FSIZE, 1024),
+    "l": (resource.RLIMIT_MEMLOCK, 1024),
+    "m": (resource.RLIMIT_RSS, 1024),
+    "n": (resource.RLIMIT_NOFILE, 1),
+    "s": (resource.RLIMIT_STACK, 1024),
+    "t": (resource.RLIMIT_CPU, 1),
+    "u": (resource.RLIMIT_NPROC, 1),
+    "v": (resource.RLIMIT_AS, 1024),
+    "e": (resource.RLIMIT_NICE, 1),
+    "i": (resource.RLIMIT_SIGPENDING, 1),
+    "q": (resource.RLIMIT_MSGQUEUE, 1),
+    "r": (resource.RLIMIT_RTPRIO, 1),
+    "R": (resource.RLIMIT_RTTIME, 1),
+    "x": (10, 1),  # RLIMIT_LOCKS (Linux), which the resource module does not name
+}
+_LIMITS_BLOCK = re.compile(r"#ts-limits -S\n(.*?)#ts-limits -H\n(.*?)#ts-limits end\n", re.S)
+_LIMIT_LINE = re.compile(r"-(\w)\) (\S+)$", re.M)
+
+
+def compact_limits(state: str) -> str:
+    """Turn the saved ``ulimit -a`` listings into ``ulimit`` commands for what changed.
+
+    A bash starts with the session's limits (this process's); only a limit a
+    command changed needs restoring, and one builtin call per such limit
+    costs nothing next to reading the listings back in bash (about 1.3 ms a
+    command). Soft values come first: they never exceed the hard ones kept.
+    """
+    found = _LIMITS_BLOCK.search(state)
+    if found is None:
+        return state
+    lines = []
+    for option, block, index in (("-S", found.group(1), 0), ("-H", found.group(2), 1)):
+        for flag, value in _LIMIT_LINE.findall(block):
+            if flag == "p" or value == _current(flag, index):  # pipe size: read-only
+                continue
+            lines.append(f"builtin ulimit {option} -{flag} {value} 2>/dev/null\n")
+    return state[: found.start()] + "".join(lines) + state[found.end() :]
+
+
+def _current(flag: str, index: int) -> str | None:
+    """This process's soft (0) or hard (1) limit as ``ulimit -a`` prints it; None: unknown."""
+    known = _ULIMITS.get(flag)
+    if known is None:
+        return None
+    value = resource.getrlimit(known[0])[index]
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value // known[1])
