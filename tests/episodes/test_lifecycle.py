@@ -7,6 +7,7 @@ workspace before the sessions close.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -171,3 +172,17 @@ def test_hooks_must_be_callable(shell: ShellService) -> None:
         Episode(shell_tools(shell), setup="seed.sh")  # type: ignore[arg-type]
     with pytest.raises(UserError, match="finalize must be a function"):
         ToolEnv(shell_tools(shell), finalize=3)  # type: ignore[arg-type]
+
+
+def test_trainer_configs_name_hooks_by_import_path() -> None:
+    from toolservices.trainers._calls import load_hook
+
+    assert load_hook("setup", None) is None
+    assert load_hook("setup", "json:dumps") is json.dumps
+    assert load_hook("finalize", score) is score
+    with pytest.raises(UserError, match="must be 'package.module:function'"):
+        load_hook("setup", "json.dumps")
+    with pytest.raises(UserError, match="cannot be loaded"):
+        load_hook("finalize", "json:nope")
+    with pytest.raises(UserError, match="is a str, not a function"):
+        load_hook("setup", "os:sep")
