@@ -47,3 +47,9 @@ def test_sandbox_check_reports_layers_and_self_test_holds() -> None:
     assert "isolation level: L" in proc.stdout
     assert "env_allowlist" in proc.stdout
     assert "FAILED" not in proc.stdout
+
+
+def test_serve_help_says_what_timeout_and_max_output_limit() -> None:
+    text = " ".join(run_cli("serve", "--help").stdout.split())
+    assert "seconds per Python call and, with --shell, per shell command" in text
+    assert "--max-output" in text and "omitted" in text

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -135,3 +136,24 @@ def test_stdio_from_a_regular_file_answers_bad_lines_too(tmp_path: Any) -> None:
     assert errors == [-32700, -32600] and all(a["id"] is None for a in answers if "error" in a)
     [initialized] = [a for a in answers if "result" in a]
     assert initialized["id"] == 1 and "serverInfo" in initialized["result"]
+
+
+def test_asking_for_a_shell_tool_without_shell_hints_at_the_flag() -> None:
+    cli = str(Path(sys.executable).parent / "toolservices")
+    peer = _StdioPeer([cli, "serve", "--mcp"])
+    try:
+        peer.send(json.dumps(INITIALIZE).encode())
+        assert peer.answer()["id"] == 1
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+        peer.send(json.dumps({**call, "params": {"name": "bash", "arguments": {}}}).encode())
+        message = peer.answer()["error"]["message"]
+        assert message.startswith("Unknown tool: bash. Available tools: python_execute")
+        assert message.endswith(
+            "(the shell tools are served with `toolservices serve --mcp --shell`)"
+        )
+        peer.send(
+            json.dumps({**call, "id": 3, "params": {"name": "nope", "arguments": {}}}).encode()
+        )
+        assert "--shell" not in peer.answer()["error"]["message"]
+    finally:
+        peer.close()

@@ -91,3 +91,28 @@ def test_http_connections_own_their_shell_sessions(
         _check_shell_tools(ts)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(WAIT) == 0
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_shell_tool_arguments_output_cap_timeouts_and_binary_files() -> None:
+    args = ("serve", "--mcp", "--shell", "--max-output", "2048", "--timeout", "5")
+    server = StdioServer(command=CLI, args=args, env=CHILD_ENV)
+    with MCPToolset({"sh": server}, timeout=WAIT, connect_timeout=WAIT) as ts:
+        for tool in ts.tools():
+            for name, prop in tool.schema_in.get("properties", {}).items():
+                assert prop.get("description"), (tool.name, name)  # every argument explained
+        s1 = {"session_id": "b1"}
+        flood = _text(ts, "bash", {"command": "seq 1 100000", **s1})
+        assert flood.startswith("1\n2\n") and flood.endswith("100000\n") and "omitted" in flood
+        assert len(flood) < 2200
+        slow = _text(ts, "bash", {"command": "sleep 4; echo late", "timeout": 0.5, **s1})
+        assert slow.startswith("Error") and "timed out" in slow
+        # binary content as base64; read back, it is named, not shown
+        data = {"path": "b.bin", "content": "AAECAwQ=", "encoding": "base64", **s1}
+        assert _text(ts, "write_file", data) == "Wrote 5 bytes to b.bin"
+        assert _text(ts, "bash", {"command": "od -An -tx1 b.bin", **s1}).split() == [
+            "00", "01", "02", "03", "04"
+        ]  # fmt: skip
+        assert "binary file" in _text(ts, "read_file", {"path": "b.bin", **s1})
+        bad = _text(ts, "write_file", {**data, "content": "not base64!"})
+        assert bad.startswith("Error") and "not valid base64" in bad

@@ -187,7 +187,11 @@ CASES: dict[str, Case] = {
         "for i in range(500): threading.Thread(target=time.sleep, args=(2,)).start()'",
         lambda r: not r.success and "can't start new thread" in r.stderr,
     ),
-    "memory-bomb": Case(f"{PY} -c 'x = bytearray(3 << 30)'", lambda r: "MemoryError" in r.stderr),
+    # RLIMIT_AS (MemoryError) without a memory cgroup; with one, the kernel kills it
+    "memory-bomb": Case(
+        f"{PY} -c 'x = bytearray(3 << 30)'",
+        lambda r: "MemoryError" in r.stderr or r.returncode in (137, -9),
+    ),
     "cpu-spin": Case(
         "while :; do :; done", lambda r: r.timed_out and r.returncode == -1, timeout=1
     ),
@@ -212,7 +216,7 @@ CASES: dict[str, Case] = {
     # output floods and odd bytes
     "stdout-flood": Case(
         "yes | head -c 10M",
-        lambda r: r.truncated and len(r.stdout) < 40 * 1024 and "truncated" in r.stdout,
+        lambda r: r.truncated and len(r.stdout) < 40 * 1024 and "bytes omitted ...]" in r.stdout,
     ),
     "stderr-flood": Case(
         "yes 1>&2 | head -c 10M 1>&2", lambda r: r.truncated and len(r.stderr) < 40 * 1024
@@ -329,6 +333,10 @@ def test_hostile_command(shell: ShellService, name: str) -> None:
     again = shell.run("echo next", session_id=sid, timeout=8)
     if case.exhausts_session and again.returncode == 126:
         assert "cannot start the command" in again.stderr, again
+    elif case.exhausts_session and again.timed_out:
+        # 256 bombing tasks (the shell's budget) can starve it on a small machine: it
+        # still answers, within its limit, and the session closes with the bomb
+        assert again.restarted, again
     else:
         assert again.stdout == "next\n", again
     assert shell.close_session(sid)

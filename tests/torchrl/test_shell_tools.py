@@ -37,3 +37,27 @@ def test_each_batch_item_has_its_own_shell_until_reset(chat: Any, shell: Any) ->
     driver.step(['<tool name="bash">{"command": "cat /tmp/mine"}</tool>', "done"])
     assert "No such file" in driver.tool_texts(0)[0]  # a reset item: a new session
     assert shell.stats()["sessions"] == before + 1  # the reset closed the two old ones
+
+
+def test_setup_seeds_and_finalize_scores_each_item(chat: Any, shell: Any) -> None:
+    def setup(episode: Any) -> None:
+        index = episode.context["batch_index"]
+        shell.write_file("seed.txt", f"item {index}\n", session_id=episode.shell_session)
+
+    async def finalize(episode: Any) -> str:
+        return (await shell.aread_file("seed.txt", session_id=episode.shell_session)).strip()
+
+    transform = ExecuteToolsInOrder(
+        ToolRegistry(shell_tools(shell)), "xml_block", setup=setup, finalize=finalize
+    )
+    driver = chat(transform, 2)
+    driver.step(
+        [
+            '<tool name="bash">{"command": "cat seed.txt; echo more >> seed.txt"}</tool>',
+            '<tool name="bash">{"command": "cat seed.txt"}</tool>',
+        ]
+    )
+    assert "item 0" in driver.tool_texts(0)[0] and "item 1" in driver.tool_texts(1)[0]
+    assert transform.finalize_items() == ["item 0\nmore", "item 1"]
+    driver.reset()  # the old episodes end (finalize ran already: not again)
+    assert transform.outcomes == ["item 0\nmore", "item 1"] and transform.errors == [None, None]

@@ -251,3 +251,37 @@ def test_grpo_trainer_drives_the_environment(executor, tmp_path, monkeypatch):
     Env.close_all()
     assert executor.stats()["sessions"] == 0
     assert os.environ["TRL_EXPERIMENTAL_SILENCE"] == "1"
+
+
+def test_setup_seeds_from_the_row_and_finalize_is_the_reward():
+    from toolservices import shell_tools
+    from toolservices.shell import ShellService
+
+    def setup(episode):
+        episode.shell.write_file(
+            "task.txt", episode.state["task"], session_id=episode.shell_session
+        )
+        if episode.state["task"] == "broken":
+            raise OSError("cannot seed")
+
+    def finalize(episode):
+        res = episode.shell.run("test -f answer.txt", session_id=episode.shell_session)
+        return 1.0 if res.returncode == 0 else 0.0
+
+    with ShellService(pool_size=1, timeout=10.0) as shell:
+        Env = trl_environment(shell_tools(shell), setup=setup, finalize=finalize)
+        env = Env()
+        try:
+            env.reset(task="write answer.txt")
+            assert env.bash(command="cat task.txt").startswith("write answer.txt")
+            assert env.get_reward() == 0.0
+            env.reset(task="write answer.txt")
+            env.bash(command="touch answer.txt")
+            assert env.get_reward() == 1.0 and env.episode.outcome == 1.0
+            env.reset(task="broken")
+            assert "could not be set up" in env.bash(command="ls")
+            assert env.episode.error == "setup failed: OSError: cannot seed"
+            assert env.get_reward() == 0.0
+        finally:
+            Env.close_all()
+        assert shell.stats()["sessions"] == 0

@@ -90,7 +90,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--path", default="/mcp", help="HTTP endpoint path")
     serve.add_argument("--pool-size", type=int, default=4, help="Python calls running at once")
-    serve.add_argument("--timeout", type=float, default=10.0, help="seconds per Python call")
+    serve.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds per Python call and, with --shell, per shell command (default 10)",
+    )
+    serve.add_argument(
+        "--max-output",
+        type=int,
+        default=16 * 1024,
+        help="with --shell: bytes of a command's output a client reads (default 16384; head "
+        "and tail kept around '[... N bytes omitted ...]')",
+    )
     serve.add_argument(
         "--max-sessions",
         type=int,
@@ -213,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokens=args.token,
             tokens_file=args.tokens_file,
             shell=args.shell,
+            max_output=args.max_output,
         )
     raise AssertionError(f"unhandled command {args.command}")
 

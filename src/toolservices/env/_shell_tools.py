@@ -15,12 +15,14 @@ or an edit that does not match exactly is, with a message saying what to do.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from toolservices.env._clip import clip_middle
 from toolservices.errors import ToolError, ToolTimeoutError, UserError
 from toolservices.tools import Tool
 
@@ -48,6 +50,21 @@ DEFAULT_VIEW_LINES = 400
 MAX_LINE_CHARS = 2000
 #: Lines of context shown around a ``str_replace`` edit.
 EDIT_CONTEXT = 3
+#: Bytes of a command's output the model reads by default (head and tail, about 4K tokens).
+MODEL_OUTPUT = 16 * 1024
+#: Leading bytes that name a binary file's type (what ``read_file`` says instead of showing it).
+_MAGIC = (
+    (b"\x7fELF", "ELF executable or library"),
+    (b"\x89PNG", "PNG image"),
+    (b"\xff\xd8\xff", "JPEG image"),
+    (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"),
+    (b"\x1f\x8b", "gzip archive"),
+    (b"PK\x03\x04", "zip archive (or jar, wheel)"),
+    (b"\xca\xfe\xba\xbe", "Java class file"),
+    (b"SQLite format 3", "SQLite database"),
+    (b"\x00asm", "WebAssembly module"),
+)
 
 
 class ShellTool(Tool):
@@ -57,11 +74,20 @@ class ShellTool(Tool):
     accepts_state = True
     is_async = True
 
-    def __init__(self, shell: ShellService, *, name: str, description: str) -> None:
+    def __init__(
+        self,
+        shell: ShellService,
+        *,
+        name: str,
+        description: str,
+        timeout: float | None = None,
+    ) -> None:
         self.shell = shell
         self.name = name
         self.description = description
-        limit = getattr(shell, "timeout", None)
+        limit = getattr(shell, "timeout", None) if timeout is None else _positive(timeout)
+        #: the service's limit for one command of this tool (None: the service's default)
+        self.command_timeout: float | None = None if timeout is None else float(timeout)
         self.timeout = float(limit) + TIMEOUT_GRACE if limit is not None else None
 
     def __call__(self, **kwargs: Any) -> Any:
@@ -84,8 +110,13 @@ class ShellTool(Tool):
         raise NotImplementedError
 
     async def _read_text(self, path: str, session: str) -> str:
+        data = await self._read_bytes(path, session)
+        return data.decode("utf-8", "replace")
+
+    async def _read_bytes(self, path: str, session: str) -> bytes:
         try:
-            return str(await self.shell.aread_file(path, session_id=session))
+            data = await self.shell.aread_file(path, session_id=session, binary=True)
+            return bytes(data) if not isinstance(data, str) else data.encode()
         except ToolError as exc:  # the service's ShellFileError (not imported: it is heavy)
             if getattr(exc, "reason", None) == "EFBIG":
                 limit = getattr(self.shell, "max_file_size", None)
@@ -98,58 +129,149 @@ class ShellTool(Tool):
 
 
 class BashTool(ShellTool):
-    """``bash(command)``; see :func:`bash_tool`."""
+    """``bash(command, timeout=None)``; see :func:`bash_tool`."""
 
-    def __init__(self, shell: ShellService, *, name: str = "bash") -> None:
+    def __init__(
+        self,
+        shell: ShellService,
+        *,
+        name: str = "bash",
+        timeout: float | None = None,
+        max_output: int | None = MODEL_OUTPUT,
+    ) -> None:
+        if max_output is not None and (
+            isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 64
+        ):
+            raise UserError(f"max_output must be an int >= 64 (bytes) or None, got {max_output!r}")
         super().__init__(
             shell,
             name=name,
-            description=(
-                "Run one bash command in a persistent shell: the working directory, "
-                "exported variables and files are kept between calls. Returns stdout, "
-                "stderr and the exit status. stdin is closed, so do not start "
-                "interactive programs (editors, pagers, a bare python)."
-            ),
+            description=_bash_description(shell, max_output),
+            timeout=timeout,
         )
+        self.max_output = max_output
+        limit = self.timeout - TIMEOUT_GRACE if self.timeout is not None else None
+        timeout_doc = "Seconds before the command is killed"
+        if limit is not None:
+            timeout_doc += f" (at most {limit:g}, the default)"
         self.schema_in = {
             "type": "object",
             "properties": {
-                "command": {"type": "string", "description": "The bash command to run."}
+                "command": {"type": "string", "description": "The bash command to run."},
+                "timeout": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "description": timeout_doc
+                    + "; give a small one for quick commands that might hang.",
+                },
             },
             "required": ["command"],
         }
 
     async def run(self, session: str, **kwargs: Any) -> str:
-        result = await self.shell.arun(kwargs["command"], session_id=session)
-        return command_result_text(result)
+        limit = self.command_timeout
+        asked = kwargs.get("timeout")
+        if asked is not None:
+            bound = self.timeout - TIMEOUT_GRACE if self.timeout is not None else None
+            if isinstance(asked, bool) or not isinstance(asked, int | float) or not asked > 0:
+                raise ToolError(f"timeout must be a number of seconds > 0, got {asked!r}")
+            limit = float(asked) if bound is None else min(float(asked), bound)
+        result = await self.shell.arun(kwargs["command"], session_id=session, timeout=limit)
+        return command_result_text(result, max_output=self.max_output)
 
 
-def command_result_text(result: Mapping[str, Any]) -> str:
+def _bash_description(shell: ShellService, max_output: int | None) -> str:
+    """What the model should know of the sandbox: network, what is on PATH, output cap."""
+    sandbox = getattr(shell, "sandbox", None)
+    network = bool(getattr(sandbox, "network", False))
+    found = [tool for tool in _PATH_TOOLS if shutil.which(tool, path=_SANDBOX_PATH)]
+    text = (
+        "Run one bash command in a persistent shell: the working directory, "
+        "variables, aliases and files are kept between calls. Returns stdout, "
+        "stderr and the exit status. stdin is closed, so do not start "
+        "interactive programs (editors, pagers, a bare python). "
+    )
+    text += (
+        "The sandbox has network access. "
+        if network
+        else "The sandbox has no network: installing packages (pip, npm) or fetching URLs fails. "
+    )
+    if found:
+        text += f"On PATH: {', '.join(found)}. "
+    if max_output is not None:
+        text += (
+            f"Long output is cut to its first and last {max_output // 2048} KiB; "
+            "redirect to a file and read parts of it if you need more."
+        )
+    return text.strip()
+
+
+#: The sandbox's PATH (the executor's fixed one) and the programs worth naming in the description.
+_SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+_PATH_TOOLS = (
+    "python3",
+    "pip",
+    "git",
+    "gcc",
+    "make",
+    "java",
+    "node",
+    "npm",
+    "go",
+    "cargo",
+    "rg",
+    "grep",
+    "sed",
+    "awk",
+    "curl",
+)
+
+
+def command_result_text(result: Mapping[str, Any], *, max_output: int | None = None) -> str:
     """What the model reads for one command; raises :class:`ToolTimeoutError` on a timeout.
 
     stdout, then stderr under a ``[stderr]`` line, then ``[exit status N]``
-    when it is not 0 and a note when the shell had to be restarted.
+    when it is not 0 and a note when the shell had to be restarted. With
+    ``max_output`` (bytes) each stream keeps its head and tail within its
+    share of it (:func:`clip_middle`; a short stream leaves its room to the other).
     """
     restarted = (
-        "\n[the shell was restarted: the working directory and variables were reset; "
-        "files are kept]"
+        "\n[the shell was restarted: the working directory and variables were rolled back "
+        "to before this command; files are kept]"
         if result.get("restarted")
         else ""
     )
+    stdout, stderr = _clipped(
+        str(result.get("stdout", "")), str(result.get("stderr", "")), max_output
+    )
     if result.get("timed_out"):
-        output = _joined(str(result.get("stdout", "")), str(result.get("stderr", "")))
+        output = _joined(stdout, stderr)
         raise ToolTimeoutError(
             "The command timed out and was killed with everything it started"
             + (f"; its output so far:\n{output}" if output else "")
             + restarted
         )
-    text = _joined(str(result.get("stdout", "")), str(result.get("stderr", "")))
+    text = _joined(stdout, stderr)
     code = result.get("returncode", 0)
     if code:
         text += ("\n" if text and not text.endswith("\n") else "") + f"[exit status {code}]"
     if not text:
         text = "[no output]"
     return text + restarted
+
+
+def _clipped(stdout: str, stderr: str, limit: int | None) -> tuple[str, str]:
+    if limit is None:
+        return stdout, stderr
+    sizes = (
+        len(stdout.encode("utf-8", "surrogatepass")),
+        len(stderr.encode("utf-8", "surrogatepass")),
+    )
+    if sum(sizes) <= limit:
+        return stdout, stderr
+    half = limit // 2
+    out_room = max(half, limit - sizes[1])
+    return clip_middle(stdout, out_room), clip_middle(stderr, max(half, limit - sizes[0]))
 
 
 def _joined(stdout: str, stderr: str) -> str:
@@ -196,11 +318,18 @@ class ReadFileTool(ShellTool):
     async def run(self, session: str, **kwargs: Any) -> str:
         path = kwargs["path"]
         try:
-            text = await self._read_text(path, session)
+            data = await self._read_bytes(path, session)
         except ToolError as exc:
             if getattr(exc, "reason", None) != "EISDIR":
                 raise
             return await self._listing(path, session)
+        kind = binary_kind(data)
+        if kind is not None:
+            return (
+                f"[{path} is a binary file ({kind}, {len(data)} bytes): not shown. "
+                f"Inspect it with bash, e.g. file {path}; xxd {path} | head]"
+            )
+        text = data.decode("utf-8", "replace")
         return self._view(path, text, kwargs.get("start_line"), kwargs.get("end_line"))
 
     def _view(self, path: str, text: str, start: int | None, end: int | None) -> str:
@@ -234,6 +363,18 @@ class ReadFileTool(ShellTool):
         entries = await self.shell.alist_files(path, session_id=session)
         names = sorted(f"{e.name}/" if e.kind == "dir" else e.name for e in entries)
         return "\n".join(names) if names else f"[{path} is an empty directory]"
+
+
+def binary_kind(data: bytes) -> str | None:
+    """What a file's bytes are when they are not text (a NUL, or mostly not UTF-8); else None."""
+    for magic, kind in _MAGIC:
+        if data.startswith(magic):
+            return kind
+    sample = data[:8192]
+    if b"\x00" in sample:
+        return "binary data"
+    bad = sample.decode("utf-8", "replace").count("\ufffd")
+    return "binary data" if bad > max(8, len(sample) // 10) else None
 
 
 def _numbered(lines: list[str], first: int, last: int) -> str:
@@ -310,8 +451,15 @@ class StrReplaceTool(ShellTool):
         try:
             text = await self._read_text(path, session)
         except ToolError as exc:
-            if getattr(exc, "reason", None) == "EISDIR":
-                raise ToolError(f"{path} is a directory; str_replace edits a file.") from exc
+            reason = getattr(exc, "reason", None)
+            if reason == "EISDIR":
+                raise ToolError(f"{path} is a directory; {self.name} edits a file.") from exc
+            if reason == "ENOENT":
+                raise ToolError(
+                    f"{path} does not exist; nothing was changed. {self.name} edits an "
+                    "existing file: check the path (relative paths are in the workspace), "
+                    "or create the file with write_file."
+                ) from exc
             raise
         count = text.count(old)
         if count == 0:
@@ -337,6 +485,12 @@ class StrReplaceTool(ShellTool):
         return f"Edited {path}; lines {lo}-{hi} now read:\n{_numbered(lines, lo, hi)}"
 
 
+def _positive(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise UserError(f"timeout must be a number of seconds > 0 or None, got {value!r}")
+    return float(value)
+
+
 def _match_lines(text: str, old: str) -> list[int]:
     """1-based line numbers where each (possibly overlapping) match of ``old`` starts."""
     found, start = [], text.find(old)
@@ -346,13 +500,24 @@ def _match_lines(text: str, old: str) -> list[int]:
     return found
 
 
-def bash_tool(shell: ShellService, *, name: str = "bash") -> BashTool:
-    """``bash(command: str)``: one command in the calling episode's shell session.
+def bash_tool(
+    shell: ShellService,
+    *,
+    name: str = "bash",
+    timeout: float | None = None,
+    max_output: int | None = MODEL_OUTPUT,
+) -> BashTool:
+    """``bash(command: str, timeout: float = ...)``: one command in the episode's shell session.
 
-    The call's time limit is the service's ``timeout`` plus a grace period,
-    so the service kills a runaway command's process tree and the model reads why.
+    ``timeout``: seconds a command of this tool may run (default: the
+    service's ``timeout``); the model may ask for less per call (its
+    ``timeout`` argument), never more. The call's limit is that plus a
+    grace period, so the service kills a runaway command's process tree
+    and the model reads why. ``max_output``: bytes of output the model reads
+    (16 KiB; head and tail kept, ``[... N bytes omitted ...]`` between;
+    ``None``: what the service kept, its ``max_output`` per stream).
     """
-    return BashTool(shell, name=name)
+    return BashTool(shell, name=name, timeout=timeout, max_output=max_output)
 
 
 def read_file_tool(
@@ -380,15 +545,21 @@ def str_replace_tool(shell: ShellService, *, name: str = "str_replace") -> StrRe
     return StrReplaceTool(shell, name=name)
 
 
-def shell_tools(shell: ShellService) -> list[ShellTool]:
+def shell_tools(
+    shell: ShellService,
+    *,
+    timeout: float | None = None,
+    max_output: int | None = MODEL_OUTPUT,
+) -> list[ShellTool]:
     """``bash``, ``read_file``, ``write_file`` and ``str_replace`` over ``shell``.
 
     Give them to an :class:`~toolservices.Episode` (or ``ToolEnv``, a TorchRL
     transform, a trainer adapter) and each episode gets its own shell
     session, created on first use and closed with the episode.
+    ``timeout`` and ``max_output`` are ``bash``'s (see :func:`bash_tool`).
     """
     return [
-        bash_tool(shell),
+        bash_tool(shell, timeout=timeout, max_output=max_output),
         read_file_tool(shell),
         write_file_tool(shell),
         str_replace_tool(shell),

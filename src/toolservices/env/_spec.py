@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from toolservices.dispatch import Dispatcher
+from toolservices.env._hooks import EpisodeHook, check_hook
 from toolservices.env.episode import (
     Episode,
     Prompt,
@@ -57,6 +58,9 @@ class EpisodeSpec:
     episode; only the conversation, ``state`` and Python session are per
     episode. ``dispatcher`` defaults to a new one with ``max_concurrency``,
     ``timeout`` and ``stop_on_error``; given, its settings are used.
+
+    ``setup``, ``finalize`` and ``keep_sessions`` go to every episode (see
+    :class:`~toolservices.Episode`, "Lifecycle").
     """
 
     def __init__(
@@ -74,7 +78,15 @@ class EpisodeSpec:
         max_concurrency: int = 64,
         timeout: float | None = 10.0,
         stop_on_error: bool = False,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
+        check_hook("setup", setup)
+        check_hook("finalize", finalize)
+        self.setup = setup
+        self.finalize = finalize
+        self.keep_sessions = keep_sessions
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.python = check_episode_options(
             self.registry,
@@ -127,5 +139,8 @@ class EpisodeSpec:
             episode_id=episode_id,
             state=state,
             context=context,
+            setup=self.setup,
+            finalize=self.finalize,
+            keep_sessions=self.keep_sessions,
             **on_dispatcher(self.dispatcher),
         )

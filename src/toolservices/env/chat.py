@@ -17,8 +17,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from toolservices._portal import run_sync
 from toolservices.dispatch import Dispatcher, EpisodeMetrics, ItemResult, StepMetrics
+from toolservices.env._hooks import EpisodeHook
 from toolservices.env._spec import EpisodeSpec
 from toolservices.env.episode import Episode, Message, ResultFormat, aclose_all
 from toolservices.errors import UserError
@@ -54,6 +57,13 @@ class ToolEnv:
     share one dispatcher, so ``max_concurrency`` bounds the whole batch.
     With ``python`` (or a ``python_tool`` among the tools) each item gets its
     own Python session, ended by the next :meth:`reset` or :meth:`close`.
+
+    ``setup``/``finalize`` hooks (see :class:`~toolservices.Episode`) run per
+    item: setup in :meth:`reset` (``states=`` seeds each item's ``state``),
+    finalize in :meth:`finalize` or, at the latest, when the next
+    :meth:`reset` or :meth:`close` ends the batch (:attr:`outcomes`,
+    :attr:`errors`). ``max_turns=8`` suits short tool use; coding agents
+    want 30 or more.
     """
 
     def __init__(
@@ -69,6 +79,9 @@ class ToolEnv:
         timeout: float | None = 10.0,
         stop_on_error: bool = False,
         python: PythonExecutorService | None = None,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
         self.spec = EpisodeSpec(
             tools,
@@ -81,6 +94,9 @@ class ToolEnv:
             max_concurrency=max_concurrency,
             timeout=timeout,
             stop_on_error=stop_on_error,
+            setup=setup,
+            finalize=finalize,
+            keep_sessions=keep_sessions,
         )
         self.episodes: list[Episode] = []
 
@@ -127,14 +143,78 @@ class ToolEnv:
 
     # -- episodes ------------------------------------------------------------------------
 
-    def reset(self, prompts: Sequence[str | Sequence[Mapping[str, Any]]]) -> list[list[Message]]:
-        """Start one episode per prompt (a user string or a message list)."""
-        self.close()
+    def reset(
+        self,
+        prompts: Sequence[str | Sequence[Mapping[str, Any]]],
+        *,
+        states: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[list[Message]]:
+        """Synchronous :meth:`areset`."""
+        if self.spec.setup is None and not self._to_release():
+            self._new_batch(prompts, states)  # nothing to wait for: no trip to the loop
+            return self.messages
+        return run_sync(functools.partial(self.areset, prompts, states=states))
+
+    async def areset(
+        self,
+        prompts: Sequence[str | Sequence[Mapping[str, Any]]],
+        *,
+        states: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[list[Message]]:
+        """End the current episodes, start one per prompt (a user string or a message list).
+
+        ``states[i]`` seeds episode i's ``state``. With a ``setup`` hook, it
+        runs for every episode (concurrently) before this returns; an
+        episode whose setup failed is done (``reasons``, ``errors``).
+        """
+        await self.aclose()
+        self._new_batch(prompts, states)
+        async with anyio.create_task_group() as tg:
+            for episode in self.episodes:
+                tg.start_soon(episode.astart)
+        return self.messages
+
+    def _new_batch(
+        self,
+        prompts: Sequence[str | Sequence[Mapping[str, Any]]],
+        states: Sequence[Mapping[str, Any]] | None,
+    ) -> None:
+        if states is not None and len(states) != len(prompts):
+            raise UserError(f"got {len(states)} states for {len(prompts)} prompts")
+        for episode in self.episodes:
+            episode._mark_closed()
         self.episodes = [
-            self.spec.new_episode(prompt=prompt, context={"batch_index": i})
+            self.spec.new_episode(
+                prompt=prompt,
+                state=states[i] if states is not None else None,
+                context={"batch_index": i},
+            )
             for i, prompt in enumerate(prompts)
         ]
-        return self.messages
+        if self.spec.setup is None:
+            for episode in self.episodes:
+                episode._started = True  # nothing to run before the first turn
+
+    @property
+    def outcomes(self) -> list[Any]:
+        """What each episode's ``finalize`` returned (after :meth:`finalize` or :meth:`close`)."""
+        return [e.outcome for e in self.episodes]
+
+    @property
+    def errors(self) -> list[str | None]:
+        """Each episode's ``setup``/``finalize`` failure, if any."""
+        return [e.error for e in self.episodes]
+
+    def finalize(self) -> list[Any]:
+        """Synchronous :meth:`afinalize`."""
+        return run_sync(self.afinalize)
+
+    async def afinalize(self) -> list[Any]:
+        """Run every episode's ``finalize`` now (sessions stay open); the outcomes."""
+        async with anyio.create_task_group() as tg:
+            for episode in self.episodes:
+                tg.start_soon(episode.afinalize)
+        return self.outcomes
 
     def step(self, responses: Sequence[str | Mapping[str, Any] | None]) -> EnvStep:
         """Synchronous :meth:`astep`."""
@@ -189,8 +269,8 @@ class ToolEnv:
 
     def close(self) -> None:
         """End the current episodes (and their Python sessions, if any)."""
-        # without sessions to release there is nothing to wait for
-        if any(e.python is not None and not e.closed for e in self.episodes):
+        # without sessions to release or hooks to run there is nothing to wait for
+        if self._to_release():
             run_sync(self.aclose)
         for episode in self.episodes:
             episode._mark_closed()
@@ -198,6 +278,12 @@ class ToolEnv:
     async def aclose(self) -> None:
         """Async :meth:`close`."""
         await aclose_all(self.episodes)
+
+    def _to_release(self) -> bool:
+        return any(
+            not e.closed and (e.python is not None or e.shell is not None or e.finalize)
+            for e in self.episodes
+        )
 
 
 def _response(response: str | Mapping[str, Any] | None) -> str | Mapping[str, Any]:

@@ -36,6 +36,7 @@ from toolservices.dispatch import (
     render_tool_results,
     to_openai_messages,
 )
+from toolservices.env._hooks import EpisodeHook, call_hook, check_hook
 from toolservices.env._python_tool import PYTHON_SESSION_KEY, PythonTool
 from toolservices.env._shell_tools import SHELL_SESSION_KEY, ShellTool
 from toolservices.errors import UserError
@@ -67,7 +68,8 @@ ResultFormat = Literal["openai", "tool_results"]
 #: ``too_many_failures`` (``max_failed_turns`` failed turns in a row), or closed
 #: from outside while still running (:meth:`Episode.aclose`): ``closed`` (by its
 #: owner), ``request_error`` (the model could not be asked: a server failure) or
-#: ``infrastructure_error`` (the tools' backend failed).
+#: ``infrastructure_error`` (the tools' backend failed); ``setup_error``: the
+#: episode's ``setup`` hook raised (see :attr:`Episode.error`), no turn ran.
 EndReason = Literal[
     "answered",
     "max_turns",
@@ -75,6 +77,7 @@ EndReason = Literal[
     "closed",
     "request_error",
     "infrastructure_error",
+    "setup_error",
 ]
 #: The reasons :meth:`Episode.aclose` can give an episode it ends.
 CloseReason = Literal["closed", "request_error", "infrastructure_error"]
@@ -120,6 +123,26 @@ class Episode:
     the episode has its own ``shell_session`` on their service (created on
     first use, forked by :meth:`fork`, ended by :meth:`aclose`), handed to
     them in ``_state["shell_session"]``.
+
+    Lifecycle: ``setup(episode)`` runs once before the first turn (:meth:`astart`;
+    the first step runs it if the driver did not), with the sessions at hand
+    (``shell_session``, ``python_session``, created on first use) and
+    :attr:`state` holding what the driver was given for this episode: seed
+    files, start services. ``finalize(episode)`` runs once after the last
+    turn (:meth:`afinalize`; :meth:`aclose` runs it first), before the sessions
+    close, with the final workspace intact; its return value is
+    :attr:`outcome` (a reward, test results...). Either may be sync (run in
+    a worker thread, so it may use the services' sync API) or async. An
+    exception in either is recorded in :attr:`error` (a failed setup ends
+    the episode with reason ``"setup_error"``; finalize then does not run),
+    never raised; the sessions still close. ``keep_sessions=True``:
+    :meth:`aclose` leaves the sessions open and the caller closes them
+    (``shell.close_session(episode.shell_session)``,
+    ``python.close_session(episode.python_session)``; closing the service
+    ends them too).
+
+    ``max_turns`` defaults to 8, right for short tool use; a coding agent
+    that reads, edits and tests wants 30 or more (or ``None``).
     """
 
     def __init__(
@@ -141,8 +164,13 @@ class Episode:
         stop_on_error: bool = False,
         pass_state: bool = True,
         end_on_answer: bool = True,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
         check_limits(max_turns, max_failed_turns, result_format)
+        check_hook("setup", setup)
+        check_hook("finalize", finalize)
         registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.registry = registry
         self.parser = as_parser(parser, tools=registry)
@@ -188,6 +216,15 @@ class Episode:
         self.metrics = EpisodeMetrics()
         self.last: ItemResult | None = None
         self.closed = False
+        self.setup = setup
+        self.finalize = finalize
+        self.keep_sessions = keep_sessions
+        #: What ``finalize`` returned (None until it ran, or without one).
+        self.outcome: Any = None
+        #: What went wrong in ``setup`` or ``finalize`` ("setup failed: ..."), else None.
+        self.error: str | None = None
+        self._started = False
+        self._finalized = False
         self._busy = False
         #: Orders the turns handed over by :meth:`astep_calls` (any loop may wait on it).
         self._turns = ConcurrencyBound(1)
@@ -219,6 +256,8 @@ class Episode:
         ``reason``. Never raises for anything the model or a tool did; raises
         :class:`UserError` when the episode is done or already stepping.
         """
+        if not self._started and not self.done and not await self.astart():
+            return []  # setup failed: the episode ended before its first turn (see error)
         outcome = await self.arun_turn(response)
         return self._append_turn(response, outcome)
 
@@ -237,6 +276,8 @@ class Episode:
         if not turns.try_acquire():
             await turns.acquire()
         try:
+            if not self._started and not self.done and not await self.astart():
+                return []
             self._check_usable("step")
             outcome = await self._arun_parsed(ParseResult(text, list(calls)))
             return self._append_turn(text, outcome)
@@ -252,8 +293,11 @@ class Episode:
 
         Unlike :meth:`astep` this leaves :attr:`messages` alone and renders
         nothing: for layers that keep the conversation themselves (TorchRL's
-        ``History``) and format results their own way.
+        ``History``) and format results their own way. A failed ``setup``
+        gives an empty result (the episode is done, see :attr:`error`).
         """
+        if not self._started and not self.done and not await self.astart():
+            return ItemResult()
         self._check_usable("step")
         return await self._arun_parsed(self._parse(response))
 
@@ -448,6 +492,59 @@ class Episode:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def start(self) -> bool:
+        """Synchronous :meth:`astart`."""
+        return _portal.run_sync(self.astart)
+
+    async def astart(self) -> bool:
+        """Run ``setup`` (once); False when it failed (the episode is then done).
+
+        Drivers call it before asking the model for the first turn; the
+        first step calls it otherwise. Without a ``setup`` it only marks the
+        episode started.
+        """
+        if self._started:
+            return self.reason != "setup_error"
+        self._started = True
+        if self.setup is None or self.closed:
+            return not self.closed
+        self._busy = True  # a step meanwhile is refused, as during another step
+        try:
+            await call_hook(self.setup, self)
+        except Exception as exc:  # the user's hook: recorded on this episode, never raised
+            self.error = f"setup failed: {type(exc).__name__}: {exc}"
+            if not self.done:
+                self.done = True
+                self.reason = "setup_error"
+            return False
+        finally:
+            self._busy = False
+        return True
+
+    def run_finalize(self) -> Any:
+        """Synchronous :meth:`afinalize`."""
+        return _portal.run_sync(self.afinalize)
+
+    async def afinalize(self) -> Any:
+        """Run ``finalize`` (once) on the final workspace; its return value (:attr:`outcome`).
+
+        :meth:`aclose` calls it before closing the sessions; call it yourself
+        to get the outcome earlier (a trainer's reward). It runs only when
+        the episode started (a turn ran or :meth:`astart` was called) and its
+        setup did not fail. An exception is recorded in :attr:`error`.
+        """
+        if self._finalized:
+            return self.outcome
+        self._finalized = True
+        if self.finalize is None or not self._started or self.reason == "setup_error":
+            return self.outcome
+        try:
+            self.outcome = await call_hook(self.finalize, self)
+        except Exception as exc:  # the user's hook: recorded on this episode, never raised
+            message = f"finalize failed: {type(exc).__name__}: {exc}"
+            self.error = message if self.error is None else f"{self.error}; {message}"
+        return self.outcome
+
     def close(self, *, reason: CloseReason = "closed") -> None:
         """Synchronous :meth:`aclose`."""
         _portal.run_sync(functools.partial(self.aclose, reason=reason))
@@ -459,9 +556,27 @@ class Episode:
         it from outside, ``"request_error"`` (its driver could not get the
         model's next answer) or ``"infrastructure_error"``. A finished
         episode keeps its own reason, and the first close wins.
+
+        ``finalize`` runs first (once, see :meth:`afinalize`); with
+        ``keep_sessions=True`` the sessions are then left open for the caller.
         """
+        if reason not in CLOSE_REASONS:
+            self._mark_closed(reason)  # raises the UserError naming the valid reasons
+        if self.closed:
+            return
+        if not self.done:
+            self.done = True
+            self.reason = reason
+        try:
+            await self.afinalize()
+        finally:
+            await self._release(reason)
+
+    async def _release(self, reason: CloseReason) -> None:
         shell = self.shell_session if not self.closed and self.shell is not None else None
         session = self._mark_closed(reason)
+        if self.keep_sessions:
+            return  # the caller's now (the safety nets were detached by _mark_closed)
         with anyio.CancelScope(shield=True):
             try:
                 if session is not None and self.python is not None:
@@ -492,6 +607,12 @@ class Episode:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def __enter__(self) -> Episode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 async def aclose_all(episodes: Iterable[Episode]) -> None:

@@ -233,7 +233,11 @@ def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> li
     )
 
     async def python_close_session(session_id: str) -> str:
-        """Close a Python session and free its interpreter (its variables are lost)."""
+        """Close a Python session and free its interpreter (its variables are lost).
+
+        Args:
+            session_id: The session to close.
+        """
         if await scoped.close(session_id):
             return f"Session {session_id} closed"
         return f"Session {session_id} was not open (nothing to close)"

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import FrameType
 from typing import Any
 
+from toolservices.env import MODEL_OUTPUT
 from toolservices.errors import UserError
 from toolservices.mcp._auth import TOKENS_ENV, Tokens, load_tokens
 from toolservices.mcp._python_tools import (
@@ -53,6 +54,7 @@ def serve_main(
     tokens: Sequence[str] = (),
     tokens_file: str | None = None,
     shell: bool = False,
+    max_output: int | None = MODEL_OUTPUT,
 ) -> int:
     """``toolservices serve --mcp``: the sandboxed Python executor as an MCP server.
 
@@ -63,7 +65,8 @@ def serve_main(
     ``$TOOLSERVICES_MCP_TOKENS``; any token configured makes every HTTP request
     need one. ``shell=True`` also serves the shell tools (``bash``, ``read_file``,
     ``write_file``, ``str_replace``, ``shell_close_session``; sessions scoped and
-    limited the same way, see :mod:`toolservices.mcp._shell_tools`). Returns the
+    limited the same way, see :mod:`toolservices.mcp._shell_tools`), ``bash``'s
+    output cut to ``max_output`` bytes (head and tail). Returns the
     exit status (0; 2 for a bad configuration, said on stderr).
     """
     from toolservices.python import PythonExecutorService
@@ -90,6 +93,7 @@ def serve_main(
         extension = shell_extension(
             pool_size=pool_size,
             timeout=timeout,
+            max_output=max_output,
             max_sessions=max_sessions,
             idle_timeout=session_idle_timeout,
             scope=session_scope,

@@ -46,6 +46,11 @@ from toolservices.tools import Tool, ToolRegistry
 
 __all__ = ["aserve", "build_server", "current_connection", "current_namespace", "serve"]
 
+#: The tools ``--shell`` adds: asking for one without it gets a hint.
+SHELL_TOOL_NAMES = frozenset(
+    {"bash", "read_file", "write_file", "str_replace", "shell_close_session"}
+)
+
 Transport = Literal["stdio", "http"]
 P = ParamSpec("P")
 
@@ -107,9 +112,16 @@ def _build(
     ) -> mt.CallToolResult:
         if params.name not in registry:
             available = ", ".join(registry.names()) or "none"
+            hint = (
+                " (the shell tools are served with `toolservices serve --mcp --shell`)"
+                if params.name in SHELL_TOOL_NAMES
+                else ""
+            )
             raise MCPError(
                 code=mt.INVALID_PARAMS,
-                message=escape_text(f"Unknown tool: {params.name}. Available tools: {available}"),
+                message=escape_text(
+                    f"Unknown tool: {params.name}. Available tools: {available}{hint}"
+                ),
             )
         if calls.draining:
             return _error(SHUTDOWN_REFUSED)

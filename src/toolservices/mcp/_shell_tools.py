@@ -11,14 +11,17 @@ the tools of an :class:`~toolservices.Episode`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
-from toolservices.env import ShellTool, shell_tools
+from toolservices.env import MODEL_OUTPUT, ShellTool, shell_tools
+from toolservices.errors import ToolError
 from toolservices.mcp._python_tools import PythonSessions
 from toolservices.tools import FunctionTool, Tool
 
@@ -60,24 +63,42 @@ class ShellSessions(PythonSessions):
         return text
 
 
-def mcp_shell_tools(shell: Any, *, sessions: ShellSessions | None = None) -> list[Tool]:
+def mcp_shell_tools(
+    shell: Any, *, sessions: ShellSessions | None = None, max_output: int | None = MODEL_OUTPUT
+) -> list[Tool]:
     """``bash``, ``read_file``, ``write_file``, ``str_replace`` and
-    ``shell_close_session`` over a ShellService, each taking an optional ``session_id``."""
+    ``shell_close_session`` over a ShellService, each taking an optional ``session_id``.
+
+    ``max_output``: bytes of a command's output a client reads (see
+    :func:`~toolservices.env.bash_tool`).
+    """
     scoped = sessions if sessions is not None else ShellSessions(shell)
-    tools = {t.name: t for t in shell_tools(shell)}
+    tools = {t.name: t for t in shell_tools(shell, max_output=max_output)}
 
     def runner(name: str, args: dict[str, Any]) -> Callable[[str], Awaitable[str]]:
         tool: ShellTool = tools[name]
         return lambda session: tool.run(session, **{k: v for k, v in args.items() if v is not None})
 
-    async def bash(command: str, session_id: str | None = None) -> str:
+    async def bash(
+        command: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's limit, the model's to lower
+    ) -> str:
         """Run one bash command in a sandboxed shell; returns stdout, stderr and the exit status.
 
-        Give the same session_id on later calls to keep the working directory,
-        exported variables and files; without one the command runs in a fresh
-        shell. stdin is closed: do not start interactive programs.
+        stdin is closed: do not start interactive programs. Long output is cut
+        to its head and tail. The sandbox has no network unless the server
+        enabled it.
+
+        Args:
+            command: The bash command to run.
+            session_id: Keep the working directory, variables and files between calls by
+                giving the same id; without one the command runs in a fresh shell.
+            timeout: Seconds before the command is killed; at most the server's --timeout
+                (the default).
         """
-        return await scoped.call(session_id, runner("bash", {"command": command}))
+        args = {"command": command, "timeout": timeout}
+        return await scoped.call(session_id, runner("bash", args))
 
     async def read_file(
         path: str,
@@ -85,27 +106,70 @@ def mcp_shell_tools(shell: Any, *, sessions: ShellSessions | None = None) -> lis
         start_line: int | None = None,
         end_line: int | None = None,
     ) -> str:
-        """Show a text file of the session's workspace with line numbers (or a directory's
-        entries); start_line and end_line (1-based, inclusive) choose a range."""
+        """Show a text file of the session's workspace with line numbers, or a directory's entries.
+
+        A binary file is named (type and size), not shown.
+
+        Args:
+            path: File or directory; relative paths are in the session's workspace.
+            session_id: The session whose files to read (as given to bash).
+            start_line: First line to show (1-based).
+            end_line: Last line to show (inclusive); -1 or omitted: to the end.
+        """
         args = {"path": path, "start_line": start_line, "end_line": end_line}
         return await scoped.call(session_id, runner("read_file", args))
 
-    async def write_file(path: str, content: str, session_id: str | None = None) -> str:
-        """Create or overwrite a text file in the session's workspace."""
-        return await scoped.call(
-            session_id, runner("write_file", {"path": path, "content": content})
-        )
+    async def write_file(
+        path: str,
+        content: str,
+        session_id: str | None = None,
+        encoding: Literal["text", "base64"] = "text",
+    ) -> str:
+        """Create or overwrite a file in the session's workspace.
+
+        Args:
+            path: The file to write; relative paths are in the session's workspace.
+            content: The file's whole new content: text, or base64 of the bytes with
+                encoding "base64" (for binary files).
+            session_id: The session whose files to write (as given to bash).
+            encoding: "text" (the default) or "base64".
+        """
+        if encoding == "text":
+            return await scoped.call(
+                session_id, runner("write_file", {"path": path, "content": content})
+            )
+        try:
+            data = base64.b64decode(content, validate=True)
+        except binascii.Error as exc:
+            raise ToolError(f"content is not valid base64 ({exc}); nothing was written") from exc
+
+        async def write(session: str) -> str:
+            await shell.awrite_file(path, data, session_id=session)
+            return f"Wrote {len(data)} bytes to {path}"
+
+        return await scoped.call(session_id, write)
 
     async def str_replace(
         path: str, old_str: str, new_str: str, session_id: str | None = None
     ) -> str:
-        """Replace old_str, which must occur exactly once in the file (same characters,
-        whitespace and indentation), with new_str."""
+        """Replace old_str, which must occur exactly once in the file, with new_str.
+
+        Args:
+            path: The file to edit; relative paths are in the session's workspace.
+            old_str: The exact text to replace (same characters, whitespace and
+                indentation); include surrounding lines to make it unique.
+            new_str: The text to put in its place.
+            session_id: The session whose files to edit (as given to bash).
+        """
         args = {"path": path, "old_str": old_str, "new_str": new_str}
         return await scoped.call(session_id, runner("str_replace", args))
 
     async def shell_close_session(session_id: str) -> str:
-        """Close a shell session: end its processes and delete its files."""
+        """Close a shell session: end its processes and delete its files.
+
+        Args:
+            session_id: The session to close.
+        """
         if await scoped.close(session_id):
             return f"Session {session_id} closed"
         return f"Session {session_id} was not open (nothing to close)"
@@ -152,6 +216,7 @@ def shell_extension(
     *,
     pool_size: int,
     timeout: float,
+    max_output: int | None = MODEL_OUTPUT,
     max_sessions: int,
     idle_timeout: float | None,
     scope: Any,
@@ -166,5 +231,7 @@ def shell_extension(
         shell, max_sessions=max_sessions, idle_timeout=idle_timeout, scope=scope
     )
     return ShellExtension(
-        shell=shell, sessions=sessions, tools=mcp_shell_tools(shell, sessions=sessions)
+        shell=shell,
+        sessions=sessions,
+        tools=mcp_shell_tools(shell, sessions=sessions, max_output=max_output),
     )

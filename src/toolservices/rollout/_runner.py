@@ -12,7 +12,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import ConcurrencyBound, StepMetrics
-from toolservices.env import EpisodeSpec
+from toolservices.env import EpisodeHook, EpisodeSpec
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.parsing import ParserLike
 from toolservices.rollout._request import (
@@ -60,6 +60,16 @@ class Rollout:
     (vLLM's extension) ask the server for what RL training needs;
     ``request_options`` go to every request as is (``temperature``,
     ``max_tokens``, ``tool_choice``, ``extra_body``...).
+
+    ``setup(episode)`` runs before an episode's first request (its
+    ``state`` is ``states[i]`` of :meth:`arun`: seed the repository),
+    ``finalize(episode)`` after its last turn with the final workspace
+    (run hidden tests, score): its return value is the trajectory's
+    ``outcome``; an exception in either goes to that trajectory's
+    ``error`` and the other episodes go on (see :class:`~toolservices.Episode`).
+    ``keep_sessions=True`` leaves each episode's sessions open: their ids are
+    in ``Trajectory.shell_session``/``python_session`` and the caller closes
+    them. ``max_turns=8`` suits short tool use; coding agents want 30 or more.
     """
 
     def __init__(
@@ -84,6 +94,9 @@ class Rollout:
         tool_timeout: float | None = 10.0,
         max_tool_concurrency: int = 64,
         python: PythonExecutorService | None = None,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
         if not model:
             raise UserError("Rollout needs model= (the name the server serves)")
@@ -114,6 +127,9 @@ class Rollout:
             python=python,
             max_concurrency=max_tool_concurrency,
             timeout=tool_timeout,
+            setup=setup,
+            finalize=finalize,
+            keep_sessions=keep_sessions,
         )
         self.registry = self.spec.registry
         self.parser = self.spec.parser
@@ -241,7 +257,9 @@ class Rollout:
             # A tool's backend failing during a call (InfrastructureError) is a failed
             # call the model reads (the dispatcher's rule); nothing in a step raises it.
             try:
-                error = await self._drive(episode, trajectory)
+                error = None
+                if await episode.astart():  # False: setup failed (episode.error)
+                    error = await self._drive(episode, trajectory)
                 if error is not None:
                     reason, trajectory.error = "request_error", error
             finally:
@@ -252,6 +270,16 @@ class Rollout:
         except InfrastructureError as exc:  # a session that cannot close
             trajectory.finish_reason = "infrastructure_error"
             trajectory.error = f"{type(exc).__name__}: {exc}"
+        if episode.error is not None:
+            trajectory.error = (
+                episode.error
+                if trajectory.error is None
+                else f"{trajectory.error}; {episode.error}"
+            )
+        trajectory.outcome = episode.outcome
+        if episode.keep_sessions:
+            trajectory.shell_session = episode.shell_session
+            trajectory.python_session = episode.python_session
         trajectory.messages = episode.messages
         trajectory.metrics = episode.metrics
         trajectory.state = episode.state

@@ -57,10 +57,18 @@ class Trajectory:
     metrics: EpisodeMetrics
     #: ``answered``, ``max_turns``, ``too_many_failures`` (from the episode), or
     #: ``request_error`` (the server could not be used: see :attr:`error`) or
-    #: ``infrastructure_error`` (the episode's Python session could not be released).
+    #: ``infrastructure_error`` (the episode's Python session could not be released),
+    #: or ``setup_error`` (the ``setup`` hook raised: see :attr:`error`).
     finish_reason: str
-    #: Why the episode stopped early, for ``request_error`` and ``infrastructure_error``.
+    #: Why the episode stopped early (``request_error``, ``infrastructure_error``,
+    #: ``setup_error``), or what ``finalize`` raised ("finalize failed: ...").
     error: str | None = None
+    #: What the rollout's ``finalize`` hook returned (a reward, test results...).
+    outcome: Any = None
+    #: The episode's sessions, left open with ``keep_sessions=True`` (the caller
+    #: closes them: ``shell.close_session(...)``); None without such tools.
+    shell_session: str | None = None
+    python_session: str | None = None
     #: The episode's state dict at the end (the tools may have written to it).
     state: dict[str, Any] = field(default_factory=dict)
     #: HTTP attempts over all turns, the failing one included.
@@ -77,8 +85,8 @@ class Trajectory:
 
     @property
     def ok(self) -> bool:
-        """True unless the server or the infrastructure ended the episode."""
-        return self.finish_reason not in ("request_error", "infrastructure_error")
+        """True unless the server, the infrastructure or a failed ``setup`` ended the episode."""
+        return self.finish_reason not in ("request_error", "infrastructure_error", "setup_error")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain data, with ``retries`` (JSON-serialisable when ``state`` is)."""

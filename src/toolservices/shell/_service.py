@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import glob
 import json
 import marshal
 import math
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from toolservices._portal import run_sync
+from toolservices.env import omitted_marker
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
-from toolservices.python.sandbox import check_config, default_config
+from toolservices.python.sandbox import SandboxConfig, check_config, default_config
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -33,6 +35,12 @@ SESSION_FDS = 5
 #: the default size cap of a session's workspace (each fork_session copy has its own)
 DEFAULT_DISK_QUOTA = 1 << 30
 #: the name the supervisor's entry point has in a session's globals
+#: The soft stack limit of commands: a usual terminal's (glibc sizes thread stacks from it).
+COMMAND_STACK = 8 * 1024 * 1024
+#: Tasks (processes and threads) per shell session when no sandbox is given.
+SHELL_NPROC = 256
+#: /etc paths of toolchains the read-only root shows to shell sessions (when they exist).
+_TOOLCHAIN_ETC = ("/etc/java-*",)
 _ENTRY = "__ts_shell__"
 #: what a call without the bootstrap prints in a session that has no supervisor yet
 _COLD = '{"cold": true}'
@@ -48,6 +56,7 @@ _CODE = {
     ).decode()
     for name, file in (
         ("_toolservices_shell_spawner", "_spawner"),
+        ("_toolservices_shell_terminal", "_terminal"),
         ("_toolservices_shell", "_supervisor"),
     )
 }
@@ -87,11 +96,15 @@ def _check_session(value: object, *, required: bool = False) -> str | None:
 
 
 def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
-    text = data[:cap].decode("utf-8", "replace")
-    if total > cap:
-        text += f"\n[... output truncated: {total - cap} more bytes not shown ...]\n"
-        return text, True
-    return text, False
+    """A stream as the supervisor kept it: whole, or its head and tail around a marker."""
+    if total <= cap:
+        return data.decode("utf-8", "replace"), False
+    head = cap - cap // 2
+    return (
+        data[:head].decode("utf-8", "replace")
+        + omitted_marker(total - len(data))
+        + data[head:].decode("utf-8", "replace")
+    ), True
 
 
 class ShellService:
@@ -117,7 +130,15 @@ class ShellService:
       Needs session namespaces (see ``isolation_report()``); without them
       only ``file_size`` caps each file. With them every workspace is at one
       fixed path (``/workspace`` at L3; the report's ``workspace``).
-    * ``sandbox``: a :class:`~toolservices.python.SandboxConfig`.
+    * ``sandbox``: a :class:`~toolservices.python.SandboxConfig`. Without one,
+      the defaults with ``nproc=256`` (a JVM, ``node`` with workers or a test
+      runner's thread pool need more than the executor's 64 tasks); either
+      way ``address_space="auto"`` becomes ``"cgroup"``: no ``RLIMIT_AS`` where
+      the session's memory cgroup bounds its memory (see ``isolation_report()``).
+    * ``command_stack``: the soft stack limit commands start with (``ulimit -s``;
+      8 MiB as in a usual terminal, which glibc also gives each thread), up to
+      the session's ``stack_size``; ``None`` keeps that. ``ulimit`` changes
+      persist between commands like the rest of the shell state.
     """
 
     def __init__(
@@ -133,6 +154,7 @@ class ShellService:
         disk_quota: int | None = DEFAULT_DISK_QUOTA,
         sandbox: Any = None,
         spares: int = 2,
+        command_stack: int | None = COMMAND_STACK,
     ) -> None:
         self.timeout = _check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -142,7 +164,7 @@ class ShellService:
         self.max_list = int(max_list)
         # The supervisor's JSON reply travels as the session's stdout: room for both streams
         # (base64) or one file, plus the envelope.
-        config = default_config() if sandbox is None else check_config(sandbox)
+        config = shell_config(sandbox)
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
@@ -150,7 +172,19 @@ class ShellService:
         # every session's workspace at one path (where session namespaces allow it)
         config = dataclasses.replace(config, fixed_workspace=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
-        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
+        if command_stack is not None and (
+            isinstance(command_stack, bool)
+            or not isinstance(command_stack, int)
+            or command_stack < 1
+        ):
+            raise UserError(f"command_stack must be a positive int or None, got {command_stack!r}")
+        self.command_stack = command_stack
+        self._config = {
+            "max_output": self.max_output,
+            "max_file": self.max_file_size,
+            "command_stack": command_stack,
+            "offline": not bool(getattr(config, "network", False)),
+        }
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
             max_sessions = default_max_sessions(
@@ -498,7 +532,13 @@ class ShellService:
                 "fork_session: the source session was restarted during the copy", retryable=True
             )
         reply = self._reply(res)
-        return {"state": str(reply["state"]), "workspace": str(reply["workspace"])}
+        if not reply.get("ok", True):
+            raise UserError(f"fork_session: {reply.get('message')}")
+        return {
+            "state": str(reply["state"]),
+            "workspace": str(reply["workspace"]),
+            "home": str(reply.get("home", "")),
+        }
 
     def _adopted(self, res: ExecResult, lost: bool) -> None:
         if lost:
@@ -552,6 +592,20 @@ class ShellService:
             else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
             "its session's supervisor, which loses the session",
         }
+        # A shell fork_session makes fresh sessions (spawn_with_files), not forks sharing
+        # the source's namespaces as the executor's fork_session does: say what is true here.
+        nproc = layers.get("nproc_limit")
+        if nproc and "detail" in nproc:
+            layers["nproc_limit"] = {
+                **nproc,
+                "detail": nproc["detail"].replace(
+                    "its copies from fork_session share it", "each fork_session copy has its own"
+                ),
+            }
+        report["not_protected"] = [
+            _SHELL_COPIES if entry.startswith("copies made by fork_session") else entry
+            for entry in report.get("not_protected", [])
+        ]
         report["layers"] = layers
         return report
 
@@ -597,7 +651,34 @@ class ShellService:
             "sandbox": self.sandbox,
             "disk_quota": None,
             "spares": self._python.spares,
+            "command_stack": self.command_stack,
         }
+
+
+#: What a shell's fork_session copies share (its report says it instead of the executor's).
+_SHELL_COPIES = (
+    "copies made by fork_session are fresh sessions (own /tmp, /dev/shm, process budget, "
+    "disk quota and memory group) that start with a copy of the source's workspace, HOME "
+    "and shell state; background processes of the source are not copied"
+)
+
+
+def shell_config(sandbox: object) -> SandboxConfig:
+    """The sandbox of a shell service: ``sandbox``, or the defaults with :data:`SHELL_NPROC`;
+    ``address_space="auto"`` becomes ``"cgroup"`` (toolchains reserve address space)."""
+    config = (
+        dataclasses.replace(default_config(), nproc=SHELL_NPROC)
+        if sandbox is None
+        else check_config(sandbox)
+    )
+    if config.address_space == "auto":
+        config = dataclasses.replace(config, address_space="cgroup")
+    # the host's toolchains read their configuration there (a JDK's conf/ links into it)
+    wanted = [p for pattern in _TOOLCHAIN_ETC for p in sorted(glob.glob(pattern))]
+    extra = tuple(p for p in wanted if p not in config.extra_ro_paths)
+    if extra:
+        config = dataclasses.replace(config, extra_ro_paths=(*config.extra_ro_paths, *extra))
+    return config
 
 
 def _rebuild(kwargs: dict[str, Any]) -> ShellService:

@@ -40,10 +40,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from toolservices.shell import _terminal
     from toolservices.shell._spawner import Spawner
 elif "_toolservices_shell_spawner" in sys.modules:  # in a session: loaded just before this one
     Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
+    _terminal = sys.modules["_toolservices_shell_terminal"]
 else:  # on the host (tests)
+    from toolservices.shell import _terminal
     from toolservices.shell._spawner import Spawner
 
 BASH = "/bin/bash"
@@ -76,16 +79,22 @@ __ts_opts() {
 }
 __ts_save() {
   builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
-  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob 2>/dev/null
+  builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob +o posix 2>/dev/null
   {
     builtin declare -p
     builtin declare -f
     builtin alias -p
+    builtin printf '#ts-limits -S\n'
+    builtin ulimit -S -a
+    builtin printf '#ts-limits -H\n'
+    builtin ulimit -H -a
+    builtin printf '#ts-limits end\n'
     builtin printf 'builtin cd -- %q 2>/dev/null\n' "$PWD"
     builtin printf '__ts_opts %q %q\n' "$__ts_so" "$__ts_bo"
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
+builtin shopt -s expand_aliases  # as in an interactive terminal (the state may turn it off)
 builtin read -r __ts_cmd <&3 || builtin exit 1
 builtin trap __ts_save EXIT
 builtin source /dev/fd/5 2>/dev/null
@@ -156,8 +165,19 @@ class _Spare:
 class Shell:
     """One session's shell: its saved state, its workspace, its spawner and spare bash."""
 
-    def __init__(self, workspace: str, *, max_output: int, max_file: int) -> None:
+    def __init__(
+        self,
+        workspace: str,
+        *,
+        max_output: int,
+        max_file: int,
+        command_stack: int | None = None,
+        offline: bool = True,
+    ) -> None:
+        _terminal.command_limits(command_stack)  # inherited by the spawner, so by every bash
         self.workspace = workspace
+        self.home = _terminal.make_home(workspace)
+        self.offline = offline
         self.max_output = max_output
         self.max_file = max_file
         self.state = ""
@@ -173,7 +193,21 @@ class Shell:
 
     # --- commands ------------------------------------------------------------------
 
-    def adopt(self, state: str, source: str) -> dict[str, Any]:
+    def home_archive(self) -> dict[str, Any]:
+        """HOME as a base64 tar, for ``fork_session`` (empty when HOME is the workspace)."""
+        if self.home == self.workspace or not os.path.isdir(self.home):
+            return {"ok": True, "home": ""}
+        data = _terminal.pack_home(self.home, self.max_file)
+        if data is None:
+            return {
+                "ok": False,
+                "errno": "EFBIG",
+                "message": f"HOME ({self.home}) holds more than {self.max_file} bytes: "
+                "too much to copy; remove caches there",
+            }
+        return {"ok": True, "home": base64.b64encode(data).decode()}
+
+    def adopt(self, state: str, source: str, home: str = "") -> dict[str, Any]:
         """Take a shell state saved by another session (``fork_session``: a fresh copy).
 
         It is the text the source's own bash wrote; this session's bash runs it
@@ -185,6 +219,11 @@ class Shell:
             return {"ok": False, "errno": "EINVAL", "message": "not a saved shell state"}
         if source != self.workspace:
             state = state.replace(source, self.workspace)
+        if home:
+            try:
+                _terminal.unpack_home(home, self.home)
+            except (OSError, ValueError) as exc:  # tarfile errors are ValueErrors or OSErrors
+                return {"ok": False, "errno": "EIO", "message": f"cannot copy HOME: {exc}"}
         self.state = state
         self.generation += 1  # a spare primed with the state this session started with is stale
         return {"ok": True}
@@ -211,8 +250,7 @@ class Shell:
     def _request_spare(self) -> None:
         """Ask the spawner for the next command's bash; it starts while we reply."""
         if self.spawner is None:
-            env = dict(os.environ)
-            env.pop("PWD", None)
+            env = _terminal.command_env(dict(os.environ), self.home, self.offline)
             argv = [BASH, "--noprofile", "--norc", "-c", _PRELUDE, "bash"]
             self.spawner = Spawner(argv, env, self.workspace)
         cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
@@ -330,7 +368,7 @@ class Shell:
             self._drain_lingering(kept)
         finally:
             spare.close()
-        text = saved.decode("utf-8", "surrogateescape")
+        text = _terminal.compact_limits(saved.decode("utf-8", "surrogateescape"))
         restarted = True
         if not timed_out and not stuck and text.endswith(_STATE_END + "\n"):
             if text != self.state:
@@ -370,7 +408,7 @@ class Shell:
         the command was killed), or is empty.
         """
         cap = self.max_output
-        bufs = [bytearray(), bytearray()]
+        bufs = [[bytearray(), bytearray()], [bytearray(), bytearray()]]
         totals = [0, 0]
         fds = {out_r: 0, err_r: 1}
         pending: dict[int, memoryview] = {}
@@ -434,7 +472,7 @@ class Shell:
             os.close(pidfd)
             for fd in pending:
                 os.close(fd)
-        outs = [(bytes(bufs[0]), totals[0]), (bytes(bufs[1]), totals[1])]
+        outs = [(_kept(bufs[0], cap), totals[0]), (_kept(bufs[1], cap), totals[1])]
         return status, outs, timed_out, stuck
 
     # --- files ---------------------------------------------------------------------
@@ -531,8 +569,8 @@ def _error(exc: OSError) -> dict[str, Any]:
     return {"ok": False, "errno": code, "message": exc.strerror or str(exc)}
 
 
-def _drain(fd: int, buf: bytearray, totals: list[int], index: int, cap: int) -> bool:
-    """Read what is there now; False at EOF."""
+def _drain(fd: int, buf: list[bytearray], totals: list[int], index: int, cap: int) -> bool:
+    """Read what is there now, keeping its head and tail (see :func:`_kept`); False at EOF."""
     while True:
         try:
             chunk = os.read(fd, 65536)
@@ -543,9 +581,24 @@ def _drain(fd: int, buf: bytearray, totals: list[int], index: int, cap: int) -> 
         if not chunk:
             return False
         totals[index] += len(chunk)
-        room = cap + 1 - len(buf)
+        head, tail = buf
+        room = cap - cap // 2 - len(head)
         if room > 0:
-            buf += chunk[:room]
+            head += chunk[:room]
+            chunk = chunk[room:]
+        keep = cap // 2
+        if chunk and keep:
+            tail += chunk[-keep:]
+            if len(tail) > 2 * keep:  # trimmed now and then: linear in what is read
+                del tail[:-keep]
+
+
+def _kept(buf: list[bytearray], cap: int) -> bytes:
+    """At most ``cap`` bytes of a stream: its first ``cap - cap // 2`` and its last
+    ``cap // 2`` (all of it when it was no longer); the host marks the cut between."""
+    head, tail = buf
+    keep = cap // 2
+    return bytes(head) + (bytes(tail[-keep:]) if keep else b"")
 
 
 def _read_all(fd: int) -> bytes:
@@ -721,7 +774,13 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     """Entry point of every request: one JSON line on stdout."""
     global _shell
     if _shell is None:
-        _shell = Shell(os.getcwd(), max_output=config["max_output"], max_file=config["max_file"])
+        _shell = Shell(
+            os.getcwd(),
+            max_output=config["max_output"],
+            max_file=config["max_file"],
+            command_stack=config.get("command_stack"),
+            offline=config.get("offline", True),
+        )
     shell = _shell
     if op == "run":
         stdin = None if args["stdin"] is None else base64.b64decode(args["stdin"])
@@ -752,9 +811,10 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}
     elif op == "state":
-        reply = {"ok": True, "state": shell.state, "workspace": shell.workspace}
+        reply = shell.home_archive()
+        reply.update(state=shell.state, workspace=shell.workspace)
     elif op == "adopt":
-        reply = shell.adopt(args["state"], args["workspace"])
+        reply = shell.adopt(args["state"], args["workspace"], args.get("home", ""))
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
     print(json.dumps(reply))

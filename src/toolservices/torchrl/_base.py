@@ -30,8 +30,10 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor, Unbounded
 from torchrl.envs.transforms import Transform
 
+from toolservices._portal import run_sync
 from toolservices.dispatch import ItemResult, StepMetrics
-from toolservices.env.episode import Episode
+from toolservices.env import EpisodeHook, check_hook
+from toolservices.env.episode import Episode, aclose_all
 from toolservices.errors import UserError
 from toolservices.tools import ToolRegistry
 from toolservices.torchrl._history import ToolMessage, append_tool_messages
@@ -72,6 +74,13 @@ class ToolTransformBase(Transform):
     metrics entry (``None`` writes none); ``record_call_ids`` stores the call
     each tool message answers in its ``tool_calls`` field (see
     :mod:`toolservices.torchrl._history` for why it is off by default).
+
+    ``setup``/``finalize``/``keep_sessions`` (the dispatching transforms):
+    episode hooks (see :class:`~toolservices.Episode`). Setup runs before an
+    item's first turn (``episode.context["batch_index"]`` says which item);
+    finalize when the item's episode is replaced by a reset or the
+    transform is closed (:meth:`finalize_items` runs it earlier), its value
+    in :attr:`outcomes` (per batch item, the last finished episode's).
     """
 
     #: Role of the appended messages (TorchRL's attribute name).
@@ -83,8 +92,21 @@ class ToolTransformBase(Transform):
         max_failed_turns: int | None = None,
         metrics_key: str | None = METRICS_KEY,
         record_call_ids: bool = False,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
         super().__init__()
+        check_hook("setup", setup)
+        check_hook("finalize", finalize)
+        self._hooks: dict[str, Any] = {
+            "setup": setup,
+            "finalize": finalize,
+            "keep_sessions": keep_sessions,
+        }
+        #: ``finalize``'s value per batch item (its last ended episode's), and its errors.
+        self.outcomes: list[Any] = []
+        self.errors: list[str | None] = []
         self.record_call_ids = record_call_ids
         if max_failed_turns is not None and max_failed_turns < 1:
             raise UserError(f"max_failed_turns must be at least 1 or None, got {max_failed_turns}")
@@ -124,6 +146,7 @@ class ToolTransformBase(Transform):
             "max_turns": None,
             "end_on_answer": False,
             "context": {"batch_index": index, "session_id": self.session_id(index)},
+            **self._hooks,
         }
 
     def _process_batch_item(self, content: str, index: int) -> list[str] | None:
@@ -183,6 +206,7 @@ class ToolTransformBase(Transform):
         else:
             indices = torch.as_tensor(mask).reshape(-1).nonzero().view(-1).tolist()
         self._grow(size)
+        self._end_episodes([self._episodes[i] for i in indices])
         for i in indices:
             self._episodes[i] = self._new_episode(i)
         self._end_sessions(indices)
@@ -303,8 +327,27 @@ class ToolTransformBase(Transform):
         twin._episodes = []
         return twin
 
+    def finalize_items(self) -> list[Any]:
+        """Run ``finalize`` for every item's current episode now; :attr:`outcomes`."""
+        self._end_episodes(self._episodes, close=False)
+        return self.outcomes
+
+    def _end_episodes(self, episodes: Sequence[Episode], *, close: bool = True) -> None:
+        """Finalize (and close) the episodes that have a finalize hook; record the outcomes."""
+        ending = [e for e in episodes if not e.closed and e.finalize is not None]
+        if ending:
+            run_sync(_end_all, ending, close)
+        for episode in episodes:
+            index = episode.context.get("batch_index")
+            if isinstance(index, int) and episode.finalize is not None and episode._finalized:
+                grow = index + 1 - len(self.outcomes)
+                self.outcomes += [None] * grow
+                self.errors += [None] * grow
+                self.outcomes[index], self.errors[index] = episode.outcome, episode.error
+
     def close(self) -> None:
-        """Release what the transform holds (nothing in the base class)."""
+        """Release what the transform holds: finalize and close the items' episodes."""
+        self._end_episodes(self._episodes)
 
 
 #: The episodes of per-item hook transforms run no tools themselves.
@@ -348,3 +391,11 @@ def _this_turn(history: Any, size: int, policy_role: str, stop_roles: set[str]) 
                     texts[i] = contents[i]
         k += 1
     return texts
+
+
+async def _end_all(episodes: Sequence[Episode], close: bool) -> None:
+    if close:
+        await aclose_all(episodes)  # each runs its finalize first
+        return
+    for episode in episodes:
+        await episode.afinalize()

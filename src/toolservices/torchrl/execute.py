@@ -10,6 +10,7 @@ import anyio
 
 from toolservices._portal import run_sync
 from toolservices.dispatch import CallResult, Dispatcher, ItemResult, render_simple
+from toolservices.env import EpisodeHook
 from toolservices.env.episode import Episode, on_dispatcher, render_messages
 from toolservices.errors import UserError
 from toolservices.parsing import as_parser
@@ -44,11 +45,13 @@ class DispatchingTransform(ToolTransformBase):
         max_failed_turns: int | None,
         metrics_key: str | None,
         record_call_ids: bool,
+        hooks: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             max_failed_turns=max_failed_turns,
             metrics_key=metrics_key,
             record_call_ids=record_call_ids,
+            **(hooks or {}),
         )
         self.registry = registry
         self.parser = parser
@@ -131,6 +134,9 @@ class ExecuteToolsInOrder(DispatchingTransform):
         max_failed_turns: int | None = None,
         metrics_key: str | None = METRICS_KEY,
         record_call_ids: bool = False,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
         if result_format not in ("tool_results", "openai"):
             raise UserError(
@@ -147,6 +153,7 @@ class ExecuteToolsInOrder(DispatchingTransform):
             max_failed_turns=max_failed_turns,
             metrics_key=metrics_key,
             record_call_ids=record_call_ids,
+            hooks={"setup": setup, "finalize": finalize, "keep_sessions": keep_sessions},
         )
         self.stop_on_error = stop_on_error
         self.pass_state_to_tools = pass_state_to_tools
@@ -192,6 +199,9 @@ class SimpleToolTransform(DispatchingTransform):
         max_failed_turns: int | None = None,
         metrics_key: str | None = METRICS_KEY,
         record_call_ids: bool = False,
+        setup: EpisodeHook | None = None,
+        finalize: EpisodeHook | None = None,
+        keep_sessions: bool = False,
     ) -> None:
         registry = tools_from_mapping(tools, tool_schemas, validate=validate_arguments)
         super().__init__(
@@ -204,6 +214,7 @@ class SimpleToolTransform(DispatchingTransform):
             max_failed_turns=max_failed_turns,
             metrics_key=metrics_key,
             record_call_ids=record_call_ids,
+            hooks={"setup": setup, "finalize": finalize, "keep_sessions": keep_sessions},
         )
         self.tools = dict(tools)
         self.tool_schemas = dict(tool_schemas or {})

@@ -13,10 +13,11 @@ itself: nothing here keeps per-episode state.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from toolservices.env import Episode, EpisodeSpec
+from toolservices.env import Episode, EpisodeHook, EpisodeSpec
 from toolservices.errors import UserError
 from toolservices.parsing.base import ToolCall
 from toolservices.tools import ToolRegistry
@@ -33,6 +34,8 @@ def adapter_spec(
     python: PythonExecutorService | None = None,
     timeout: float | None = 10.0,
     max_turns: int | None = None,
+    setup: EpisodeHook | None = None,
+    finalize: EpisodeHook | None = None,
 ) -> EpisodeSpec:
     """The spec of a trainer adapter's episodes, checked now (not at the first rollout).
 
@@ -47,6 +50,8 @@ def adapter_spec(
         timeout=timeout,
         max_turns=max_turns,
         end_on_answer=False,
+        setup=setup,
+        finalize=finalize,
     )
     if not len(spec.registry):
         raise UserError("an adapter needs at least one tool")
@@ -76,8 +81,29 @@ async def run_call(
         if episode.done:  # it ended while this call waited for the one before
             return _ended(episode, name)
         raise
+    if not replies and episode.reason == "setup_error":  # its setup failed before this call
+        return _ended(episode, name)
     return "\n".join(str(reply.get("content", "")) for reply in replies)
 
 
+def load_hook(name: str, ref: object) -> EpisodeHook | None:
+    """The hook a trainer config names: ``"package.module:function"`` (or the callable itself)."""
+    if ref is None or callable(ref):
+        return ref
+    if not isinstance(ref, str) or ":" not in ref:
+        raise UserError(f"{name} must be 'package.module:function', got {ref!r}")
+    module_name, _, attribute = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"{name} {ref!r} cannot be loaded: {exc}") from exc
+    if not callable(obj):
+        raise UserError(f"{name} {ref!r} is a {type(obj).__name__}, not a function")
+    return obj  # type: ignore[no-any-return]
+
+
 def _ended(episode: Episode, name: str) -> str:
-    return f"Error: the episode has ended ({episode.reason}); tool '{name}' was not run."
+    why = "the environment could not be set up" if episode.reason == "setup_error" else None
+    return f"Error: the episode has ended ({why or episode.reason}); tool '{name}' was not run."

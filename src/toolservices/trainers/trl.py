@@ -32,7 +32,7 @@ from toolservices.trainers._calls import adapter_spec, run_call
 from toolservices.trainers._signature import make_method
 
 if TYPE_CHECKING:
-    from toolservices.env import Episode, EpisodeSpec
+    from toolservices.env import Episode, EpisodeHook, EpisodeSpec
     from toolservices.python import PythonExecutorService
     from toolservices.tools import ToolRegistry
 
@@ -64,10 +64,14 @@ class TRLEnvironment:
         """Start a new rollout: end the previous episode, open a fresh one.
 
         The dataset row becomes the episode's ``state``, which tools that take
-        ``_state`` receive (with ``episode_id`` and ``python_session``).
+        ``_state`` receive (with ``episode_id`` and ``python_session``), and
+        the ``setup`` hook runs now (a failure ends the episode: its tools
+        then answer that the environment could not be set up).
         """
         self._end_episode()
-        self._episode = self._spec.new_episode(state=row)
+        episode = self._episode = self._spec.new_episode(state=row)
+        if self._spec.setup is not None:
+            _portal.run_sync(episode.astart)
         return None
 
     @property
@@ -95,10 +99,15 @@ class TRLEnvironment:
 
 
 def _get_reward(self: TRLEnvironment) -> float:
-    """The rollout's reward, from the ``reward`` function given to the factory."""
+    """The rollout's reward: ``finalize`` runs first (once), then ``reward(episode)``,
+    or, without ``reward``, ``finalize``'s return value (0.0 when it failed)."""
+    episode = self.episode
+    if self._spec.finalize is not None:
+        _portal.run_sync(episode.afinalize)
     reward = type(self)._reward
-    assert reward is not None  # only classes built with a reward get this method
-    return float(reward(self.episode))
+    if reward is not None:
+        return float(reward(episode))
+    return float(episode.outcome) if episode.outcome is not None else 0.0
 
 
 def trl_environment(
@@ -109,6 +118,8 @@ def trl_environment(
     reward: Callable[[Episode], float] | None = None,
     max_calls: int | None = None,
     name: str = "ToolEnvironment",
+    setup: EpisodeHook | None = None,
+    finalize: EpisodeHook | None = None,
 ) -> type[TRLEnvironment]:
     """A class to pass as ``GRPOTrainer(environment_factory=...)``.
 
@@ -123,8 +134,16 @@ def trl_environment(
       ``get_reward``, which TRL calls once per finished rollout.
     * ``max_calls``: calls per rollout before the tools answer that the episode
       has ended (``None``: TRL's ``max_tool_calling_iterations`` is the bound).
+    * ``setup``/``finalize``: episode hooks (see :class:`~toolservices.Episode`).
+      ``setup`` runs in ``reset(**row)`` with the row as the episode's
+      ``state`` (seed the repository); ``finalize`` runs in ``get_reward``
+      on the final workspace (hidden tests) and its return value is the
+      reward unless ``reward`` is given (which then reads ``episode.outcome``).
+      The class has ``get_reward`` when either ``reward`` or ``finalize`` is given.
     """
-    spec = adapter_spec(tools, python=python, timeout=timeout, max_turns=max_calls)
+    spec = adapter_spec(
+        tools, python=python, timeout=timeout, max_turns=max_calls, setup=setup, finalize=finalize
+    )
     namespace: dict[str, Any] = {
         "_spec": spec,
         "_reward": staticmethod(reward) if reward is not None else None,
@@ -140,6 +159,6 @@ def trl_environment(
                 f"(reserved: {sorted(_RESERVED)}; TRL hides names starting with '_')"
             )
         namespace[tool.name] = make_method(tool, TRLEnvironment._call)
-    if reward is not None:
+    if reward is not None or finalize is not None:
         namespace["get_reward"] = _get_reward
     return type(name, (TRLEnvironment,), namespace)

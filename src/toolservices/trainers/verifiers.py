@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"pip install 'toolservices[verifiers]' ({exc})"
     ) from exc
 
-from toolservices.trainers._calls import adapter_spec, run_call
+from toolservices.trainers._calls import adapter_spec, load_hook, run_call
 
 if TYPE_CHECKING:
     from toolservices.env import Episode
@@ -82,10 +82,16 @@ class ToolservicesToolsetConfig(vf.ToolsetConfig):
     * ``tools``: which of :data:`TOOLS` to offer.
     * ``timeout``: seconds per call of ``python`` and ``bash`` (the sandbox
       kills the code's process tree and the model reads why).
+    * ``setup``/``finalize``: ``"package.module:function"`` episode hooks (see
+      :class:`~toolservices.Episode`): setup runs when the rollout's toolset
+      starts, finalize when it ends, before its sessions close; its value is
+      the toolset's ``outcome``.
     """
 
     tools: list[str] = list(TOOLS)
     timeout: float = 10.0
+    setup: str | None = None
+    finalize: str | None = None
 
     @field_validator("tools")
     @classmethod
@@ -149,10 +155,21 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
             shell = ShellService(pool_size=1, timeout=self.config.timeout, spares=0)
             stack.push_async_callback(shell.aclose)
             tools += [t for t in shell_tools(shell) if t.name in names]
-        spec = adapter_spec(tools, timeout=None)
+        spec = adapter_spec(
+            tools,
+            timeout=None,
+            setup=load_hook("setup", self.config.setup),
+            finalize=load_hook("finalize", self.config.finalize),
+        )
         episode = spec.new_episode(episode_id=f"vf-{uuid.uuid4().hex[:12]}")
         stack.push_async_callback(episode.aclose)  # first out: sessions before services
         self._episode = episode
+        await episode.astart()  # a failure ends the episode: the tools then say so
+
+    @property
+    def outcome(self) -> Any:
+        """What ``finalize`` returned (once the toolset ended), else None."""
+        return None if self._episode is None else self._episode.outcome
 
     def register(self, mcp: Any) -> None:
         """Register the configured tools only."""

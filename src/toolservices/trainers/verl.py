@@ -53,7 +53,7 @@ from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
 from toolservices.tools import Tool, as_tool
-from toolservices.trainers._calls import adapter_spec, run_call
+from toolservices.trainers._calls import adapter_spec, load_hook, run_call
 from toolservices.trainers._executors import SHARED_EXECUTORS
 
 __all__ = [
@@ -180,13 +180,19 @@ class ToolservicesTool(BaseTool):
     name or an import path), ``timeout`` (seconds per call, default 10),
     ``executor`` (keyword arguments of :class:`~toolservices.PythonExecutorService`
     for the python tool), ``shell`` (keyword arguments of ``ShellService`` for
-    the shell tools), ``name`` (rename the python tool).
+    the shell tools), ``name`` (rename the python tool), ``setup`` and
+    ``finalize`` (``"package.module:function"``: episode hooks, see
+    :class:`~toolservices.Episode`; the episode's ``state`` is the
+    ``create_kwargs`` verl passes to ``create``). With ``finalize``,
+    ``calc_reward`` runs it on the instance's episode and returns its value.
     """
 
     def __init__(
         self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None
     ) -> None:
         timeout = config.get("timeout", 10.0)
+        setup = load_hook("setup", config.get("setup"))
+        finalize = load_hook("finalize", config.get("finalize"))
         self.tool: Tool
         self._shell_key: str | None = None
         if config.get("tool") in _SHELL_TOOLS:
@@ -195,17 +201,31 @@ class ToolservicesTool(BaseTool):
             tools = shell_tools(shell)
             self.tool = next(t for t in tools if t.name == config["tool"])
             self._shell_key = f"shell-{id(shell)}"
-            self.spec = adapter_spec(tools, timeout=timeout, max_turns=None)
+            self.spec = adapter_spec(
+                tools, timeout=timeout, max_turns=None, setup=setup, finalize=finalize
+            )
         else:
             self.tool, executor = _load_tool(config)
-            self.spec = adapter_spec([self.tool], python=executor, timeout=timeout, max_turns=None)
+            self.spec = adapter_spec(
+                [self.tool],
+                python=executor,
+                timeout=timeout,
+                max_turns=None,
+                setup=setup,
+                finalize=finalize,
+            )
         self._instances: dict[str, Episode] = {}
+        self._states: dict[str, dict[str, Any]] = {}
         super().__init__(config, tool_schema or verl_schema(self.tool))
 
     async def create(
         self, instance_id: str | None = None, **kwargs: Any
     ) -> tuple[str, ToolResponse]:
-        return instance_id or uuid.uuid4().hex, ToolResponse()
+        instance_id = instance_id or uuid.uuid4().hex
+        state = kwargs.get("create_kwargs")
+        if isinstance(state, dict):
+            self._states[instance_id] = dict(state)
+        return instance_id, ToolResponse()
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
@@ -218,10 +238,15 @@ class ToolservicesTool(BaseTool):
         return ToolResponse(text=text), 0.0, {"failed": failed, "timed_out": timed_out}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        """No reward from the tool: score trajectories from their output, outside the sandbox."""
-        return 0.0
+        """``finalize``'s value on the instance's episode (0.0 without one, or when it failed)."""
+        episode = self._instances.get(instance_id)
+        if episode is None or self.spec.finalize is None:
+            return 0.0
+        outcome = await episode.afinalize()
+        return float(outcome) if outcome is not None else 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
+        self._states.pop(instance_id, None)
         episode = self._instances.pop(instance_id, None)
         if episode is not None:
             await episode.aclose()
@@ -235,12 +260,15 @@ class ToolservicesTool(BaseTool):
             episode = trajectory.episodes.get(key)
             if episode is None:
                 episode = trajectory.episodes[key] = self.spec.new_episode(
-                    episode_id=f"{request_id}-{owner}-{uuid.uuid4().hex[:6]}"
+                    episode_id=f"{request_id}-{owner}-{uuid.uuid4().hex[:6]}",
+                    state=self._states.get(instance_id),
                 )
             return episode
         episode = self._instances.get(instance_id)
         if episode is None:
-            episode = self._instances[instance_id] = self.spec.new_episode()
+            episode = self._instances[instance_id] = self.spec.new_episode(
+                state=self._states.get(instance_id)
+            )
         return episode
 
 

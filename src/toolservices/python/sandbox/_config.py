@@ -33,6 +33,8 @@ WORKSPACE = "/workspace"
 WORKSPACE_L2 = "/tmp/workspace"
 _MiB = 1 << 20
 _GiB = 1 << 30
+#: the named ``address_space`` settings (besides bytes and None)
+ADDRESS_SPACE_MODES = ("auto", "memory_limit", "cgroup")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -64,13 +66,21 @@ class SandboxConfig:
     the cgroup v1 memory controller): shared memory, tmpfs and memfd pages
     then count too; the report says whether it is on.
     ``disk_quota`` (bytes; needs session namespaces) mounts a private tmpfs of
-    that size over each session's directory, shared with its fork_session
-    copies: a full disk is ENOSPC for the session, never the host's.
+    that size over each session's directory: a full disk is ENOSPC for the
+    session, never the host's. The executor's ``fork_session`` copies (forks
+    in the source's namespaces) share it; ``spawn_with_files`` copies, and so a
+    ``ShellService``'s ``fork_session`` copies, are fresh sessions with a quota,
+    ``/tmp`` and process budget each.
     ``fixed_workspace`` (needs session namespaces) shows each session's
     directory at one fixed path, its working directory and ``HOME``:
     :data:`WORKSPACE` (``/workspace``) at L3, :data:`WORKSPACE_L2`
     (``/tmp/workspace``) at L2, where the host's root has no such directory;
     the report's ``workspace`` says which (None: each session has its own path).
+    ``address_space`` is ``RLIMIT_AS``: ``"auto"`` (the default: ``memory_limit``
+    for the Python executor, ``"cgroup"`` for a ``ShellService``), ``"memory_limit"``,
+    ``"cgroup"`` (no address-space limit where the session's memory cgroup bounds
+    its memory, ``memory_limit`` where there is none: JVMs, V8 and thread pools
+    reserve far more address space than they use), bytes, or ``None`` (no limit).
     """
 
     memory_limit: int | None = 2 * _GiB
@@ -97,6 +107,7 @@ class SandboxConfig:
     memory_cgroup: bool = True
     disk_quota: int | None = None
     fixed_workspace: bool = False
+    address_space: int | str | None = "auto"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -114,6 +125,15 @@ class SandboxConfig:
         if isinstance(self.stack_size, int) and 0 < self.stack_size < _MiB:
             problems.append(
                 f"stack_size must be at least 1 MiB (Python needs it), got {self.stack_size}"
+            )
+        if self.address_space not in (None, *ADDRESS_SPACE_MODES) and (
+            isinstance(self.address_space, bool)
+            or not isinstance(self.address_space, int)
+            or self.address_space <= 0
+        ):
+            problems.append(
+                "address_space must be 'auto', 'memory_limit', 'cgroup', a positive int "
+                f"or None, got {self.address_space!r}"
             )
         if self.disk_quota is not None and (
             not isinstance(self.disk_quota, int) or self.disk_quota <= 0

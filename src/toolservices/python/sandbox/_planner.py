@@ -39,7 +39,7 @@ from toolservices.python.sandbox._launch_plan import (
     release,
     session_state,
 )
-from toolservices.python.sandbox._report import build_report
+from toolservices.python.sandbox._report import build_report, resolve_address_space
 from toolservices.python.sandbox._seccomp import SeccompUnavailable, build_filter
 
 __all__ = ["build_plan", "plan_server_launch"]
@@ -63,6 +63,9 @@ _NETWORK_RO = (
     "/etc/services",
     "/etc/protocols",
 )
+#: the sandbox user's identity files (``write_identity``), bound over the root's
+_IDENTITY_DIR = ".etc"
+_IDENTITY_FILES = ("/etc/passwd", "/etc/group")
 _LAUNCHER = runtime.script("_launch")
 _PROBE_PY = runtime.script("_probe")
 _FIXED_ENV = {
@@ -147,6 +150,7 @@ def _bwrap_args(
         args += ["--ro-bind", real, real]
         if real != path and os.path.islink(path):  # e.g. /etc/localtime -> zoneinfo
             args += ["--symlink", os.readlink(path), path]
+    args += _identity_binds(host_base)
     args += ["--bind", host_base, _INSIDE_BASE, "--chdir", _INSIDE_BASE]
     if workspace is not None:  # the mount point each session binds its directory on
         args += ["--dir", workspace]
@@ -155,6 +159,39 @@ def _bwrap_args(
     if seccomp:
         args += ["--seccomp", "@SECCOMP_FD@"]
     return [*args, "--", *command]
+
+
+def write_identity(host_base: str, uid: int) -> None:
+    """The ``/etc/passwd`` and ``/etc/group`` a bubblewrap root shows: the sandbox user.
+
+    ``whoami``, ``id -un``, ``getpwuid`` and the tools that ask for the user's
+    name (git, pip, ssh) then work. The files sit in a directory of the caller's
+    inside the sessions' base, which the sessions cannot write.
+    """
+    where = os.path.join(host_base, _IDENTITY_DIR)
+    os.makedirs(where, 0o755, exist_ok=True)
+    os.chmod(where, 0o755)
+    user = _FIXED_ENV["USER"]
+    entries = {
+        "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"{user}:x:{uid}:{uid}:{user}:/tmp:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\n{user}:x:{uid}:\nnogroup:x:65534:\n",
+    }
+    for name, text in entries.items():
+        with open(os.path.join(where, name), "w", encoding="ascii") as handle:
+            handle.write(text)
+        os.chmod(os.path.join(where, name), 0o644)
+
+
+def _identity_binds(host_base: str) -> list[str]:
+    where = os.path.join(host_base, _IDENTITY_DIR)
+    args: list[str] = []
+    for target in _IDENTITY_FILES:
+        source = os.path.join(where, os.path.basename(target))
+        if os.path.exists(source):
+            args += ["--ro-bind", source, target]
+    return args
 
 
 def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
@@ -201,7 +238,7 @@ def _landlock_state(
         return None
     return {
         "abi": attempt.landlock["abi"],
-        "read": [*ro_paths, "/proc"],
+        "read": [*ro_paths, "/proc", *(_IDENTITY_FILES if attempt.bwrap else ())],
         # (with session namespaces each session adds its own private /tmp and /dev/shm)
         # without bwrap these are the host's: /dev/shm only on request (multiprocessing locks)
         "write": ["/tmp", "/dev/shm"]
@@ -288,6 +325,7 @@ def build_plan(config: SandboxConfig, *, python: str, argv: list[str]) -> Launch
         os.chmod(host_base, 0o700)
         if uid is not None:
             os.chown(host_base, uid, uid)
+        write_identity(host_base, uid if uid is not None else os.getuid())
         memcg = _memory_group(config, uid)
         plan = _choose(
             config,
@@ -369,8 +407,18 @@ def _choose(
     # namespace: count them here.
     nproc: int | None = config.nproc
     hidden = _uid_tasks_here(os.getuid()) if uid is None and nproc is not None else 0
-    for attempt in _attempts(config, skipped):
+    base_config = config
+    for attempt in _attempts(base_config, skipped):
         run_uid = None if attempt.level == "L0" else uid
+        run_memcg = memcg_dir if run_uid is not None else None  # L0 keeps root: no group
+        # RLIMIT_AS as this attempt resolves it ("cgroup": none when the memory cgroup holds)
+        config = replace(
+            base_config,
+            address_space=resolve_address_space(
+                base_config,
+                memory_cgroup=run_memcg is not None and base_config.memory_limit is not None,
+            ),
+        )
         inside_base = _INSIDE_BASE if attempt.bwrap else host_base
         state = session_state(
             config,
@@ -385,7 +433,6 @@ def _choose(
         )
         env = _server_env(config, inside_base, paths)
         env[STATE_ENV] = json.dumps(state, separators=(",", ":"))
-        run_memcg = memcg_dir if run_uid is not None else None  # L0 keeps root: no group
         if run_memcg is not None and config.memory_limit is not None:
             inside = _memcg.INSIDE if attempt.bwrap else run_memcg
             env[_memcg.ENV] = _memcg.env_value(inside, config.memory_limit)

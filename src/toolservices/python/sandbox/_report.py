@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["LEVEL_MEANING", "NOT_PROTECTED", "build_report", "config_rlimits"]
+__all__ = [
+    "LEVEL_MEANING",
+    "NOT_PROTECTED",
+    "build_report",
+    "config_rlimits",
+    "resolve_address_space",
+]
 
 LEVEL_MEANING = {
     "L3": "namespaces: private pid/net/mount/ipc, minimal read-only filesystem",
@@ -36,15 +42,30 @@ NOT_PROTECTED = {
 
 
 def config_rlimits(config: Any) -> dict[str, int | None]:
-    """The per-session rlimits a :class:`SandboxConfig` sets (NPROC is set per session)."""
+    """The per-session rlimits a :class:`SandboxConfig` sets (NPROC is set per session).
+
+    ``address_space`` is resolved by :func:`resolve_address_space` at launch;
+    a named mode still here means ``memory_limit``.
+    """
+    space = config.address_space
     return {
-        "AS": config.memory_limit,
+        "AS": config.memory_limit if isinstance(space, str) else space,
         "CPU": config.cpu_seconds,
         "FSIZE": config.file_size,
         "NOFILE": config.open_files,
         "STACK": config.stack_size,
         "CORE": 0,
     }
+
+
+def resolve_address_space(config: Any, *, memory_cgroup: bool) -> int | None:
+    """``RLIMIT_AS`` for ``config``: ``"cgroup"`` lifts it where a memory cgroup bounds memory."""
+    space = config.address_space
+    if space == "cgroup" and memory_cgroup:
+        return None
+    if isinstance(space, str):  # "auto" (the executor's default), "memory_limit", "cgroup"
+        return config.memory_limit  # type: ignore[no-any-return]
+    return space  # type: ignore[no-any-return]
 
 
 def _layer(active: bool, detail: str = "", why: str = "") -> dict[str, Any]:
