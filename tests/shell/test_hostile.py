@@ -657,3 +657,73 @@ def test_stopped_spawner_is_replaced(shell: ShellService) -> None:
         after = shell.run("cat f", session_id=sid, timeout=8)
         assert after.stdout == "kept\n", after
     shell.close_session(sid)
+
+
+# --- issue 24: what sessions share (one uid) --------------------------------------------------
+
+#: every same-uid process call the kernel allows on any pid it can name: lower its limits,
+#: priority, scheduling policy, CPUs and I/O class. Skips only itself and its own parent.
+_ATTACK_PIDS = r"""
+import ctypes, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+mine = {os.getpid(), os.getppid(), 1}
+hit = 0
+for pid in range(1, 1 << 17):
+    if pid in mine:
+        continue
+    done = False
+    for call in (
+        lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (8, 8)),
+        lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
+        lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),
+        lambda: os.sched_setaffinity(pid, {0}),
+    ):
+        try:
+            call()
+            done = True
+        except OSError:
+            pass
+    if libc.syscall(251, 1, pid, (3 << 13) | 7) == 0:  # ioprio_set(WHO_PROCESS, pid, IDLE)
+        done = True
+    hit += done
+print("hit", hit)
+"""
+
+
+def test_other_sessions_and_the_fork_server_are_invisible(shell: ShellService) -> None:
+    a, b, mark = new_sid(), new_sid(), marker()
+    shell.run(f"exec -a {mark} sleep 300 &", session_id=a)
+    assert shell.run(alive_probe(mark), session_id=a).stdout == "alive\n"
+    res = shell.run(
+        f"pgrep -f {mark}; printf '%s\\n' {mark} > pat; "
+        "cat /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c -F -f pat; "
+        "ls /proc | grep -c '^[0-9]'",
+        session_id=b,
+    )
+    found, nprocs = res.stdout.split()
+    assert found == "0", res
+    assert int(nprocs) < 12, res  # the supervisor, spawner, a spare bash, this command
+    assert shell.run("echo $$ $PPID; cat /proc/1/cmdline | head -c 60", session_id=b).success
+    cgroup = shell.run("cat /proc/self/cgroup", session_id=b).stdout
+    assert all(line.rsplit(":", 1)[1] == "/" for line in cgroup.splitlines()), cgroup
+    shell.close_session(a)
+    shell.close_session(b)
+
+
+def test_same_uid_process_calls_cannot_reach_other_sessions_or_the_server(
+    shell: ShellService,
+) -> None:
+    a, b, mark = new_sid(), new_sid(), marker()
+    shell.run(f"echo kept > f; exec -a {mark} sleep 300 &", session_id=a)
+    assert shell.run(alive_probe(mark), session_id=a).stdout == "alive\n"
+    shell.write_file("attack.py", _ATTACK_PIDS, session_id=b)
+    res = shell.run(f"{PY} attack.py", session_id=b, timeout=8)
+    assert res.stdout.startswith("hit"), res
+    after = shell.run(
+        "cat f; nice; grep -E '^policy' /proc/$$/sched | tr -d ' '; " + alive_probe(mark),
+        session_id=a,
+    )
+    assert after.stdout == "kept\n0\npolicy:0\nalive\n", after
+    shell.close_session(a)
+    shell.close_session(b)
+    # the autouse check then starts a brand-new session: the fork server is untouched

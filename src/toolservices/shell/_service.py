@@ -148,7 +148,8 @@ class ShellService:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
             config = dataclasses.replace(config, disk_quota=disk_quota)
         # every session's workspace at one path (where session namespaces allow it)
-        config = dataclasses.replace(config, fixed_workspace=True)
+        # ... and each its own PID namespace and /proc (see docs/shell.md, "Isolation")
+        config = dataclasses.replace(config, fixed_workspace=True, own_pids=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
         self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself

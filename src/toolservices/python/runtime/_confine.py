@@ -32,6 +32,7 @@ from ._linux import (
     libc,
     load_seccomp,
     set_no_new_privs,
+    set_subreaper,
 )
 from ._seed import copy_into, open_seed
 
@@ -43,6 +44,7 @@ __all__ = [
     "fixed_workspace",
     "landlock_abi",
     "fork_confined",
+    "own_pids",
     "last_enter_seconds",
     "remove_tree",
 ]
@@ -51,10 +53,13 @@ STATE_ENV = "TOOLSERVICES_SANDBOX_STATE"
 
 # Namespaces and mounts (linux/sched.h, linux/mount.h, linux/capability.h).
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWPID = 0x20000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _MS_NOSUID = 2
 _MS_NODEV = 4
+_MS_NOEXEC = 8
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
@@ -87,6 +92,9 @@ _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS
 SessionSetupError = SetupError
 _state_cache: dict[str, Any] | None = None
 last_enter_seconds: float = 0.0
+#: with ``own_pids``: where the intermediate process writes the pid (as the parent sees it)
+#: of the session it forked as the first process of its new PID namespace (fork_confined)
+_pid_report_fd: int | None = None
 """Duration of the last :func:`enter_session` call in this process (for benchmarks)."""
 
 
@@ -222,6 +230,7 @@ def enter_session_namespaces(
     disk_quota: int | None = None,
     workspace: str | None = None,
     home: str | None = None,
+    own_pids: bool = False,
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -238,13 +247,20 @@ def enter_session_namespaces(
     tmpfs of that size (its files live and die with this mount namespace).
     With ``workspace`` the session's own directory ``home`` (in the lineage)
     is also bound on that fixed path, the same in every session.
+    With ``own_pids`` the session also gets PID and cgroup namespaces: this
+    process forks the session proper as the first process (pid 1) of the new
+    PID namespace, with a ``/proc`` of its own, and exits (see
+    :func:`_become_pid_one`).
     The capabilities the new namespace grants are dropped before
     user code runs (seccomp and Landlock, applied after this, deny mounts and
     new namespaces anyway).
     """
     uid, gid = os.getuid(), os.getgid()
     lib = libc()
-    check(lib.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare(user, mnt, ipc)")
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC
+    if own_pids:
+        flags |= _CLONE_NEWPID | _CLONE_NEWCGROUP
+    check(lib.unshare(flags), "unshare(user, mnt, ipc" + (", pid, cgroup)" if own_pids else ")"))
     maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
     for name, text in maps:
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
@@ -275,9 +291,49 @@ def enter_session_namespaces(
         os.makedirs(own, 0o700, exist_ok=True)  # on the quota's tmpfs when there is one
         os.makedirs(workspace, 0o755, exist_ok=True)  # L3: bubblewrap made it; L2: in /tmp
         _mount(own, workspace, None, _MS_BIND, None)
+    if own_pids:
+        _become_pid_one()
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
+
+
+def _become_pid_one() -> None:
+    """Fork the session as pid 1 of the PID namespace just made; this process exits.
+
+    ``unshare(CLONE_NEWPID)`` moves only our future children: the child is the
+    session. It tells the parent (``fork_confined``, a subreaper) its pid
+    through ``_pid_report_fd`` and, once re-parented to it, mounts a ``/proc``
+    that shows only its own namespace: the processes of other sessions and of
+    the fork server can neither be seen nor named (no ``kill``, ``prlimit``,
+    ``setpriority``, ``sched_setaffinity`` on them), and they die with it.
+    """
+    global _pid_report_fd
+    report = _pid_report_fd
+    if report is None:
+        raise SessionSetupError("a session with its own PID namespace is made by fork_confined")
+    middle = os.getpid()
+    pid = os.fork()
+    if pid:
+        os.write(report, str(pid).encode())
+        os._exit(0)
+    os.close(report)
+    _pid_report_fd = None
+    os.setsid()
+    # the parent's /proc still shows us: wait (microseconds) until the middle process is
+    # gone and we are the subreaper's child, so that die_with_parent() names the right one
+    deadline = time.monotonic() + 5.0
+    while _outer_ppid() == middle:
+        if time.monotonic() > deadline:
+            raise SessionSetupError("the session's intermediate process did not exit")
+        os.sched_yield()
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+
+
+def _outer_ppid() -> int:
+    """Our parent's pid as the parent namespace's ``/proc`` (still mounted) shows it."""
+    with open("/proc/self/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[1])
 
 
 def enter_copy(workdir: str) -> None:
@@ -343,6 +399,13 @@ def fixed_workspace(state: dict[str, Any] | None = None) -> str | None:
     return session_ns.get("workspace") if session_ns else None
 
 
+def own_pids(state: dict[str, Any] | None = None) -> bool:
+    """Whether every session has a PID namespace of its own (``SandboxConfig.own_pids``)."""
+    state = _load_state() if state is None else state
+    session_ns = None if state is None else state.get("session_ns")
+    return bool(session_ns and session_ns.get("own_pids"))
+
+
 def enter_session(
     state: dict[str, Any] | None = None,
     *,
@@ -392,6 +455,7 @@ def enter_session(
             disk_quota=session_ns.get("disk_quota"),
             workspace=fixed,
             home=own,
+            own_pids=own_pids(state),
         )
     where = fixed or own
     try:
@@ -513,11 +577,35 @@ def fork_confined(
     descriptors of its namespaces or a pidfd of it, see ``_seed``) fills
     the new session's directory with a copy of that session's files first.
     If any step raises, ``failed(exc)`` reports it and the child exits with
-    status 71.
+    status 71. With ``own_pids`` in the launch state the session is a
+    grandchild (pid 1 of its own PID namespace) that becomes our child when
+    the intermediate exits: we become a subreaper, and return its pid.
     """
+    global _pid_report_fd
+    report = os.pipe2(os.O_CLOEXEC) if own_pids() else None
+    if report is not None:
+        set_subreaper(True)
     pid = os.fork()
     if pid:
-        return pid
+        if report is None:
+            return pid
+        os.close(report[1])
+        try:
+            answer = b""
+            while chunk := os.read(report[0], 32):
+                answer += chunk
+        finally:
+            os.close(report[0])
+        if not answer:  # failed before the fork (already reported): the caller reaps it
+            return pid
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        return int(answer)
+    if report is not None:
+        os.close(report[0])
+        _pid_report_fd = report[1]
     try:
         die_with_parent()  # a parent killed for hanging takes this one along
         if prepare is not None:

@@ -71,6 +71,11 @@ class SandboxConfig:
     :data:`WORKSPACE` (``/workspace``) at L3, :data:`WORKSPACE_L2`
     (``/tmp/workspace``) at L2, where the host's root has no such directory;
     the report's ``workspace`` says which (None: each session has its own path).
+    ``own_pids`` (needs session namespaces) gives each session its own PID
+    and cgroup namespaces and ``/proc``: other sessions and the fork server
+    are invisible to it and cannot be named by its system calls. The
+    interpreter's memory ``fork_session`` is then unavailable (its copies
+    would live in the source's namespace); ``ShellService`` sets it.
     """
 
     memory_limit: int | None = 2 * _GiB
@@ -97,6 +102,7 @@ class SandboxConfig:
     memory_cgroup: bool = True
     disk_quota: int | None = None
     fixed_workspace: bool = False
+    own_pids: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []

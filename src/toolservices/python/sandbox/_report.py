@@ -110,7 +110,13 @@ def build_report(
         own_ns,
         "each session has its own user, mount and IPC namespaces: private /tmp and /dev/shm "
         f"tmpfs ({config.tmp_size // (1 << 20)} MiB each), SysV IPC and process budget; "
-        "capabilities dropped",
+        "capabilities dropped"
+        + (
+            "; own PID and cgroup namespaces and /proc: other sessions and the fork server "
+            "are invisible and cannot be named (kill, prlimit, setpriority, sched_*, ioprio_set)"
+            if session.get("own_pids")
+            else ""
+        ),
         skipped.get("session_namespaces") or "the kernel refused them in the probe",
     )
     fallback_why = "; ".join(f"{f['level']} failed: {f['error']}" for f in fallbacks)
