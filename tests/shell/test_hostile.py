@@ -727,3 +727,33 @@ def test_same_uid_process_calls_cannot_reach_other_sessions_or_the_server(
     shell.close_session(a)
     shell.close_session(b)
     # the autouse check then starts a brand-new session: the fork server is untouched
+
+
+#: socket(family, type) for each family, also with high bits set (the kernel reads an int)
+_SOCKET_FAMILIES = r"""
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for family in range(64):
+    for value in (family, family | (1 << 32)):
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_SEQPACKET):
+            fd = libc.syscall(41, ctypes.c_long(value), kind, 0)  # x86_64 socket(2)
+            if fd >= 0:
+                os.close(fd)
+                print("created", family, value > family, kind)
+                break
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="raw syscall number of x86_64")
+def test_only_unix_sockets_can_be_created(shell: ShellService) -> None:
+    """AF_VSOCK crosses network namespaces (to the hypervisor): only AF_UNIX is allowed."""
+    shell_report = shell.isolation_report()["layers"]["seccomp"]["detail"]
+    assert "socket families allowed: AF_UNIX (" in shell_report
+    sid = new_sid()
+    shell.write_file("fam.py", _SOCKET_FAMILIES, session_id=sid)
+    res = shell.run(f"{PY} fam.py", session_id=sid)
+    created = {line.split()[1] for line in res.stdout.splitlines()}
+    assert created == {"1"}, res  # AF_UNIX, without high bits
+    assert "created 1 False" in res.stdout
+    shell.close_session(sid)

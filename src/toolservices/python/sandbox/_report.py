@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from toolservices.python.sandbox._seccomp import allowed_socket_families, family_names
+
 __all__ = ["LEVEL_MEANING", "NOT_PROTECTED", "build_report", "config_rlimits"]
 
 LEVEL_MEANING = {
@@ -334,8 +336,9 @@ def _confinement_layers(
     layers["seccomp"] = _layer(
         seccomp_on,
         "deny list: namespaces, mount, ptrace, bpf, "
-        "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI"
-        + ("" if config.network else ", non-unix sockets"),
+        "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI; socket families allowed: "
+        + family_names(allowed_socket_families(config.network))
+        + " (every other one, AF_VSOCK and AF_PACKET included, fails with EAFNOSUPPORT)",
         skipped.get("seccomp") or "the filter was not in force in the probe",
     )
     landlock_abi = probe.get("landlock_abi") or 0
