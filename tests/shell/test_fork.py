@@ -269,3 +269,27 @@ def test_fork_of_an_unknown_or_evicted_session_is_refused(shell: ShellService) -
             small.fork_session("a", 1)
         (copy,) = small.fork_session("c", 1)  # evicts "b" for room: still a whole copy
         assert small.run("cat f", session_id=copy).stdout == "x\n"
+
+
+_WRITE_LEASE = (
+    "import fcntl, os, signal, sys, time\n"
+    "signal.signal(signal.SIGIO, signal.SIG_IGN)\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+    "open('held', 'w').close()\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_leased_file_does_not_fail_the_fork(shell: ShellService, src: str) -> None:
+    """A write lease makes every other open wait: the copy skips that file, the rest travels."""
+    shell.write_file("lease.py", _WRITE_LEASE, session_id=src)
+    res = shell.run(
+        "echo other > other; echo leased > leased; (python3 lease.py leased &); "
+        "for _ in $(seq 500); do [ -e held ] && break; sleep 0.01; done; ls held",
+        session_id=src,
+    )
+    assert res.stdout == "held\n", res
+    (copy,) = shell.fork_session(src, 1)
+    assert shell.run("cat other; ls leased", session_id=copy).stdout == "other\n"
+    shell.close_session(copy)

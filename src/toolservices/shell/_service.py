@@ -7,6 +7,7 @@ import dataclasses
 import json
 import marshal
 import math
+import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,31 @@ _BOOTSTRAP = (
     f"    {_ENTRY} = _m.call\n"
     "    del _b, _ma, _s, _t, _m, _n, _c\n"
 )
+
+
+#: what a command's reply holds (``_reply`` checks it)
+_RUN_FIELDS: dict[str, Any] = {
+    "returncode": int,
+    "timed_out": bool,
+    "restarted": bool,
+    "stdout": str,
+    "stderr": str,
+    "stdout_total": int,
+    "stderr_total": int,
+    "duration": int | float,
+    "limit": int | float,
+}
+
+
+def _checked(reply: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` if each of ``fields`` is there with its type, else an InfrastructureError."""
+    for name, kind in fields.items():
+        value = reply.get(name)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise InfrastructureError(
+                f"the shell session's supervisor sent a malformed reply ({name!r})", retryable=True
+            )
+    return reply
 
 
 def _landlock_abi() -> int:
@@ -151,7 +177,12 @@ class ShellService:
         # ... and each its own PID namespace and /proc (see docs/shell.md, "Isolation")
         config = dataclasses.replace(config, fixed_workspace=True, own_pids=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
-        self._config = {"max_output": self.max_output, "max_file": self.max_file_size}
+        self._config = {
+            "max_output": self.max_output,
+            "max_file": self.max_file_size,
+            # every reply carries it: a line the session forged cannot (see _reply)
+            "token": secrets.token_hex(16),
+        }
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
             max_sessions = default_max_sessions(
@@ -235,18 +266,24 @@ class ShellService:
         self._booted_now(session_id, res)
         return res, lost
 
-    @staticmethod
-    def _reply(res: ExecResult) -> dict[str, Any]:
+    def _reply(self, res: ExecResult, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The supervisor's reply: its last line, with our token and ``fields`` of their types.
+
+        Anything else (a line the session forged, a crafted or truncated
+        reply) is an :class:`InfrastructureError`, never a ``KeyError``.
+        """
         if res.exception is None and res.success:
             lines = res.stdout.strip().splitlines()
-            if lines:
-                try:
-                    reply = json.loads(lines[-1])
-                except ValueError:
-                    pass
-                else:
-                    if isinstance(reply, dict):
-                        return reply
+            try:
+                reply = json.loads(lines[-1]) if lines else None
+            except ValueError:
+                reply = None
+            if isinstance(reply, dict):
+                if reply.get("token") != self._config["token"]:
+                    raise InfrastructureError(
+                        "the shell session's reply did not come from its supervisor", retryable=True
+                    )
+                return _checked(reply, fields or {})
         detail = res.exception.message if res.exception else f"status {res.returncode}"
         raise InfrastructureError(
             f"the shell session's supervisor failed ({detail}): {res.stderr[-400:]}", retryable=True
@@ -289,7 +326,7 @@ class ShellService:
                 restarted=True,
                 session_id=session_id,
             )
-        reply = self._reply(res)
+        reply = self._reply(res, _RUN_FIELDS)
         cap = self.max_output
         out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
         err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
@@ -374,14 +411,14 @@ class ShellService:
     def _file_limit(self) -> float:
         return self.timeout + _GRACE
 
-    def _file_reply(self, op: str, path: str, res: ExecResult) -> dict[str, Any]:
+    def _file_reply(self, op: str, path: str, res: ExecResult, **fields: Any) -> dict[str, Any]:
         self._bump(files=1)
         if res.timed_out:
             raise ShellFileError(op, path, "ETIMEDOUT", "the operation timed out")
         reply = self._reply(res)
         if not reply.get("ok"):
             raise ShellFileError(op, path, str(reply.get("errno")), str(reply.get("message")))
-        return reply
+        return _checked(reply, fields)
 
     def _write_args(
         self, path: object, data: object, session_id: object
@@ -412,13 +449,13 @@ class ShellService:
         """
         args, session = self._write_args(path, data, session_id)
         res, _ = self._request("write", args, session, self._file_limit())
-        return int(self._file_reply("write_file", path, res)["size"])
+        return int(self._file_reply("write_file", path, res, size=int)["size"])
 
     async def awrite_file(self, path: str, data: str | bytes, *, session_id: str) -> int:
         """Async :meth:`write_file`."""
         args, session = self._write_args(path, data, session_id)
         res, _ = await self._arequest("write", args, session, self._file_limit())
-        return int(self._file_reply("write_file", path, res)["size"])
+        return int(self._file_reply("write_file", path, res, size=int)["size"])
 
     def _path_args(self, path: object, session_id: object) -> str:
         _check_session(session_id, required=True)
@@ -427,7 +464,7 @@ class ShellService:
         return path
 
     def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
-        data = base64.b64decode(self._file_reply("read_file", path, res)["data"])
+        data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
         return data if binary else data.decode("utf-8", "replace")
 
     def read_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
@@ -443,8 +480,14 @@ class ShellService:
         return self._decode_read(path, res, binary)
 
     def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
-        reply = self._file_reply("list_files", path, res)
-        return [FileEntry(name=n, kind=k, size=s) for n, k, s in reply["entries"]]
+        reply = self._file_reply("list_files", path, res, entries=list)
+        try:
+            entries = reply["entries"]
+            return [FileEntry(name=str(n), kind=str(k), size=int(s)) for n, k, s in entries]
+        except (TypeError, ValueError):
+            raise InfrastructureError(
+                "the shell session's supervisor sent a malformed reply (entries)", retryable=True
+            ) from None
 
     def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
         """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
@@ -464,7 +507,7 @@ class ShellService:
         """The absolute path of the session's workspace (its shell's starting directory)."""
         _check_session(session_id, required=True)
         res, _ = self._request("workspace", {}, session_id, self._file_limit())
-        return str(self._reply(res)["workspace"])
+        return str(self._reply(res, {"workspace": str})["workspace"])
 
     # --- sessions ----------------------------------------------------------------------
 
@@ -498,8 +541,8 @@ class ShellService:
             raise InfrastructureError(
                 "fork_session: the source session was restarted during the copy", retryable=True
             )
-        reply = self._reply(res)
-        return {"state": str(reply["state"]), "workspace": str(reply["workspace"])}
+        reply = self._reply(res, {"state": str, "workspace": str})
+        return {"state": reply["state"], "workspace": reply["workspace"]}
 
     def _adopted(self, res: ExecResult, lost: bool) -> None:
         if lost:

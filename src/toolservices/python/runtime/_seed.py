@@ -208,7 +208,8 @@ def _send_sparse(dst: int, src: int, size: int) -> None:
 
 def _skipped(exc: OSError) -> bool:
     """An error that skips one entry: it went away or changed kind meanwhile (a job of the
-    source still runs), or the source closed it to itself."""
+    source still runs), the source closed it to itself, or a process of the source holds a
+    write lease on it (opening it would have to wait for the lease to be broken)."""
     return exc.errno in _SKIP
 
 
@@ -220,6 +221,7 @@ _SKIP = (
     errno.EPERM,
     errno.ENXIO,
     errno.EINVAL,
+    errno.EAGAIN,
 )
 
 
