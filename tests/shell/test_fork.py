@@ -12,12 +12,8 @@ import pytest
 from toolservices.python.sandbox import default_config
 from toolservices.shell import ShellFileError, ShellService
 
-#: the processes of the calling shell's own mount namespace (other sessions' are closed to it)
-_OWN_PROCESSES = (
-    "me=$(readlink /proc/self/ns/mnt); for p in /proc/[0-9]*; do "
-    '[ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$me" ] && tr "\\0" " " < "$p/cmdline" && echo; '
-    "done"
-)
+#: the processes of the calling session (its own PID namespace: it sees no other session's)
+_OWN_PROCESSES = 'for p in /proc/[0-9]*; do tr "\\0" " " < "$p/cmdline"; echo; done'
 
 
 def new_sid() -> str:

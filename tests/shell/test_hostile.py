@@ -529,13 +529,16 @@ def test_job_started_after_the_next_spare_is_not_killed_by_the_next_timeout(
 ) -> None:
     # The next command's bash is started while this command runs; a job this command puts
     # in the background after that (a higher pid, a later start) is still this command's.
+    # (A bash leading its own process group other than this command's: the next spare.)
     sid, mark = new_sid(), marker()
+    spare = "ps -eo pid=,pgid=,comm= | awk -v me=$me '$3 == \"bash\" && $1 == $2 && $1 != me'"
     shell.run(
-        "for _ in $(seq 500); do [ $(pgrep -cx bash) -ge 2 ] && break; sleep 0.01; done; "
-        f"exec -a {mark} sleep 300 &",
+        f'me=$$; ( for _ in $(seq 500); do [ -n "$({spare})" ] && break; sleep 0.01; done; '
+        f"exec -a {mark} sleep 300 & ) >/dev/null 2>&1 &",
         session_id=sid,
     )
-    assert shell.run("sleep 30", session_id=sid, timeout=0.5).timed_out
+    wait = f"for _ in $(seq 500); do pgrep -f {mark} >/dev/null && break; sleep 0.01; done"
+    assert shell.run(f"{wait}; sleep 30", session_id=sid, timeout=3).timed_out
     probe = shell.run(alive_probe(mark), session_id=sid)
     assert probe.stdout == "alive\n"
     shell.close_session(sid)
@@ -882,4 +885,62 @@ def test_a_forged_reply_never_reaches_the_caller(shell: ShellService) -> None:
     with pytest.raises(InfrastructureError):
         shell._reply(forged)
     assert shell.write_file("x", "abc", session_id=sid) == 3
+    shell.close_session(sid)
+
+
+# --- a background job against the bash waiting for the next command -------------------------
+
+_HIJACK = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+while "bash" in open(f"/proc/{os.getppid()}/comm").read():  # until the supervisor adopts us
+    time.sleep(0.005)
+sup, log, found = os.getppid(), [], set()
+deadline = time.monotonic() + 5
+while not found and time.monotonic() < deadline:
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            fields = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == sup and "bash" in open(f"/proc/{name}/comm").read():
+                found.add(int(name))
+        except OSError:
+            continue
+for pid in found:
+    for fd in range(8):
+        try:
+            opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+            os.write(opened, b"echo REAL; builtin exit 1\n")
+            log.append(f"fd {fd} written")
+        except OSError as exc:
+            log.append(f"fd {fd} refused {exc.errno}")
+    try:
+        os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        log.append("mem opened")
+    except OSError as exc:
+        log.append(f"mem refused {exc.errno}")
+    for fd in range(8):
+        pidfd = os.pidfd_open(pid)
+        got = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
+        log.append(f"getfd {fd} " + ("got" if got >= 0 else f"refused {ctypes.get_errno()}"))
+open("hijack.log", "w").write(f"found {len(found)}\n" + "\n".join(log) + "\n")
+"""
+
+
+def test_a_background_job_cannot_hijack_the_next_command(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.write_file("hijack.py", _HIJACK, session_id=sid)
+    assert shell.run(f"{PY} hijack.py >/dev/null 2>&1 &", session_id=sid).success
+    for _ in range(1000):  # bounded: 10 s (a file tool, not a command: the spare stays)
+        try:
+            log = str(shell.read_file("hijack.log", session_id=sid))
+            break
+        except ShellFileError:
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the job never finished")
+    assert log.startswith("found 1\n"), log
+    assert not [line for line in log.splitlines() if line.endswith(("written", "opened", "got"))]
+    _session_still_honest(shell, sid)
     shell.close_session(sid)

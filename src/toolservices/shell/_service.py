@@ -588,13 +588,21 @@ class ShellService:
             else "off: needs session namespaces and a disk_quota; only file_size caps a file",
         }
         abi = _landlock_abi()
+        apart = (
+            "; each command's bash has a Landlock domain of its own: no process of another "
+            "command (a background job) can open its descriptors or memory "
+            "(/proc/<pid>/fd, /proc/<pid>/mem, pidfd_getfd), so none can write the command "
+            "pipe or output of the bash waiting for the next command"
+            if abi >= 1
+            else ""
+        )
         layers["command_scope"] = {
             "active": abi >= 6,
             "detail": "commands run in a nested Landlock domain scoped for signals: "
-            "they cannot signal their session's supervisor"
+            "they cannot signal their session's supervisor" + apart
             if abi >= 6
             else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
-            "its session's supervisor, which loses the session",
+            "its session's supervisor, which loses the session" + apart,
         }
         report["layers"] = layers
         return report
