@@ -944,3 +944,39 @@ def test_a_background_job_cannot_hijack_the_next_command(shell: ShellService) ->
     assert not [line for line in log.splitlines() if line.endswith(("written", "opened", "got"))]
     _session_still_honest(shell, sid)
     shell.close_session(sid)
+
+
+_INOTIFY_HOG = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while len(held) < 200:
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        break
+    held.append(fd)
+open(sys.argv[1], "w").write(f"{len(held)}\n")
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_one_session_cannot_take_every_inotify_instance(shell: ShellService) -> None:
+    """The kernel counts inotify instances per uid, which all sessions share: each has a budget."""
+    a, b = new_sid(), new_sid()
+    shell.write_file("hog.py", _INOTIFY_HOG, session_id=a)
+    shell.run(f"{PY} hog.py held 60 >/dev/null 2>&1 &", session_id=a)
+    for _ in range(1000):  # bounded: 10 s
+        try:
+            held = int(str(shell.read_file("held", session_id=a)))
+            break
+        except (ShellFileError, ValueError):
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the hog never reported")
+    assert 0 < held <= 16
+    shell.write_file("hog.py", _INOTIFY_HOG, session_id=b)
+    res = shell.run(f"{PY} hog.py got 0 && cat got", session_id=b)
+    assert int(res.stdout) == held, res  # the same budget, untouched by a's
+    assert shell.run("tail -f /dev/null & sleep 0.2; kill %1; echo ok", session_id=b).success
+    shell.close_session(a)
+    shell.close_session(b)

@@ -66,6 +66,10 @@ _MS_PRIVATE = 1 << 18
 _CAP_VERSION_3 = 0x20080522
 #: what a session gets of its own with ``session_ns`` (see enter_session_namespaces)
 SESSION_TMPFS = ("/tmp", "/dev/shm")
+#: per-session budgets of the kernel's per-user counters (``/proc/sys/user``), which every
+#: session would otherwise share (one uid): one session holding every inotify instance
+#: (128 by default, for the uid that owns the sessions' namespaces) leaves the others none
+SESSION_USER_LIMITS = {"max_inotify_instances": 16, "max_inotify_watches": 16384}
 
 # Landlock (linux/landlock.h); syscall numbers are the same on every 64-bit arch.
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -247,6 +251,9 @@ def enter_session_namespaces(
     tmpfs of that size (its files live and die with this mount namespace).
     With ``workspace`` the session's own directory ``home`` (in the lineage)
     is also bound on that fixed path, the same in every session.
+    The user namespace's own budgets for the per-user kernel counters
+    (:data:`SESSION_USER_LIMITS`: inotify instances and watches) keep one
+    session from taking all of them.
     With ``own_pids`` the session also gets PID and cgroup namespaces: this
     process forks the session proper as the first process (pid 1) of the new
     PID namespace, with a ``/proc`` of its own, and exits (see
@@ -293,6 +300,9 @@ def enter_session_namespaces(
         _mount(own, workspace, None, _MS_BIND, None)
     if own_pids:
         _become_pid_one()
+    for name, value in SESSION_USER_LIMITS.items():  # this user namespace's own
+        with open(f"/proc/sys/user/{name}", "w", encoding="ascii") as fh:
+            fh.write(str(value))
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
