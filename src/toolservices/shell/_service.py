@@ -18,7 +18,12 @@ from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
 from toolservices.python.sandbox import check_config, default_config
-from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
+from toolservices.shell._result import (
+    FileEntry,
+    ShellArgumentError,
+    ShellFileError,
+    ShellResult,
+)
 
 __all__ = ["ShellService"]
 
@@ -79,6 +84,21 @@ _RUN_FIELDS: dict[str, Any] = {
 }
 
 
+def _entry(name: str, kind: str, size: int) -> FileEntry:
+    """A listed name as valid text, its bytes in ``raw`` when they are not UTF-8."""
+    raw = name.encode("utf-8", "surrogateescape")  # the session's os.fsdecode'd bytes
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return FileEntry(name=raw.decode("utf-8", "replace"), kind=kind, size=size, raw=raw)
+    return FileEntry(name=name, kind=kind, size=size)
+
+
+def _died(res: ExecResult) -> bool:
+    """The session's interpreter (the supervisor) died during the call (OOM, killed)."""
+    return res.exception is not None and res.exception.type == "InterpreterExit"
+
+
 def _checked(reply: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """``reply`` if each of ``fields`` is there with its type, else an InfrastructureError."""
     for name, kind in fields.items():
@@ -109,6 +129,44 @@ def _check_session(value: object, *, required: bool = False) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise UserError(f"session_id must be a non-empty str, got {value!r}")
+    return value
+
+
+#: the longest path Linux takes (PATH_MAX, its final NUL included)
+_PATH_MAX = 4096
+
+
+def _lone_surrogate(text: str) -> str:
+    """Why ``text`` is no text (a lone surrogate that is not an ``os.fsdecode`` escape), or ""."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate {text[exc.start]!r} at index {exc.start}, which is no text"
+    return ""
+
+
+def _encode(text: str, op: str, what: str) -> bytes:
+    """``text`` as bytes: UTF-8, with ``\\udc80``-``\\udcff`` as the raw bytes they stand
+    for (``os.fsdecode``'s escapes, as ``FileEntry.raw`` names come back)."""
+    why = _lone_surrogate(text)
+    if why:
+        raise ShellArgumentError(op, what, "EINVAL", f"holds {why}; pass valid text or bytes")
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _check_path(value: object, op: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise UserError(f"path must be a non-empty str, got {value!r}")
+    if "\x00" in value:
+        raise ShellArgumentError(op, value, "EINVAL", "a path cannot contain a NUL character")
+    size = len(_encode(value, op, value))
+    if size >= _PATH_MAX:
+        raise ShellArgumentError(
+            op,
+            value[:80] + "...",
+            "ENAMETOOLONG",
+            f"the path is {size} bytes long; Linux takes paths of at most {_PATH_MAX - 1}",
+        )
     return value
 
 
@@ -208,6 +266,9 @@ class ShellService:
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
         self._booted: set[str] = set()
+        # sessions whose state or files were lost in a call that could not say so (a file
+        # tool's, or a command whose supervisor died): their next command reports it
+        self._lost: dict[str, None] = {}
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
     # --- requests ------------------------------------------------------------------
@@ -251,7 +312,7 @@ class ShellService:
             res = self._python.execute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
-        return res, lost
+        return res, self._note_lost(session_id, res, lost)
 
     async def _arequest(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float
@@ -264,7 +325,25 @@ class ShellService:
             res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
-        return res, lost
+        return res, self._note_lost(session_id, res, lost)
+
+    def _note_lost(self, session_id: str | None, res: ExecResult, lost: bool) -> bool:
+        """``lost`` (the state was gone before this call); remembered, with a loss in this
+        call (a timeout or a crash kills the session), until a command reports it."""
+        gone = res.timed_out or _died(res)
+        if session_id is not None and (lost or gone):
+            with self._lock:
+                self._lost[session_id] = None
+                while len(self._lost) > 4 * self.max_sessions:  # the oldest news goes first
+                    del self._lost[next(iter(self._lost))]
+        return lost
+
+    def _reported_lost(self, session_id: str | None) -> bool:
+        """Pop the news that ``session_id`` lost its state (a command is reporting it)."""
+        if session_id is None:
+            return False
+        with self._lock:
+            return self._lost.pop(session_id, 0) is None
 
     def _reply(self, res: ExecResult, fields: dict[str, Any] | None = None) -> dict[str, Any]:
         """The supervisor's reply: its last line, with our token and ``fields`` of their types.
@@ -306,7 +385,7 @@ class ShellService:
         if stdin is None:
             data = None
         elif isinstance(stdin, str):
-            data = base64.b64encode(stdin.encode()).decode()
+            data = base64.b64encode(_encode(stdin, "run", "stdin")).decode()
         elif isinstance(stdin, bytes | bytearray | memoryview):
             data = base64.b64encode(bytes(stdin)).decode()
         else:
@@ -314,16 +393,25 @@ class ShellService:
         return {"command": command, "timeout": limit, "stdin": data}, session, limit + _GRACE
 
     def _result(self, res: ExecResult, lost: bool, session_id: str | None) -> ShellResult:
-        if res.timed_out:  # the supervisor itself did not answer in time: its session is gone
-            self._bump(commands=1, timeouts=1, restarts=1, failures=1)
+        lost = self._reported_lost(session_id) or lost  # also what an earlier call lost
+        if res.timed_out or _died(res):  # the supervisor did not answer: its session is gone
+            what = (
+                "did not answer in time"
+                if res.timed_out
+                else f"ended while the command ran ({res.exception.message})"
+                if res.exception
+                else "ended"
+            )
+            self._bump(commands=1, timeouts=int(res.timed_out), restarts=1, failures=1)
             return ShellResult(
                 success=False,
                 stdout="",
-                stderr="[the shell session did not answer in time and was restarted]\n",
-                returncode=-1,
+                stderr=f"[the shell session {what}; it was restarted: files, variables and "
+                "the working directory are lost]\n",
+                returncode=-1 if res.timed_out or res.returncode >= 0 else res.returncode,
                 duration=res.duration,
-                timed_out=True,
-                restarted=True,
+                timed_out=res.timed_out,
+                restarted=session_id is not None,
                 session_id=session_id,
             )
         reply = self._reply(res, _RUN_FIELDS)
@@ -363,12 +451,16 @@ class ShellService:
             session_id=session_id,
         )
 
-    def _refused(self, session_id: str | None) -> ShellResult:
+    def _refused(self, command: str, session_id: str | None) -> ShellResult | None:
+        """A result for a command bash cannot be given (a NUL, a lone surrogate), or None."""
+        why = "a NUL byte" if "\x00" in command else _lone_surrogate(command)
+        if not why:
+            return None
         self._bump(commands=1, failures=1)
         return ShellResult(
             success=False,
             stdout="",
-            stderr="bash: the command contains a NUL byte; nothing was run\n",
+            stderr=f"bash: the command contains {why}; nothing was run\n",
             returncode=2,
             session_id=session_id,
         )
@@ -387,8 +479,9 @@ class ShellService:
         the queue is full and ``InfrastructureError`` when the machinery fails.
         """
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
-        if "\x00" in command:
-            return self._refused(session)
+        refused = self._refused(command, session)
+        if refused is not None:
+            return refused
         res, lost = self._request("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -401,8 +494,9 @@ class ShellService:
     ) -> ShellResult:
         """Async :meth:`run`."""
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
-        if "\x00" in command:
-            return self._refused(session)
+        refused = self._refused(command, session)
+        if refused is not None:
+            return refused
         res, lost = await self._arequest("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -425,10 +519,9 @@ class ShellService:
     ) -> tuple[dict[str, Any], str]:
         session = _check_session(session_id, required=True)
         assert session is not None
-        if not isinstance(path, str) or not path:
-            raise UserError(f"path must be a non-empty str, got {path!r}")
+        path = _check_path(path, "write_file")
         if isinstance(data, str):
-            raw = data.encode()
+            raw = _encode(data, "write_file", path)
         elif isinstance(data, bytes | bytearray | memoryview):
             raw = bytes(data)
         else:
@@ -457,11 +550,9 @@ class ShellService:
         res, _ = await self._arequest("write", args, session, self._file_limit())
         return int(self._file_reply("write_file", path, res, size=int)["size"])
 
-    def _path_args(self, path: object, session_id: object) -> str:
+    def _path_args(self, path: object, session_id: object, op: str) -> str:
         _check_session(session_id, required=True)
-        if not isinstance(path, str) or not path:
-            raise UserError(f"path must be a non-empty str, got {path!r}")
-        return path
+        return _check_path(path, op)
 
     def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
         data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
@@ -469,21 +560,20 @@ class ShellService:
 
     def read_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """The content of ``path`` as the session sees it (text with replacement, or bytes)."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "read_file")
         res, _ = self._request("read", {"path": path}, session_id, self._file_limit())
         return self._decode_read(path, res, binary)
 
     async def aread_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """Async :meth:`read_file`."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "read_file")
         res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
         return self._decode_read(path, res, binary)
 
     def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
         reply = self._file_reply("list_files", path, res, entries=list)
         try:
-            entries = reply["entries"]
-            return [FileEntry(name=str(n), kind=str(k), size=int(s)) for n, k, s in entries]
+            return [_entry(str(n), str(k), int(s)) for n, k, s in reply["entries"]]
         except (TypeError, ValueError):
             raise InfrastructureError(
                 "the shell session's supervisor sent a malformed reply (entries)", retryable=True
@@ -491,14 +581,14 @@ class ShellService:
 
     def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
         """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "list_files")
         args = {"path": path, "limit": self.max_list}
         res, _ = self._request("list", args, session_id, self._file_limit())
         return self._entries(path, res)
 
     async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
         """Async :meth:`list_files`."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "list_files")
         args = {"path": path, "limit": self.max_list}
         res, _ = await self._arequest("list", args, session_id, self._file_limit())
         return self._entries(path, res)
@@ -562,12 +652,14 @@ class ShellService:
         """Kill every process the session started and free its files; False: no such session."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        self._reported_lost(session_id)  # its next use is a new session, not a lost one
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        self._reported_lost(session_id)
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:

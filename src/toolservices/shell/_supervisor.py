@@ -446,9 +446,7 @@ class Shell:
         data = base64.b64decode(data_b64)
         full = self._path(path)
         try:
-            parent = os.path.dirname(full)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
+            _makedirs(os.path.dirname(full))
             fd = _open_regular(full, os.O_WRONLY | os.O_TRUNC, create=mode)
             try:
                 view = memoryview(data)
@@ -534,6 +532,23 @@ def _error(exc: OSError) -> dict[str, Any]:
         return {"ok": False, "errno": "EAGAIN", "message": message}
     code = errno.errorcode.get(exc.errno or 0, "EIO")
     return {"ok": False, "errno": code, "message": exc.strerror or str(exc)}
+
+
+def _makedirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` without recursion (a path may have 2,000 levels)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
 
 
 def _own_files(skip: int) -> set[tuple[int, int]]:
