@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from toolservices.errors import UserError
 from toolservices.python.sandbox import default_config
 from toolservices.shell import ShellFileError, ShellService
 
@@ -289,3 +290,29 @@ def test_a_leased_file_does_not_fail_the_fork(shell: ShellService, src: str) -> 
     (copy,) = shell.fork_session(src, 1)
     assert shell.run("cat other; ls leased", session_id=copy).stdout == "other\n"
     shell.close_session(copy)
+
+
+def test_a_shell_state_beyond_one_reply_travels_in_parts(shell: ShellService, src: str) -> None:
+    """23 MB in one variable: more than the session's largest reply (about 21 MB here)."""
+    res = shell.run(
+        "BIG=$(head -c 23000000 /dev/zero | tr '\\0' x); export SMALL=1; echo ${#BIG}",
+        session_id=src,
+        timeout=30,
+    )
+    assert res.stdout == "23000000\n", res
+    (copy,) = shell.fork_session(src, 1)
+    res = shell.run('echo "${#BIG} $SMALL ${BIG:0:3}"', session_id=copy, timeout=30)
+    assert res.stdout == "23000000 1 xxx\n", res
+    shell.close_session(copy)
+
+
+def test_a_state_too_large_for_any_copy_names_its_largest_variable(
+    shell: ShellService, src: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolservices.shell import _service
+
+    monkeypatch.setattr(_service, "_MAX_STATE", 20_000)  # the real one: 48 Mi characters
+    shell.run("HUGE_ONE=$(head -c 30000 /dev/zero | tr '\\0' y); small=1", session_id=src)
+    with pytest.raises(UserError, match="HUGE_ONE"):
+        shell.fork_session(src, 2)
+    assert shell.run("echo ${#HUGE_ONE}", session_id=src).stdout == "30000\n"  # src unharmed

@@ -84,6 +84,17 @@ _RUN_FIELDS: dict[str, Any] = {
 }
 
 
+def _largest_variable(state: str) -> tuple[str, int]:
+    """The name and the size (characters of its ``declare`` line) of a state's largest
+    variable, for the error saying why it cannot travel."""
+    best, size = "?", 0
+    for line in state.split("\n"):
+        if line.startswith("declare ") and len(line) > size:
+            words = line.split(" ", 2)
+            best, size = (words[2].split("=", 1)[0] if len(words) == 3 else "?"), len(line)
+    return best, size
+
+
 def _entry(name: str, kind: str, size: int) -> FileEntry:
     """A listed name as valid text, its bytes in ``raw`` when they are not UTF-8."""
     raw = name.encode("utf-8", "surrogateescape")  # the session's os.fsdecode'd bytes
@@ -132,6 +143,9 @@ def _check_session(value: object, *, required: bool = False) -> str | None:
     return value
 
 
+#: the largest shell state (characters) a copy is given: its request, escaped, must stay
+#: well under the 256 MiB a session takes in one request
+_MAX_STATE = 48 << 20
 #: the longest path Linux takes (PATH_MAX, its final NUL included)
 _PATH_MAX = 4096
 
@@ -235,6 +249,9 @@ class ShellService:
         # ... and each its own PID namespace and /proc (see docs/shell.md, "Isolation")
         config = dataclasses.replace(config, fixed_workspace=True, own_pids=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
+        # the shell state travels to fork_session copies in parts of this many characters:
+        # in the reply's JSON a character takes up to 12 bytes (an escaped surrogate pair)
+        self._state_part = max(4096, reply // 12)
         self._config = {
             "max_output": self.max_output,
             "max_file": self.max_file_size,
@@ -614,8 +631,7 @@ class ShellService:
         _check_session(src, required=True)
         copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
         try:
-            res, lost = await self._arequest("state", {}, src, self._file_limit())
-            args = self._state_args(res, lost)
+            args = await self._read_state(src)
             for copy in copies:
                 if args["state"]:
                     res, lost = await self._arequest("adopt", args, copy, self._file_limit())
@@ -626,13 +642,40 @@ class ShellService:
             raise
         return copies
 
-    def _state_args(self, res: ExecResult, lost: bool) -> dict[str, Any]:
-        if lost:  # its files were copied, its shell state is gone: the copies would mix the two
-            raise InfrastructureError(
-                "fork_session: the source session was restarted during the copy", retryable=True
+    async def _read_state(self, src: str) -> dict[str, Any]:
+        """The source's shell state, in parts that each fit one reply (a 23 MB variable)."""
+        parts: list[str] = []
+        offset, generation, fields = 0, None, {"state": str, "workspace": str, "total": int}
+        while True:
+            args = {"offset": offset, "limit": self._state_part}
+            res, lost = await self._arequest("state", args, src, self._file_limit())
+            if lost:  # its files were copied, its state is gone: the copies would mix the two
+                raise InfrastructureError(
+                    "fork_session: the source session was restarted during the copy",
+                    retryable=True,
+                )
+            reply = self._reply(res, fields)
+            if generation is None:
+                generation = reply.get("generation")
+            elif reply.get("generation") != generation:
+                raise InfrastructureError(
+                    "fork_session: a command of the source changed its shell state during the "
+                    "copy; fork it between its commands",
+                    retryable=True,
+                )
+            parts.append(reply["state"])
+            offset += len(reply["state"])
+            if offset >= reply["total"] or not reply["state"]:
+                break
+        state = "".join(parts)
+        if len(state) > _MAX_STATE:
+            name, size = _largest_variable(state)
+            raise UserError(
+                f"fork_session: the source's shell state is {len(state)} characters, more than "
+                f"the {_MAX_STATE} a copy can be given; its largest variable, {name}, holds "
+                f"{size}: keep large data in files (which fork_session copies)"
             )
-        reply = self._reply(res, {"state": str, "workspace": str})
-        return {"state": reply["state"], "workspace": reply["workspace"]}
+        return {"state": state, "workspace": reply["workspace"]}
 
     def _adopted(self, res: ExecResult, lost: bool) -> None:
         if lost:

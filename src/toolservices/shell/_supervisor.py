@@ -826,8 +826,16 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = {"ok": True}
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}
-    elif op == "state":
-        reply = {"ok": True, "state": shell.state, "workspace": shell.workspace}
+    elif op == "state":  # in parts: it may be larger than one reply may be
+        start = int(args.get("offset", 0))
+        part = shell.state[start : start + int(args.get("limit", len(shell.state)))]
+        reply = {
+            "ok": True,
+            "state": part,
+            "total": len(shell.state),
+            "generation": shell.generation,
+            "workspace": shell.workspace,
+        }
     elif op == "adopt":
         reply = shell.adopt(args["state"], args["workspace"])
     else:
