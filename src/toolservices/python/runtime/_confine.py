@@ -323,15 +323,20 @@ def _become_pid_one() -> None:
     if report is None:
         raise SessionSetupError("a session with its own PID namespace is made by fork_confined")
     middle = os.getpid()
+    gone_r, gone_w = os.pipe2(os.O_CLOEXEC)  # end of file: the middle process is exiting
     pid = os.fork()
     if pid:
         os.write(report, str(pid).encode())
         os._exit(0)
     os.close(report)
+    os.close(gone_w)
     _pid_report_fd = None
     os.setsid()
-    # the parent's /proc still shows us: wait (microseconds) until the middle process is
-    # gone and we are the subreaper's child, so that die_with_parent() names the right one
+    os.read(gone_r, 1)  # asleep, not spinning, while the middle process runs and exits
+    os.close(gone_r)
+    # the parent's /proc still shows us: wait (microseconds: its descriptors are closed just
+    # before it is reaped) until we are the subreaper's child, so that die_with_parent()
+    # names the right one
     deadline = time.monotonic() + 5.0
     while _outer_ppid() == middle:
         if time.monotonic() > deadline:
