@@ -18,12 +18,17 @@ from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
 from toolservices.python.sandbox import check_config, default_config
-from toolservices.shell._result import (
-    FileEntry,
-    ShellArgumentError,
-    ShellFileError,
-    ShellResult,
+from toolservices.shell._checks import (
+    RUN_FIELDS,
+    check_path,
+    checked,
+    died,
+    encode,
+    entry,
+    largest_variable,
+    lone_surrogate,
 )
+from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
 
@@ -70,57 +75,6 @@ _BOOTSTRAP = (
 )
 
 
-#: what a command's reply holds (``_reply`` checks it)
-_RUN_FIELDS: dict[str, Any] = {
-    "returncode": int,
-    "timed_out": bool,
-    "restarted": bool,
-    "stdout": str,
-    "stderr": str,
-    "stdout_total": int,
-    "stderr_total": int,
-    "duration": int | float,
-    "limit": int | float,
-}
-
-
-def _largest_variable(state: str) -> tuple[str, int]:
-    """The name and the size (characters of its ``declare`` line) of a state's largest
-    variable, for the error saying why it cannot travel."""
-    best, size = "?", 0
-    for line in state.split("\n"):
-        if line.startswith("declare ") and len(line) > size:
-            words = line.split(" ", 2)
-            best, size = (words[2].split("=", 1)[0] if len(words) == 3 else "?"), len(line)
-    return best, size
-
-
-def _entry(name: str, kind: str, size: int) -> FileEntry:
-    """A listed name as valid text, its bytes in ``raw`` when they are not UTF-8."""
-    raw = name.encode("utf-8", "surrogateescape")  # the session's os.fsdecode'd bytes
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return FileEntry(name=raw.decode("utf-8", "replace"), kind=kind, size=size, raw=raw)
-    return FileEntry(name=name, kind=kind, size=size)
-
-
-def _died(res: ExecResult) -> bool:
-    """The session's interpreter (the supervisor) died during the call (OOM, killed)."""
-    return res.exception is not None and res.exception.type == "InterpreterExit"
-
-
-def _checked(reply: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """``reply`` if each of ``fields`` is there with its type, else an InfrastructureError."""
-    for name, kind in fields.items():
-        value = reply.get(name)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-            raise InfrastructureError(
-                f"the shell session's supervisor sent a malformed reply ({name!r})", retryable=True
-            )
-    return reply
-
-
 def _landlock_abi() -> int:
     from toolservices.python.runtime import landlock_abi
 
@@ -146,42 +100,6 @@ def _check_session(value: object, *, required: bool = False) -> str | None:
 #: the largest shell state (characters) a copy is given: its request, escaped, must stay
 #: well under the 256 MiB a session takes in one request
 _MAX_STATE = 48 << 20
-#: the longest path Linux takes (PATH_MAX, its final NUL included)
-_PATH_MAX = 4096
-
-
-def _lone_surrogate(text: str) -> str:
-    """Why ``text`` is no text (a lone surrogate that is not an ``os.fsdecode`` escape), or ""."""
-    try:
-        text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError as exc:
-        return f"a lone surrogate {text[exc.start]!r} at index {exc.start}, which is no text"
-    return ""
-
-
-def _encode(text: str, op: str, what: str) -> bytes:
-    """``text`` as bytes: UTF-8, with ``\\udc80``-``\\udcff`` as the raw bytes they stand
-    for (``os.fsdecode``'s escapes, as ``FileEntry.raw`` names come back)."""
-    why = _lone_surrogate(text)
-    if why:
-        raise ShellArgumentError(op, what, "EINVAL", f"holds {why}; pass valid text or bytes")
-    return text.encode("utf-8", "surrogateescape")
-
-
-def _check_path(value: object, op: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise UserError(f"path must be a non-empty str, got {value!r}")
-    if "\x00" in value:
-        raise ShellArgumentError(op, value, "EINVAL", "a path cannot contain a NUL character")
-    size = len(_encode(value, op, value))
-    if size >= _PATH_MAX:
-        raise ShellArgumentError(
-            op,
-            value[:80] + "...",
-            "ENAMETOOLONG",
-            f"the path is {size} bytes long; Linux takes paths of at most {_PATH_MAX - 1}",
-        )
-    return value
 
 
 def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
@@ -347,7 +265,7 @@ class ShellService:
     def _note_lost(self, session_id: str | None, res: ExecResult, lost: bool) -> bool:
         """``lost`` (the state was gone before this call); remembered, with a loss in this
         call (a timeout or a crash kills the session), until a command reports it."""
-        gone = res.timed_out or _died(res)
+        gone = res.timed_out or died(res)
         if session_id is not None and (lost or gone):
             with self._lock:
                 self._lost[session_id] = None
@@ -379,7 +297,7 @@ class ShellService:
                     raise InfrastructureError(
                         "the shell session's reply did not come from its supervisor", retryable=True
                     )
-                return _checked(reply, fields or {})
+                return checked(reply, fields or {})
         detail = res.exception.message if res.exception else f"status {res.returncode}"
         raise InfrastructureError(
             f"the shell session's supervisor failed ({detail}): {res.stderr[-400:]}", retryable=True
@@ -402,7 +320,7 @@ class ShellService:
         if stdin is None:
             data = None
         elif isinstance(stdin, str):
-            data = base64.b64encode(_encode(stdin, "run", "stdin")).decode()
+            data = base64.b64encode(encode(stdin, "run", "stdin")).decode()
         elif isinstance(stdin, bytes | bytearray | memoryview):
             data = base64.b64encode(bytes(stdin)).decode()
         else:
@@ -411,7 +329,7 @@ class ShellService:
 
     def _result(self, res: ExecResult, lost: bool, session_id: str | None) -> ShellResult:
         lost = self._reported_lost(session_id) or lost  # also what an earlier call lost
-        if res.timed_out or _died(res):  # the supervisor did not answer: its session is gone
+        if res.timed_out or died(res):  # the supervisor did not answer: its session is gone
             what = (
                 "did not answer in time"
                 if res.timed_out
@@ -431,7 +349,7 @@ class ShellService:
                 restarted=session_id is not None,
                 session_id=session_id,
             )
-        reply = self._reply(res, _RUN_FIELDS)
+        reply = self._reply(res, RUN_FIELDS)
         cap = self.max_output
         out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
         err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
@@ -470,7 +388,7 @@ class ShellService:
 
     def _refused(self, command: str, session_id: str | None) -> ShellResult | None:
         """A result for a command bash cannot be given (a NUL, a lone surrogate), or None."""
-        why = "a NUL byte" if "\x00" in command else _lone_surrogate(command)
+        why = "a NUL byte" if "\x00" in command else lone_surrogate(command)
         if not why:
             return None
         self._bump(commands=1, failures=1)
@@ -529,16 +447,16 @@ class ShellService:
         reply = self._reply(res)
         if not reply.get("ok"):
             raise ShellFileError(op, path, str(reply.get("errno")), str(reply.get("message")))
-        return _checked(reply, fields)
+        return checked(reply, fields)
 
     def _write_args(
         self, path: object, data: object, session_id: object
     ) -> tuple[dict[str, Any], str]:
         session = _check_session(session_id, required=True)
         assert session is not None
-        path = _check_path(path, "write_file")
+        path = check_path(path, "write_file")
         if isinstance(data, str):
-            raw = _encode(data, "write_file", path)
+            raw = encode(data, "write_file", path)
         elif isinstance(data, bytes | bytearray | memoryview):
             raw = bytes(data)
         else:
@@ -569,7 +487,7 @@ class ShellService:
 
     def _path_args(self, path: object, session_id: object, op: str) -> str:
         _check_session(session_id, required=True)
-        return _check_path(path, op)
+        return check_path(path, op)
 
     def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
         data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
@@ -590,7 +508,7 @@ class ShellService:
     def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
         reply = self._file_reply("list_files", path, res, entries=list)
         try:
-            return [_entry(str(n), str(k), int(s)) for n, k, s in reply["entries"]]
+            return [entry(str(n), str(k), int(s)) for n, k, s in reply["entries"]]
         except (TypeError, ValueError):
             raise InfrastructureError(
                 "the shell session's supervisor sent a malformed reply (entries)", retryable=True
@@ -669,7 +587,7 @@ class ShellService:
                 break
         state = "".join(parts)
         if len(state) > _MAX_STATE:
-            name, size = _largest_variable(state)
+            name, size = largest_variable(state)
             raise UserError(
                 f"fork_session: the source's shell state is {len(state)} characters, more than "
                 f"the {_MAX_STATE} a copy can be given; its largest variable, {name}, holds "

@@ -96,10 +96,10 @@ _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS
 SessionSetupError = SetupError
 _state_cache: dict[str, Any] | None = None
 last_enter_seconds: float = 0.0
+"""Duration of the last :func:`enter_session` call in this process (for benchmarks)."""
 #: with ``own_pids``: where the intermediate process writes the pid (as the parent sees it)
 #: of the session it forked as the first process of its new PID namespace (fork_confined)
 _pid_report_fd: int | None = None
-"""Duration of the last :func:`enter_session` call in this process (for benchmarks)."""
 
 
 class _RulesetAttr(ctypes.Structure):
