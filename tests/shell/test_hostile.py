@@ -980,3 +980,27 @@ def test_one_session_cannot_take_every_inotify_instance(shell: ShellService) -> 
     assert shell.run("tail -f /dev/null & sleep 0.2; kill %1; echo ok", session_id=b).success
     shell.close_session(a)
     shell.close_session(b)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/proc/self/comm", "/proc/1/oom_score_adj", "/proc/self/mem", "/proc/self/attr/current"],
+)
+def test_file_tools_write_nothing_of_proc(shell: ShellService, path: str) -> None:
+    sid = new_sid()
+    shell.run(f"ln -s {path} link", session_id=sid)
+    for target in (path, "link"):
+        with pytest.raises(ShellFileError):
+            shell.write_file(target, "1000\n", session_id=sid)
+    _session_still_honest(shell, sid)
+    shell.close_session(sid)
+
+
+def test_file_tools_read_no_proc_entry_of_the_supervisor(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.run("true", session_id=sid)
+    for path in ("/proc/self/environ", "/proc/1/environ", "/proc/thread-self/comm", "/proc/1/mem"):
+        with pytest.raises(ShellFileError):
+            shell.read_file(path, session_id=sid)
+    assert "processor" in str(shell.read_file("/proc/cpuinfo", session_id=sid))
+    shell.close_session(sid)

@@ -534,6 +534,24 @@ def _error(exc: OSError) -> dict[str, Any]:
     return {"ok": False, "errno": code, "message": exc.strerror or str(exc)}
 
 
+_proc_dev: int | None = None
+
+
+def _ours_in_proc(device: int, pinned: int, *, write: bool) -> bool:
+    """Whether a pinned file is one the file tools leave alone in ``/proc``: any of it to
+    write (``/proc/self/mem``, ``comm``, ``oom_score_adj``...), this supervisor's own
+    entries to read (its memory, environment, descriptors); the rest reads like ``cat``."""
+    global _proc_dev
+    if _proc_dev is None:
+        _proc_dev = os.stat("/proc").st_dev
+    if device != _proc_dev:
+        return False
+    if write:
+        return True
+    parts = os.readlink(f"/proc/self/fd/{pinned}").split("/")
+    return len(parts) > 2 and parts[2] in (str(os.getpid()), "self", "thread-self")
+
+
 def _makedirs(path: str) -> None:
     """``os.makedirs(path, exist_ok=True)`` without recursion (a path may have 2,000 levels)."""
     missing = []
@@ -598,7 +616,9 @@ def _open_regular(full: str, flags: int, *, create: int | None = None) -> int:
                 raise IsADirectoryError(errno.EISDIR, "Is a directory")
             if not stat.S_ISREG(info.st_mode):
                 raise _NotRegular(errno.EINVAL, "Not a regular file")
-            if (info.st_dev, info.st_ino) in _own_files(pinned):
+            if (info.st_dev, info.st_ino) in _own_files(pinned) or _ours_in_proc(
+                info.st_dev, pinned, write=flags & os.O_ACCMODE != os.O_RDONLY
+            ):
                 raise PermissionError(errno.EACCES, "Permission denied")
             return os.open(f"/proc/self/fd/{pinned}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
         finally:
