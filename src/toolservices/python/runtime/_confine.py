@@ -301,8 +301,11 @@ def enter_session_namespaces(
     if own_pids:
         _become_pid_one()
     for name, value in SESSION_USER_LIMITS.items():  # this user namespace's own
-        with open(f"/proc/sys/user/{name}", "w", encoding="ascii") as fh:
-            fh.write(str(value))
+        try:
+            with open(f"/proc/sys/user/{name}", "w", encoding="ascii") as fh:
+                fh.write(str(value))
+        except FileNotFoundError:  # a kernel without this counter: nothing to share
+            continue
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
