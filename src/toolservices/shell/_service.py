@@ -337,7 +337,8 @@ class ShellService:
                 if res.exception
                 else "ended"
             )
-            self._bump(commands=1, timeouts=int(res.timed_out), restarts=1, failures=1)
+            lost = session_id is not None  # a fresh shell has no state to lose
+            self._bump(commands=1, timeouts=int(res.timed_out), restarts=int(lost), failures=1)
             return ShellResult(
                 success=False,
                 stdout="",
@@ -346,7 +347,7 @@ class ShellService:
                 returncode=-1 if res.timed_out or res.returncode >= 0 else res.returncode,
                 duration=res.duration,
                 timed_out=res.timed_out,
-                restarted=session_id is not None,
+                restarted=lost,
                 session_id=session_id,
             )
         reply = self._reply(res, RUN_FIELDS)
