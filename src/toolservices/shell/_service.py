@@ -337,8 +337,10 @@ class ShellService:
                 if res.exception
                 else "ended"
             )
-            lost = session_id is not None  # a fresh shell has no state to lose
-            self._bump(commands=1, timeouts=int(res.timed_out), restarts=int(lost), failures=1)
+            had_state = session_id is not None  # a fresh shell has none to lose
+            self._bump(
+                commands=1, timeouts=int(res.timed_out), restarts=int(had_state), failures=1
+            )
             return ShellResult(
                 success=False,
                 stdout="",
@@ -347,7 +349,7 @@ class ShellService:
                 returncode=-1 if res.timed_out or res.returncode >= 0 else res.returncode,
                 duration=res.duration,
                 timed_out=res.timed_out,
-                restarted=lost,
+                restarted=had_state,
                 session_id=session_id,
             )
         reply = self._reply(res, RUN_FIELDS)
