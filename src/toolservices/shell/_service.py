@@ -338,9 +338,7 @@ class ShellService:
                 else "ended"
             )
             had_state = session_id is not None  # a fresh shell has none to lose
-            self._bump(
-                commands=1, timeouts=int(res.timed_out), restarts=int(had_state), failures=1
-            )
+            self._bump(commands=1, timeouts=int(res.timed_out), restarts=int(had_state), failures=1)
             return ShellResult(
                 success=False,
                 stdout="",
