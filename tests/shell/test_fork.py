@@ -9,15 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from toolservices.errors import UserError
 from toolservices.python.sandbox import default_config
 from toolservices.shell import ShellFileError, ShellService
 
-#: the processes of the calling shell's own mount namespace (other sessions' are closed to it)
-_OWN_PROCESSES = (
-    "me=$(readlink /proc/self/ns/mnt); for p in /proc/[0-9]*; do "
-    '[ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$me" ] && tr "\\0" " " < "$p/cmdline" && echo; '
-    "done"
-)
+#: the processes of the calling session (its own PID namespace: it sees no other session's)
+_OWN_PROCESSES = 'for p in /proc/[0-9]*; do tr "\\0" " " < "$p/cmdline"; echo; done'
 
 
 def new_sid() -> str:
@@ -270,3 +267,53 @@ def test_fork_of_an_unknown_or_evicted_session_is_refused(shell: ShellService) -
             small.fork_session("a", 1)
         (copy,) = small.fork_session("c", 1)  # evicts "b" for room: still a whole copy
         assert small.run("cat f", session_id=copy).stdout == "x\n"
+
+
+_WRITE_LEASE = (
+    "import fcntl, os, signal, sys, time\n"
+    "signal.signal(signal.SIGIO, signal.SIG_IGN)\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+    "open('held', 'w').close()\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_leased_file_does_not_fail_the_fork(shell: ShellService, src: str) -> None:
+    """A write lease makes every other open wait: the copy skips that file, the rest travels."""
+    shell.write_file("lease.py", _WRITE_LEASE, session_id=src)
+    res = shell.run(
+        "echo other > other; echo leased > leased; (python3 lease.py leased &); "
+        "for _ in $(seq 500); do [ -e held ] && break; sleep 0.01; done; ls held",
+        session_id=src,
+    )
+    assert res.stdout == "held\n", res
+    (copy,) = shell.fork_session(src, 1)
+    assert shell.run("cat other; ls leased", session_id=copy).stdout == "other\n"
+    shell.close_session(copy)
+
+
+def test_a_shell_state_beyond_one_reply_travels_in_parts(shell: ShellService, src: str) -> None:
+    """23 MB in one variable: more than the session's largest reply (about 21 MB here)."""
+    res = shell.run(
+        "BIG=$(head -c 23000000 /dev/zero | tr '\\0' x); export SMALL=1; echo ${#BIG}",
+        session_id=src,
+        timeout=30,
+    )
+    assert res.stdout == "23000000\n", res
+    (copy,) = shell.fork_session(src, 1)
+    res = shell.run('echo "${#BIG} $SMALL ${BIG:0:3}"', session_id=copy, timeout=30)
+    assert res.stdout == "23000000 1 xxx\n", res
+    shell.close_session(copy)
+
+
+def test_a_state_too_large_for_any_copy_names_its_largest_variable(
+    shell: ShellService, src: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolservices.shell import _service
+
+    monkeypatch.setattr(_service, "_MAX_STATE", 20_000)  # the real one: 48 Mi characters
+    shell.run("HUGE_ONE=$(head -c 30000 /dev/zero | tr '\\0' y); small=1", session_id=src)
+    with pytest.raises(UserError, match="HUGE_ONE"):
+        shell.fork_session(src, 2)
+    assert shell.run("echo ${#HUGE_ONE}", session_id=src).stdout == "30000\n"  # src unharmed

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from toolservices.errors import InfrastructureError
 from toolservices.python import SandboxConfig
 from toolservices.shell import ShellFileError, ShellResult, ShellService
 
@@ -536,13 +537,16 @@ def test_job_started_after_the_next_spare_is_not_killed_by_the_next_timeout(
 ) -> None:
     # The next command's bash is started while this command runs; a job this command puts
     # in the background after that (a higher pid, a later start) is still this command's.
+    # (A bash leading its own process group other than this command's: the next spare.)
     sid, mark = new_sid(), marker()
+    spare = "ps -eo pid=,pgid=,comm= | awk -v me=$me '$3 == \"bash\" && $1 == $2 && $1 != me'"
     shell.run(
-        "for _ in $(seq 500); do [ $(pgrep -cx bash) -ge 2 ] && break; sleep 0.01; done; "
-        f"exec -a {mark} sleep 300 &",
+        f'me=$$; ( for _ in $(seq 500); do [ -n "$({spare})" ] && break; sleep 0.01; done; '
+        f"exec -a {mark} sleep 300 & ) >/dev/null 2>&1 &",
         session_id=sid,
     )
-    assert shell.run("sleep 30", session_id=sid, timeout=0.5).timed_out
+    wait = f"for _ in $(seq 500); do pgrep -f {mark} >/dev/null && break; sleep 0.01; done"
+    assert shell.run(f"{wait}; sleep 30", session_id=sid, timeout=3).timed_out
     probe = shell.run(alive_probe(mark), session_id=sid)
     assert probe.stdout == "alive\n"
     shell.close_session(sid)
@@ -664,4 +668,349 @@ def test_stopped_spawner_is_replaced(shell: ShellService) -> None:
     for _ in range(2):  # the second one needs a bash from the stopped spawner
         after = shell.run("cat f", session_id=sid, timeout=8)
         assert after.stdout == "kept\n", after
+    shell.close_session(sid)
+
+
+# --- issue 24: what sessions share (one uid) --------------------------------------------------
+
+#: every same-uid process call the kernel allows on any pid it can name: lower its limits,
+#: priority, scheduling policy, CPUs and I/O class. Skips only itself and its own parent.
+_ATTACK_PIDS = r"""
+import ctypes, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+mine = {os.getpid(), os.getppid(), 1}
+hit = 0
+for pid in range(1, 1 << 17):
+    if pid in mine:
+        continue
+    done = False
+    for call in (
+        lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (8, 8)),
+        lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
+        lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),
+        lambda: os.sched_setaffinity(pid, {0}),
+    ):
+        try:
+            call()
+            done = True
+        except OSError:
+            pass
+    if libc.syscall(251, 1, pid, (3 << 13) | 7) == 0:  # ioprio_set(WHO_PROCESS, pid, IDLE)
+        done = True
+    hit += done
+print("hit", hit)
+"""
+
+
+def test_other_sessions_and_the_fork_server_are_invisible(shell: ShellService) -> None:
+    a, b, mark = new_sid(), new_sid(), marker()
+    shell.run(f"exec -a {mark} sleep 300 &", session_id=a)
+    assert shell.run(alive_probe(mark), session_id=a).stdout == "alive\n"
+    res = shell.run(
+        f"pgrep -f {mark}; printf '%s\\n' {mark} > pat; "
+        "cat /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c -F -f pat; "
+        "ls /proc | grep -c '^[0-9]'",
+        session_id=b,
+    )
+    found, nprocs = res.stdout.split()
+    assert found == "0", res
+    assert int(nprocs) < 12, res  # the supervisor, spawner, a spare bash, this command
+    assert shell.run("echo $$ $PPID; cat /proc/1/cmdline | head -c 60", session_id=b).success
+    cgroup = shell.run("cat /proc/self/cgroup", session_id=b).stdout
+    assert all(line.rsplit(":", 1)[1] == "/" for line in cgroup.splitlines()), cgroup
+    shell.close_session(a)
+    shell.close_session(b)
+
+
+def test_same_uid_process_calls_cannot_reach_other_sessions_or_the_server(
+    shell: ShellService,
+) -> None:
+    a, b, mark = new_sid(), new_sid(), marker()
+    shell.run(f"echo kept > f; exec -a {mark} sleep 300 &", session_id=a)
+    assert shell.run(alive_probe(mark), session_id=a).stdout == "alive\n"
+    looks = "cat f; nice; grep -E '^policy' /proc/$$/sched | tr -d ' '; ulimit -n; "
+    before = shell.run(looks + alive_probe(mark), session_id=a).stdout
+    assert before.startswith("kept\n") and before.endswith("alive\n"), before
+    shell.write_file("attack.py", _ATTACK_PIDS, session_id=b)
+    res = shell.run(f"{PY} attack.py", session_id=b, timeout=8)
+    assert res.stdout.startswith("hit"), res
+    after = shell.run(looks + alive_probe(mark), session_id=a)
+    assert after.stdout == before, after  # niceness, policy, open files limit: untouched
+    shell.close_session(a)
+    shell.close_session(b)
+    # the autouse check then starts a brand-new session: the fork server is untouched
+
+
+#: socket(family, type) for each family, also with high bits set (the kernel reads an int)
+_SOCKET_FAMILIES = r"""
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for family in range(64):
+    for value in (family, family | (1 << 32)):
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_SEQPACKET):
+            fd = libc.syscall(41, ctypes.c_long(value), kind, 0)  # x86_64 socket(2)
+            if fd >= 0:
+                os.close(fd)
+                print("created", family, value > family, kind)
+                break
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="raw syscall number of x86_64")
+def test_only_unix_sockets_can_be_created(shell: ShellService) -> None:
+    """AF_VSOCK crosses network namespaces (to the hypervisor): only AF_UNIX is allowed."""
+    shell_report = shell.isolation_report()["layers"]["seccomp"]["detail"]
+    assert "socket families allowed: AF_UNIX (" in shell_report
+    sid = new_sid()
+    shell.write_file("fam.py", _SOCKET_FAMILIES, session_id=sid)
+    res = shell.run(f"{PY} fam.py", session_id=sid)
+    created = {line.split()[1] for line in res.stdout.splitlines()}
+    assert created == {"1"}, res  # AF_UNIX, without high bits
+    assert "created 1 False" in res.stdout
+    shell.close_session(sid)
+
+
+# --- the file tools run in the supervisor: its own descriptors are out of reach -----------------
+
+_FORGED = '{"ok": true, "size": 424242, "returncode": 0, "timed_out": false}\n'
+_OWN_PATHS = [
+    "/dev/stdout",
+    "/dev/stderr",
+    "/dev/stdin",
+    *(f"/dev/fd/{n}" for n in range(12)),
+    *(f"/proc/self/fd/{n}" for n in range(12)),
+    "/proc/thread-self/fd/1",
+    "/proc/1/fd/1",
+]
+
+
+def _session_still_honest(shell: ShellService, sid: str) -> None:
+    """The next command runs: its own output, exit status and side effect."""
+    res = shell.run("echo REAL; touch ran; false", session_id=sid)
+    assert (res.stdout, res.returncode) == ("REAL\n", 1), res
+    assert shell.run("ls ran && rm ran", session_id=sid).stdout == "ran\n"
+
+
+def test_file_tools_cannot_write_the_supervisors_descriptors(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.run("sleep 0 & echo started", session_id=sid)  # a spare bash waits with its pipes
+    for path in _OWN_PATHS:
+        with pytest.raises(ShellFileError) as info:
+            shell.write_file(path, _FORGED, session_id=sid)
+        assert info.value.reason in ("EACCES", "ENOTREG", "ENOENT", "EPERM"), (path, info.value)
+        with pytest.raises(ShellFileError):
+            shell.read_file(path, session_id=sid)
+    _session_still_honest(shell, sid)
+    shell.close_session(sid)
+
+
+def test_planted_symlinks_to_the_supervisors_descriptors(shell: ShellService) -> None:
+    """The harness's own write_file("notes.py") must not follow a model's link into the reply."""
+    sid = new_sid()
+    links = "; ".join(f"ln -s {p} l{i}" for i, p in enumerate(_OWN_PATHS))
+    shell.run(f"{links}; ln -s /dev/stdout notes.py; ln -s l0 chain", session_id=sid)
+    for name in ["notes.py", "chain", *(f"l{i}" for i in range(len(_OWN_PATHS)))]:
+        with pytest.raises(ShellFileError):
+            shell.write_file(name, _FORGED, session_id=sid)
+        with pytest.raises(ShellFileError):
+            shell.read_file(name, session_id=sid)
+    _session_still_honest(shell, sid)
+    shell.close_session(sid)
+
+
+#: sourced by a waiting bash before its real command arrives, it would answer instead of it
+_INJECT = "echo REAL; builtin exit 1\n"
+
+
+def test_command_pipe_of_the_waiting_bash_cannot_be_written_by_the_file_tools(
+    shell: ShellService,
+) -> None:
+    sid = new_sid()
+    shell.run("true", session_id=sid)  # the next command's bash now waits on its pipes
+    listed = [int(p) for p in shell.run("ls /proc | grep '^[0-9]'", session_id=sid).stdout.split()]
+    # the bash for the next command starts once this listing ended: a higher pid
+    for pid in sorted({*listed[-4:], *range(max(listed) + 1, max(listed) + 24)}):
+        for fd in range(8):
+            try:
+                shell.write_file(f"/proc/{pid}/fd/{fd}", _INJECT, session_id=sid)
+            except ShellFileError:
+                continue
+    _session_still_honest(shell, sid)
+    shell.close_session(sid)
+
+
+def test_write_file_never_blocks_on_a_fifo(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.run(
+        "mkdir -p tests && mkfifo tests/test_hidden.py && ln -s tests/test_hidden.py l",
+        session_id=sid,
+    )
+    for path in ("tests/test_hidden.py", "l"):
+        started = time.monotonic()
+        with pytest.raises(ShellFileError) as info:
+            shell.write_file(path, "assert True\n", session_id=sid)
+        assert info.value.reason == "ENOTREG"
+        assert time.monotonic() - started < shell.timeout
+    assert shell.run("ls tests", session_id=sid).stdout == "test_hidden.py\n"
+    shell.close_session(sid)
+
+
+_LEASE = (
+    "import fcntl, os, signal, sys, time\n"
+    "signal.signal(signal.SIGIO, signal.SIG_IGN)\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)\n"
+    "open(sys.argv[1] + '.held', 'w').close()\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_write_file_on_a_leased_file_is_a_clear_error(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.write_file("lease.py", _LEASE, session_id=sid)
+    shell.write_file("graded.txt", "original\n", session_id=sid)
+    res = shell.run(
+        f"({PY} lease.py graded.txt &) ; for _ in $(seq 500); do [ -e graded.txt.held ] && break; "
+        "sleep 0.01; done; ls graded.txt.held",
+        session_id=sid,
+    )
+    assert res.stdout == "graded.txt.held\n", res
+    started = time.monotonic()
+    with pytest.raises(ShellFileError) as info:
+        shell.write_file("graded.txt", "changed\n", session_id=sid)
+    assert info.value.reason == "EAGAIN" and "lease" in str(info.value)
+    assert time.monotonic() - started < shell.timeout
+    assert shell.read_file("graded.txt", session_id=sid) == "original\n"
+    shell.close_session(sid)
+
+
+def test_a_forged_reply_never_reaches_the_caller(shell: ShellService) -> None:
+    """Even a line on the reply channel carrying every field is not taken without the token."""
+    sid = new_sid()
+    shell.run("true", session_id=sid)
+    forged = shell._python.execute(f"print({_FORGED!r})", session_id=sid)
+    with pytest.raises(InfrastructureError):
+        shell._reply(forged)
+    assert shell.write_file("x", "abc", session_id=sid) == 3
+    shell.close_session(sid)
+
+
+# --- a background job against the bash waiting for the next command -------------------------
+
+_HIJACK = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+while "bash" in open(f"/proc/{os.getppid()}/comm").read():  # until the supervisor adopts us
+    time.sleep(0.005)
+sup, log, found = os.getppid(), [], set()
+deadline = time.monotonic() + 5
+while not found and time.monotonic() < deadline:
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            fields = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == sup and "bash" in open(f"/proc/{name}/comm").read():
+                found.add(int(name))
+        except OSError:
+            continue
+for pid in found:
+    for fd in range(8):
+        try:
+            opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+            os.write(opened, b"echo REAL; builtin exit 1\n")
+            log.append(f"fd {fd} written")
+        except OSError as exc:
+            log.append(f"fd {fd} refused {exc.errno}")
+    try:
+        os.open(f"/proc/{pid}/mem", os.O_RDWR)
+        log.append("mem opened")
+    except OSError as exc:
+        log.append(f"mem refused {exc.errno}")
+    for fd in range(8):
+        pidfd = os.pidfd_open(pid)
+        got = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
+        log.append(f"getfd {fd} " + ("got" if got >= 0 else f"refused {ctypes.get_errno()}"))
+open("hijack.log", "w").write(f"found {len(found)}\n" + "\n".join(log) + "\n")
+"""
+
+
+def test_a_background_job_cannot_hijack_the_next_command(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.write_file("hijack.py", _HIJACK, session_id=sid)
+    assert shell.run(f"{PY} hijack.py >/dev/null 2>&1 &", session_id=sid).success
+    for _ in range(1000):  # bounded: 10 s (a file tool, not a command: the spare stays)
+        try:
+            log = str(shell.read_file("hijack.log", session_id=sid))
+            break
+        except ShellFileError:
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the job never finished")
+    assert log.startswith("found 1\n"), log
+    assert not [line for line in log.splitlines() if line.endswith(("written", "opened", "got"))]
+    _session_still_honest(shell, sid)
+    shell.close_session(sid)
+
+
+_INOTIFY_HOG = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while len(held) < 200:
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        break
+    held.append(fd)
+open(sys.argv[1], "w").write(f"{len(held)}\n")
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_one_session_cannot_take_every_inotify_instance(shell: ShellService) -> None:
+    """The kernel counts inotify instances per uid, which all sessions share: each has a budget."""
+    a, b = new_sid(), new_sid()
+    shell.write_file("hog.py", _INOTIFY_HOG, session_id=a)
+    shell.run(f"{PY} hog.py held 60 >/dev/null 2>&1 &", session_id=a)
+    for _ in range(1000):  # bounded: 10 s
+        try:
+            held = int(str(shell.read_file("held", session_id=a)))
+            break
+        except (ShellFileError, ValueError):
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the hog never reported")
+    assert 0 < held <= 16
+    shell.write_file("hog.py", _INOTIFY_HOG, session_id=b)
+    res = shell.run(f"{PY} hog.py got 0 && cat got", session_id=b)
+    # its own budget, untouched by a's (fewer only if other processes of the uid that owns
+    # the sessions' namespaces hold most of the host's 128 meanwhile)
+    assert 0 < int(res.stdout) <= 16, res
+    assert shell.run("tail -f /dev/null & sleep 0.2; kill %1; echo ok", session_id=b).success
+    shell.close_session(a)
+    shell.close_session(b)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/proc/self/comm", "/proc/1/oom_score_adj", "/proc/self/mem", "/proc/self/attr/current"],
+)
+def test_file_tools_write_nothing_of_proc(shell: ShellService, path: str) -> None:
+    sid = new_sid()
+    shell.run(f"ln -s {path} link", session_id=sid)
+    for target in (path, "link"):
+        with pytest.raises(ShellFileError):
+            shell.write_file(target, "1000\n", session_id=sid)
+    _session_still_honest(shell, sid)
+    shell.close_session(sid)
+
+
+def test_file_tools_read_no_proc_entry_of_the_supervisor(shell: ShellService) -> None:
+    sid = new_sid()
+    shell.run("true", session_id=sid)
+    for path in ("/proc/self/environ", "/proc/1/environ", "/proc/thread-self/comm", "/proc/1/mem"):
+        with pytest.raises(ShellFileError):
+            shell.read_file(path, session_id=sid)
+    assert "processor" in str(shell.read_file("/proc/cpuinfo", session_id=sid))
     shell.close_session(sid)

@@ -135,3 +135,53 @@ def test_a_symlink_planted_on_the_path_to_the_source_is_not_followed() -> None:
                 py.spawn_with_files("src", 1)
     finally:
         shutil.rmtree(secret_top)
+
+
+def _chain(root: Path, depth: int, *, siblings: bool) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for level in range(depth):
+        if siblings:  # a comb: every level has a second directory and a file
+            os.mkdir(f"s{level}", dir_fd=fd)
+            os.close(os.open(f"f{level}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+
+
+@pytest.mark.parametrize("siblings", [False, True], ids=["chain", "comb"])
+def test_a_deep_tree_costs_path_lookups_linear_in_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, siblings: bool
+) -> None:
+    """Counted, not timed: the names the copy resolves, against the tree's entries."""
+    from toolservices.python.runtime import _seed
+
+    depth = 1500
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    _chain(src, depth, siblings=siblings)
+    resolved = [0]
+    real = _seed._open_chunk
+
+    def counting(root: int, rel: str, flags: int, *, cross_mounts: bool = False) -> int:
+        resolved[0] += rel.count("/") + 1
+        return real(root, rel, flags, cross_mounts=cross_mounts)
+
+    monkeypatch.setattr(_seed, "_open_chunk", counting)
+    top = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        copy_into(top, str(dst), workers=1)
+    finally:
+        os.close(top)
+    entries = depth * (3 if siblings else 1)
+    assert resolved[0] < 40 * entries, resolved  # reopening from the top: ~depth**2 / 2
+    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):  # the whole chain arrived
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    remove_tree(str(dst))
+    remove_tree(str(src))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolservices.errors import ToolError
+from toolservices.errors import ToolError, UserError
 from toolservices.python import ResultMapping
 
-__all__ = ["FileEntry", "ShellFileError", "ShellResult"]
+__all__ = ["FileEntry", "ShellArgumentError", "ShellFileError", "ShellResult"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -38,11 +38,17 @@ class ShellResult(ResultMapping):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FileEntry:
-    """One entry of :meth:`ShellService.list_files`: ``kind`` is file, dir, symlink or other."""
+    """One entry of :meth:`ShellService.list_files`: ``kind`` is file, dir, symlink or other.
+
+    ``name`` is always valid text (JSON-safe): a name whose bytes are not
+    UTF-8 has them replaced by U+FFFD there, and its exact bytes in ``raw``
+    (None for every valid name). ``os.fsdecode(raw)`` names it to the file tools.
+    """
 
     name: str
     kind: str
     size: int
+    raw: bytes | None = None
 
 
 class ShellFileError(ToolError):
@@ -64,3 +70,10 @@ class ShellFileError(ToolError):
     def __reduce__(self) -> tuple[type[ShellFileError], tuple[str, str, str, str]]:
         # crosses process boundaries (a Ray actor's reply) with its fields intact
         return type(self), (self.op, self.path, self.reason, self.detail)
+
+
+class ShellArgumentError(ShellFileError, UserError):
+    """An argument no file name or text can be: a NUL, a lone surrogate, a path beyond
+    ``PATH_MAX``. A :class:`~toolservices.errors.UserError` (the caller passed it) that is
+    also a :class:`ShellFileError` (``reason`` EINVAL or ENAMETOOLONG), so that a model
+    whose tool call chose it gets a tool error to act on, never a traceback."""

@@ -8,6 +8,7 @@ import glob
 import json
 import marshal
 import math
+import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,16 @@ from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
 from toolservices.python.sandbox import SandboxConfig, check_config, default_config
+from toolservices.shell._checks import (
+    RUN_FIELDS,
+    check_path,
+    checked,
+    died,
+    encode,
+    entry,
+    largest_variable,
+    lone_surrogate,
+)
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -93,6 +104,11 @@ def _check_session(value: object, *, required: bool = False) -> str | None:
     if not isinstance(value, str) or not value:
         raise UserError(f"session_id must be a non-empty str, got {value!r}")
     return value
+
+
+#: the largest shell state (characters) a copy is given: its request, escaped, must stay
+#: well under the 256 MiB a session takes in one request
+_MAX_STATE = 48 << 20
 
 
 def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
@@ -170,7 +186,8 @@ class ShellService:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
             config = dataclasses.replace(config, disk_quota=disk_quota)
         # every session's workspace at one path (where session namespaces allow it)
-        config = dataclasses.replace(config, fixed_workspace=True)
+        # ... and each its own PID namespace and /proc (see docs/shell.md, "Isolation")
+        config = dataclasses.replace(config, fixed_workspace=True, own_pids=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
         if command_stack is not None and (
             isinstance(command_stack, bool)
@@ -179,11 +196,16 @@ class ShellService:
         ):
             raise UserError(f"command_stack must be a positive int or None, got {command_stack!r}")
         self.command_stack = command_stack
+        # the shell state travels to fork_session copies in parts of this many characters:
+        # in the reply's JSON a character takes up to 12 bytes (an escaped surrogate pair)
+        self._state_part = max(4096, reply // 12)
         self._config = {
             "max_output": self.max_output,
             "max_file": self.max_file_size,
             "command_stack": command_stack,
             "offline": not bool(getattr(config, "network", False)),
+            # every reply carries it: a line the session forged cannot (see _reply)
+            "token": secrets.token_hex(16),
         }
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
@@ -210,6 +232,9 @@ class ShellService:
         # sessions whose supervisor is loaded (as far as we know: an evicted one answers
         # NameError and is loaded again), so that their calls skip the bootstrap
         self._booted: set[str] = set()
+        # sessions whose state or files were lost in a call that could not say so (a file
+        # tool's, or a command whose supervisor died): their next command reports it
+        self._lost: dict[str, None] = {}
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
     # --- requests ------------------------------------------------------------------
@@ -253,7 +278,7 @@ class ShellService:
             res = self._python.execute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
-        return res, lost
+        return res, self._note_lost(session_id, res, lost)
 
     async def _arequest(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float
@@ -266,20 +291,44 @@ class ShellService:
             res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
-        return res, lost
+        return res, self._note_lost(session_id, res, lost)
 
-    @staticmethod
-    def _reply(res: ExecResult) -> dict[str, Any]:
+    def _note_lost(self, session_id: str | None, res: ExecResult, lost: bool) -> bool:
+        """``lost`` (the state was gone before this call); remembered, with a loss in this
+        call (a timeout or a crash kills the session), until a command reports it."""
+        gone = res.timed_out or died(res)
+        if session_id is not None and (lost or gone):
+            with self._lock:
+                self._lost[session_id] = None
+                while len(self._lost) > 4 * self.max_sessions:  # the oldest news goes first
+                    del self._lost[next(iter(self._lost))]
+        return lost
+
+    def _reported_lost(self, session_id: str | None) -> bool:
+        """Pop the news that ``session_id`` lost its state (a command is reporting it)."""
+        if session_id is None:
+            return False
+        with self._lock:
+            return self._lost.pop(session_id, 0) is None
+
+    def _reply(self, res: ExecResult, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The supervisor's reply: its last line, with our token and ``fields`` of their types.
+
+        Anything else (a line the session forged, a crafted or truncated
+        reply) is an :class:`InfrastructureError`, never a ``KeyError``.
+        """
         if res.exception is None and res.success:
             lines = res.stdout.strip().splitlines()
-            if lines:
-                try:
-                    reply = json.loads(lines[-1])
-                except ValueError:
-                    pass
-                else:
-                    if isinstance(reply, dict):
-                        return reply
+            try:
+                reply = json.loads(lines[-1]) if lines else None
+            except ValueError:
+                reply = None
+            if isinstance(reply, dict):
+                if reply.get("token") != self._config["token"]:
+                    raise InfrastructureError(
+                        "the shell session's reply did not come from its supervisor", retryable=True
+                    )
+                return checked(reply, fields or {})
         detail = res.exception.message if res.exception else f"status {res.returncode}"
         raise InfrastructureError(
             f"the shell session's supervisor failed ({detail}): {res.stderr[-400:]}", retryable=True
@@ -302,7 +351,7 @@ class ShellService:
         if stdin is None:
             data = None
         elif isinstance(stdin, str):
-            data = base64.b64encode(stdin.encode()).decode()
+            data = base64.b64encode(encode(stdin, "run", "stdin")).decode()
         elif isinstance(stdin, bytes | bytearray | memoryview):
             data = base64.b64encode(bytes(stdin)).decode()
         else:
@@ -310,19 +359,29 @@ class ShellService:
         return {"command": command, "timeout": limit, "stdin": data}, session, limit + _GRACE
 
     def _result(self, res: ExecResult, lost: bool, session_id: str | None) -> ShellResult:
-        if res.timed_out:  # the supervisor itself did not answer in time: its session is gone
-            self._bump(commands=1, timeouts=1, restarts=1, failures=1)
+        lost = self._reported_lost(session_id) or lost  # also what an earlier call lost
+        if res.timed_out or died(res):  # the supervisor did not answer: its session is gone
+            what = (
+                "did not answer in time"
+                if res.timed_out
+                else f"ended while the command ran ({res.exception.message})"
+                if res.exception
+                else "ended"
+            )
+            had_state = session_id is not None  # a fresh shell has none to lose
+            self._bump(commands=1, timeouts=int(res.timed_out), restarts=int(had_state), failures=1)
             return ShellResult(
                 success=False,
                 stdout="",
-                stderr="[the shell session did not answer in time and was restarted]\n",
-                returncode=-1,
+                stderr=f"[the shell session {what}; it was restarted: files, variables and "
+                "the working directory are lost]\n",
+                returncode=-1 if res.timed_out or res.returncode >= 0 else res.returncode,
                 duration=res.duration,
-                timed_out=True,
-                restarted=True,
+                timed_out=res.timed_out,
+                restarted=had_state,
                 session_id=session_id,
             )
-        reply = self._reply(res)
+        reply = self._reply(res, RUN_FIELDS)
         cap = self.max_output
         out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
         err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
@@ -359,12 +418,16 @@ class ShellService:
             session_id=session_id,
         )
 
-    def _refused(self, session_id: str | None) -> ShellResult:
+    def _refused(self, command: str, session_id: str | None) -> ShellResult | None:
+        """A result for a command bash cannot be given (a NUL, a lone surrogate), or None."""
+        why = "a NUL byte" if "\x00" in command else lone_surrogate(command)
+        if not why:
+            return None
         self._bump(commands=1, failures=1)
         return ShellResult(
             success=False,
             stdout="",
-            stderr="bash: the command contains a NUL byte; nothing was run\n",
+            stderr=f"bash: the command contains {why}; nothing was run\n",
             returncode=2,
             session_id=session_id,
         )
@@ -383,8 +446,9 @@ class ShellService:
         the queue is full and ``InfrastructureError`` when the machinery fails.
         """
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
-        if "\x00" in command:
-            return self._refused(session)
+        refused = self._refused(command, session)
+        if refused is not None:
+            return refused
         res, lost = self._request("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -397,8 +461,9 @@ class ShellService:
     ) -> ShellResult:
         """Async :meth:`run`."""
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
-        if "\x00" in command:
-            return self._refused(session)
+        refused = self._refused(command, session)
+        if refused is not None:
+            return refused
         res, lost = await self._arequest("run", args, session, limit)
         return self._result(res, lost, session)
 
@@ -407,24 +472,23 @@ class ShellService:
     def _file_limit(self) -> float:
         return self.timeout + _GRACE
 
-    def _file_reply(self, op: str, path: str, res: ExecResult) -> dict[str, Any]:
+    def _file_reply(self, op: str, path: str, res: ExecResult, **fields: Any) -> dict[str, Any]:
         self._bump(files=1)
         if res.timed_out:
             raise ShellFileError(op, path, "ETIMEDOUT", "the operation timed out")
         reply = self._reply(res)
         if not reply.get("ok"):
             raise ShellFileError(op, path, str(reply.get("errno")), str(reply.get("message")))
-        return reply
+        return checked(reply, fields)
 
     def _write_args(
         self, path: object, data: object, session_id: object
     ) -> tuple[dict[str, Any], str]:
         session = _check_session(session_id, required=True)
         assert session is not None
-        if not isinstance(path, str) or not path:
-            raise UserError(f"path must be a non-empty str, got {path!r}")
+        path = check_path(path, "write_file")
         if isinstance(data, str):
-            raw = data.encode()
+            raw = encode(data, "write_file", path)
         elif isinstance(data, bytes | bytearray | memoryview):
             raw = bytes(data)
         else:
@@ -445,50 +509,53 @@ class ShellService:
         """
         args, session = self._write_args(path, data, session_id)
         res, _ = self._request("write", args, session, self._file_limit())
-        return int(self._file_reply("write_file", path, res)["size"])
+        return int(self._file_reply("write_file", path, res, size=int)["size"])
 
     async def awrite_file(self, path: str, data: str | bytes, *, session_id: str) -> int:
         """Async :meth:`write_file`."""
         args, session = self._write_args(path, data, session_id)
         res, _ = await self._arequest("write", args, session, self._file_limit())
-        return int(self._file_reply("write_file", path, res)["size"])
+        return int(self._file_reply("write_file", path, res, size=int)["size"])
 
-    def _path_args(self, path: object, session_id: object) -> str:
+    def _path_args(self, path: object, session_id: object, op: str) -> str:
         _check_session(session_id, required=True)
-        if not isinstance(path, str) or not path:
-            raise UserError(f"path must be a non-empty str, got {path!r}")
-        return path
+        return check_path(path, op)
 
     def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
-        data = base64.b64decode(self._file_reply("read_file", path, res)["data"])
+        data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
         return data if binary else data.decode("utf-8", "replace")
 
     def read_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """The content of ``path`` as the session sees it (text with replacement, or bytes)."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "read_file")
         res, _ = self._request("read", {"path": path}, session_id, self._file_limit())
         return self._decode_read(path, res, binary)
 
     async def aread_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """Async :meth:`read_file`."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "read_file")
         res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
         return self._decode_read(path, res, binary)
 
     def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
-        reply = self._file_reply("list_files", path, res)
-        return [FileEntry(name=n, kind=k, size=s) for n, k, s in reply["entries"]]
+        reply = self._file_reply("list_files", path, res, entries=list)
+        try:
+            return [entry(str(n), str(k), int(s)) for n, k, s in reply["entries"]]
+        except (TypeError, ValueError):
+            raise InfrastructureError(
+                "the shell session's supervisor sent a malformed reply (entries)", retryable=True
+            ) from None
 
     def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
         """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "list_files")
         args = {"path": path, "limit": self.max_list}
         res, _ = self._request("list", args, session_id, self._file_limit())
         return self._entries(path, res)
 
     async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
         """Async :meth:`list_files`."""
-        path = self._path_args(path, session_id)
+        path = self._path_args(path, session_id, "list_files")
         args = {"path": path, "limit": self.max_list}
         res, _ = await self._arequest("list", args, session_id, self._file_limit())
         return self._entries(path, res)
@@ -497,7 +564,7 @@ class ShellService:
         """The absolute path of the session's workspace (its shell's starting directory)."""
         _check_session(session_id, required=True)
         res, _ = self._request("workspace", {}, session_id, self._file_limit())
-        return str(self._reply(res)["workspace"])
+        return str(self._reply(res, {"workspace": str})["workspace"])
 
     # --- sessions ----------------------------------------------------------------------
 
@@ -514,8 +581,7 @@ class ShellService:
         _check_session(src, required=True)
         copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
         try:
-            res, lost = await self._arequest("state", {}, src, self._file_limit())
-            args = self._state_args(res, lost)
+            args = await self._read_state(src)
             for copy in copies:
                 if args["state"]:
                     res, lost = await self._arequest("adopt", args, copy, self._file_limit())
@@ -526,19 +592,52 @@ class ShellService:
             raise
         return copies
 
-    def _state_args(self, res: ExecResult, lost: bool) -> dict[str, Any]:
-        if lost:  # its files were copied, its shell state is gone: the copies would mix the two
+    async def _read_state(self, src: str) -> dict[str, Any]:
+        """The source's shell state, in parts that each fit one reply (a 23 MB variable)."""
+        parts: list[str] = []
+        offset, generation, fields = 0, None, {"state": str, "workspace": str, "total": int}
+        while True:
+            args = {"offset": offset, "limit": self._state_part}
+            res, lost = await self._arequest("state", args, src, self._file_limit())
+            if lost:  # its files were copied, its state is gone: the copies would mix the two
+                raise InfrastructureError(
+                    "fork_session: the source session was restarted during the copy",
+                    retryable=True,
+                )
+            reply = self._reply(res, fields)
+            if generation is None:
+                generation = reply.get("generation")
+            elif reply.get("generation") != generation:
+                raise InfrastructureError(
+                    "fork_session: a command of the source changed its shell state during the "
+                    "copy; fork it between its commands",
+                    retryable=True,
+                )
+            parts.append(reply["state"])
+            offset += len(reply["state"])
+            if offset >= reply["total"] or not reply["state"]:
+                break
+        state = "".join(parts)
+        if len(state) > _MAX_STATE:
+            name, size = largest_variable(state)
+            raise UserError(
+                f"fork_session: the source's shell state is {len(state)} characters, more than "
+                f"the {_MAX_STATE} a copy can be given; its largest variable, {name}, holds "
+                f"{size}: keep large data in files (which fork_session copies)"
+            )
+        return {"state": state, "workspace": reply["workspace"], "home": await self._read_home(src)}
+
+    async def _read_home(self, src: str) -> str:
+        """The source's private HOME as one archive (base64; "" when it has none)."""
+        res, lost = await self._arequest("home", {}, src, self._file_limit())
+        if lost:
             raise InfrastructureError(
                 "fork_session: the source session was restarted during the copy", retryable=True
             )
         reply = self._reply(res)
-        if not reply.get("ok", True):
+        if not reply.get("ok"):
             raise UserError(f"fork_session: {reply.get('message')}")
-        return {
-            "state": str(reply["state"]),
-            "workspace": str(reply["workspace"]),
-            "home": str(reply.get("home", "")),
-        }
+        return str(reply.get("home", ""))
 
     def _adopted(self, res: ExecResult, lost: bool) -> None:
         if lost:
@@ -558,12 +657,14 @@ class ShellService:
         """Kill every process the session started and free its files; False: no such session."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        self._reported_lost(session_id)  # its next use is a new session, not a lost one
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
+        self._reported_lost(session_id)
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:
@@ -584,13 +685,21 @@ class ShellService:
             else "off: needs session namespaces and a disk_quota; only file_size caps a file",
         }
         abi = _landlock_abi()
+        apart = (
+            "; each command's bash has a Landlock domain of its own: no process of another "
+            "command (a background job) can open its descriptors or memory "
+            "(/proc/<pid>/fd, /proc/<pid>/mem, pidfd_getfd), so none can write the command "
+            "pipe or output of the bash waiting for the next command"
+            if abi >= 1
+            else ""
+        )
         layers["command_scope"] = {
             "active": abi >= 6,
             "detail": "commands run in a nested Landlock domain scoped for signals: "
-            "they cannot signal their session's supervisor"
+            "they cannot signal their session's supervisor" + apart
             if abi >= 6
             else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
-            "its session's supervisor, which loses the session",
+            "its session's supervisor, which loses the session" + apart,
         }
         # A shell fork_session makes fresh sessions (spawn_with_files), not forks sharing
         # the source's namespaces as the executor's fork_session does: say what is true here.

@@ -10,6 +10,15 @@ command pipe, the memfds for the state out and in) it forks a short-lived middle
 process that ``posix_spawn``s bash in its own process group and exits, so
 bash is re-parented to the supervisor (a child subreaper), which alone
 waits for its exit status. The reply is bash's pid, once the middle is gone.
+
+The middle process first enters a further Landlock domain of its own (it
+restricts nothing the session may do): Landlock lets a process trace, read
+the memory or open the descriptors (``/proc/<pid>/{mem,fd}``,
+``pidfd_getfd``) only of processes in its own domain or below it, so each
+bash and what it starts are out of reach of every other command's
+processes: a background job cannot write the command pipe, the output pipes
+or the memory of the bash waiting for the next command. Signals still
+reach them (``kill`` of an earlier job works).
 """
 
 from __future__ import annotations
@@ -26,7 +35,10 @@ from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_EXECUTE = 1
 _SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 _PID = struct.Struct("<q")
 _NFDS = 6
@@ -49,6 +61,42 @@ def scope_signals(lib: Any) -> bool:
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
+        if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+    return True
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def own_domain(lib: Any) -> bool:
+    """Enter a Landlock domain of our own that denies nothing; False without Landlock.
+
+    A ruleset must handle some right: it handles ``execute`` and grants it
+    beneath ``/``, where the session's own layers decide. What the new domain
+    changes is who may trace us (see the module's docstring).
+    """
+    if lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1) < 1:
+        return False
+    attr = _Scope(_FS_EXECUTE, 0, 0)
+    size = ctypes.sizeof(ctypes.c_uint64)  # ABI 1's struct: only the fs rights
+    fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = _PathBeneath(_FS_EXECUTE, root)
+            if lib.syscall(
+                _SYS_LANDLOCK_ADD_RULE, fd, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+            ):
+                raise OSError(ctypes.get_errno(), "landlock_add_rule")
+        finally:
+            os.close(root)
         if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
@@ -158,14 +206,14 @@ def _serve(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str) 
         for fd in got:
             os.close(fd)
         try:
-            pid = _spawn(argv, env, fds) if len(fds) == _NFDS else -22
+            pid = _spawn(lib, argv, env, fds) if len(fds) == _NFDS else -22
         finally:
             for fd in fds:
                 os.close(fd)
         sock.sendall(_PID.pack(pid))
 
 
-def _spawn(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
+def _spawn(lib: Any, argv: list[str], env: dict[str, str], fds: list[int]) -> int:
     """Start bash through a middle process that exits at once; bash's pid or -errno."""
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -176,6 +224,7 @@ def _spawn(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
         return -(exc.errno or 11)
     if middle == 0:  # pragma: no cover - the middle process
         try:
+            own_domain(lib)  # out of reach of the other commands' processes
             actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
             pid = os.posix_spawn(
                 argv[0],

@@ -484,10 +484,8 @@ class Shell:
         data = base64.b64decode(data_b64)
         full = self._path(path)
         try:
-            parent = os.path.dirname(full)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+            _makedirs(os.path.dirname(full))
+            fd = _open_regular(full, os.O_WRONLY | os.O_TRUNC, create=mode)
             try:
                 view = memoryview(data)
                 while view:
@@ -501,13 +499,9 @@ class Shell:
     def read_file(self, path: str) -> dict[str, Any]:
         full = self._path(path)
         try:
-            fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = _open_regular(full, os.O_RDONLY)
             try:
                 info = os.fstat(fd)
-                if stat.S_ISDIR(info.st_mode):
-                    return {"ok": False, "errno": "EISDIR", "message": "Is a directory"}
-                if not stat.S_ISREG(info.st_mode):
-                    return {"ok": False, "errno": "ENOTREG", "message": "Not a regular file"}
                 if info.st_size > self.max_file:
                     return {
                         "ok": False,
@@ -564,9 +558,110 @@ class Shell:
         return {"ok": True, "entries": entries}
 
 
+class _NotRegular(OSError):
+    """The path names something other than a regular file (a FIFO, a device, a socket)."""
+
+
 def _error(exc: OSError) -> dict[str, Any]:
+    if isinstance(exc, _NotRegular):
+        return {"ok": False, "errno": "ENOTREG", "message": "Not a regular file"}
+    if exc.errno == errno.EAGAIN:  # O_NONBLOCK met a lease (or a mandatory lock)
+        message = "Resource temporarily unavailable: a process of the session holds a lease on it"
+        return {"ok": False, "errno": "EAGAIN", "message": message}
     code = errno.errorcode.get(exc.errno or 0, "EIO")
     return {"ok": False, "errno": code, "message": exc.strerror or str(exc)}
+
+
+_proc_dev: int | None = None
+
+
+def _ours_in_proc(device: int, pinned: int, *, write: bool) -> bool:
+    """Whether a pinned file is one the file tools leave alone in ``/proc``: any of it to
+    write (``/proc/self/mem``, ``comm``, ``oom_score_adj``...), this supervisor's own
+    entries to read (its memory, environment, descriptors); the rest reads like ``cat``."""
+    global _proc_dev
+    if _proc_dev is None:
+        _proc_dev = os.stat("/proc").st_dev
+    if device != _proc_dev:
+        return False
+    if write:
+        return True
+    parts = os.readlink(f"/proc/self/fd/{pinned}").split("/")
+    return len(parts) > 2 and parts[2] in (str(os.getpid()), "self", "thread-self")
+
+
+def _makedirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` without recursion (a path may have 2,000 levels)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+
+
+def _own_files(skip: int) -> set[tuple[int, int]]:
+    """(device, inode) of every descriptor this supervisor holds, but ``skip``."""
+    own = set()
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) == skip:
+            continue
+        try:
+            info = os.fstat(int(name))
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        own.add((info.st_dev, info.st_ino))
+    return own
+
+
+def _open_regular(full: str, flags: int, *, create: int | None = None) -> int:
+    """Open the regular file ``full`` as the session's commands would reach it, without blocking.
+
+    Symlinks are followed (``cat`` and ``>`` follow them too), but what is opened
+    is pinned first with ``O_PATH``, which neither blocks, truncates nor
+    reaches a device: a FIFO, a device or a socket is refused (``ENOTREG``),
+    and so is a file this supervisor holds open itself (its reply channel
+    ``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``, a state memfd, or a
+    symlink to any of them): only then is it reopened, with ``O_NONBLOCK``
+    (a lease answers ``EAGAIN``, never a wait). ``create`` (a mode) makes a
+    missing file, as a new regular file only (``O_EXCL``).
+    """
+    for _attempt in range(8):
+        try:
+            pinned = os.open(full, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if create is None:
+                raise
+            try:  # a new file, never an existing one nor a symlink's target reached by a race
+                return os.open(
+                    full, flags | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK | os.O_CLOEXEC, create
+                )
+            except FileExistsError:
+                if os.path.islink(full) and not os.path.exists(full):
+                    # a dangling symlink: `>` would create its target; do the same, pinned
+                    full = os.path.join(os.path.dirname(full), os.readlink(full))
+                continue  # made meanwhile: pin it
+        try:
+            info = os.fstat(pinned)
+            if stat.S_ISDIR(info.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            if not stat.S_ISREG(info.st_mode):
+                raise _NotRegular(errno.EINVAL, "Not a regular file")
+            if (info.st_dev, info.st_ino) in _own_files(pinned) or _ours_in_proc(
+                info.st_dev, pinned, write=flags & os.O_ACCMODE != os.O_RDONLY
+            ):
+                raise PermissionError(errno.EACCES, "Permission denied")
+            return os.open(f"/proc/self/fd/{pinned}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+        finally:
+            os.close(pinned)
+    raise FileExistsError(errno.EEXIST, "File exists (it kept changing while being opened)")
 
 
 def _drain(fd: int, buf: list[bytearray], totals: list[int], index: int, cap: int) -> bool:
@@ -810,11 +905,23 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = {"ok": True}
     elif op == "workspace":
         reply = {"ok": True, "workspace": shell.workspace}
-    elif op == "state":
+    elif op == "state":  # in parts: it may be larger than one reply may be
+        start = int(args.get("offset", 0))
+        part = shell.state[start : start + int(args.get("limit", len(shell.state)))]
+        reply = {
+            "ok": True,
+            "state": part,
+            "total": len(shell.state),
+            "generation": shell.generation,
+            "workspace": shell.workspace,
+        }
+    elif op == "home":  # its own request: it may be as large as a file the tools move
         reply = shell.home_archive()
-        reply.update(state=shell.state, workspace=shell.workspace)
     elif op == "adopt":
         reply = shell.adopt(args["state"], args["workspace"], args.get("home", ""))
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
+    # the caller's secret, which no process of the session can read (it travels in the
+    # request, to this non-dumpable process): a line it did not write cannot carry it
+    reply["token"] = config.get("token")
     print(json.dumps(reply))

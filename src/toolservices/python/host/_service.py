@@ -667,6 +667,11 @@ class PythonExecutorService:
         return True
 
     async def _fork_session(self, src: str, n: int) -> list[str]:
+        if getattr(self.sandbox, "own_pids", False):  # copies would die with their source
+            raise UserError(
+                "fork_session copies an interpreter's memory, which SandboxConfig(own_pids=True) "
+                "rules out; use spawn_with_files (files only) or own_pids=False"
+            )
         return await self._copy_session(src, n, fork_handles, "fork_session")
 
     async def _spawn_with_files(self, src: str, n: int) -> list[str]:

@@ -32,6 +32,7 @@ from ._linux import (
     libc,
     load_seccomp,
     set_no_new_privs,
+    set_subreaper,
 )
 from ._seed import copy_into, open_seed
 
@@ -43,6 +44,7 @@ __all__ = [
     "fixed_workspace",
     "landlock_abi",
     "fork_confined",
+    "own_pids",
     "last_enter_seconds",
     "remove_tree",
 ]
@@ -51,16 +53,23 @@ STATE_ENV = "TOOLSERVICES_SANDBOX_STATE"
 
 # Namespaces and mounts (linux/sched.h, linux/mount.h, linux/capability.h).
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWPID = 0x20000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _MS_NOSUID = 2
 _MS_NODEV = 4
+_MS_NOEXEC = 8
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _CAP_VERSION_3 = 0x20080522
 #: what a session gets of its own with ``session_ns`` (see enter_session_namespaces)
 SESSION_TMPFS = ("/tmp", "/dev/shm")
+#: per-session budgets of the kernel's per-user counters (``/proc/sys/user``), which every
+#: session would otherwise share (one uid): one session holding every inotify instance
+#: (128 by default, for the uid that owns the sessions' namespaces) leaves the others none
+SESSION_USER_LIMITS = {"max_inotify_instances": 16, "max_inotify_watches": 16384}
 
 # Landlock (linux/landlock.h); syscall numbers are the same on every 64-bit arch.
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -88,6 +97,9 @@ SessionSetupError = SetupError
 _state_cache: dict[str, Any] | None = None
 last_enter_seconds: float = 0.0
 """Duration of the last :func:`enter_session` call in this process (for benchmarks)."""
+#: with ``own_pids``: where the intermediate process writes the pid (as the parent sees it)
+#: of the session it forked as the first process of its new PID namespace (fork_confined)
+_pid_report_fd: int | None = None
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -222,6 +234,7 @@ def enter_session_namespaces(
     disk_quota: int | None = None,
     workspace: str | None = None,
     home: str | None = None,
+    own_pids: bool = False,
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -238,13 +251,23 @@ def enter_session_namespaces(
     tmpfs of that size (its files live and die with this mount namespace).
     With ``workspace`` the session's own directory ``home`` (in the lineage)
     is also bound on that fixed path, the same in every session.
+    The user namespace's own budgets for the per-user kernel counters
+    (:data:`SESSION_USER_LIMITS`: inotify instances and watches) keep one
+    session from taking all of them.
+    With ``own_pids`` the session also gets PID and cgroup namespaces: this
+    process forks the session proper as the first process (pid 1) of the new
+    PID namespace, with a ``/proc`` of its own, and exits (see
+    :func:`_become_pid_one`).
     The capabilities the new namespace grants are dropped before
     user code runs (seccomp and Landlock, applied after this, deny mounts and
     new namespaces anyway).
     """
     uid, gid = os.getuid(), os.getgid()
     lib = libc()
-    check(lib.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare(user, mnt, ipc)")
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC
+    if own_pids:
+        flags |= _CLONE_NEWPID | _CLONE_NEWCGROUP
+    check(lib.unshare(flags), "unshare(user, mnt, ipc" + (", pid, cgroup)" if own_pids else ")"))
     maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
     for name, text in maps:
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
@@ -275,9 +298,60 @@ def enter_session_namespaces(
         os.makedirs(own, 0o700, exist_ok=True)  # on the quota's tmpfs when there is one
         os.makedirs(workspace, 0o755, exist_ok=True)  # L3: bubblewrap made it; L2: in /tmp
         _mount(own, workspace, None, _MS_BIND, None)
+    if own_pids:
+        _become_pid_one()
+    for name, value in SESSION_USER_LIMITS.items():  # this user namespace's own
+        try:
+            with open(f"/proc/sys/user/{name}", "w", encoding="ascii") as fh:
+                fh.write(str(value))
+        except FileNotFoundError:  # a kernel without this counter: nothing to share
+            continue
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
+
+
+def _become_pid_one() -> None:
+    """Fork the session as pid 1 of the PID namespace just made; this process exits.
+
+    ``unshare(CLONE_NEWPID)`` moves only our future children: the child is the
+    session. It tells the parent (``fork_confined``, a subreaper) its pid
+    through ``_pid_report_fd`` and, once re-parented to it, mounts a ``/proc``
+    that shows only its own namespace: the processes of other sessions and of
+    the fork server can neither be seen nor named (no ``kill``, ``prlimit``,
+    ``setpriority``, ``sched_setaffinity`` on them), and they die with it.
+    """
+    global _pid_report_fd
+    report = _pid_report_fd
+    if report is None:
+        raise SessionSetupError("a session with its own PID namespace is made by fork_confined")
+    middle = os.getpid()
+    gone_r, gone_w = os.pipe2(os.O_CLOEXEC)  # end of file: the middle process is exiting
+    pid = os.fork()
+    if pid:
+        os.write(report, str(pid).encode())
+        os._exit(0)
+    os.close(report)
+    os.close(gone_w)
+    _pid_report_fd = None
+    os.setsid()
+    os.read(gone_r, 1)  # asleep, not spinning, while the middle process runs and exits
+    os.close(gone_r)
+    # the parent's /proc still shows us: wait (microseconds: its descriptors are closed just
+    # before it is reaped) until we are the subreaper's child, so that die_with_parent()
+    # names the right one
+    deadline = time.monotonic() + 5.0
+    while _outer_ppid() == middle:
+        if time.monotonic() > deadline:
+            raise SessionSetupError("the session's intermediate process did not exit")
+        os.sched_yield()
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+
+
+def _outer_ppid() -> int:
+    """Our parent's pid as the parent namespace's ``/proc`` (still mounted) shows it."""
+    with open("/proc/self/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[1])
 
 
 def enter_copy(workdir: str) -> None:
@@ -343,6 +417,13 @@ def fixed_workspace(state: dict[str, Any] | None = None) -> str | None:
     return session_ns.get("workspace") if session_ns else None
 
 
+def own_pids(state: dict[str, Any] | None = None) -> bool:
+    """Whether every session has a PID namespace of its own (``SandboxConfig.own_pids``)."""
+    state = _load_state() if state is None else state
+    session_ns = None if state is None else state.get("session_ns")
+    return bool(session_ns and session_ns.get("own_pids"))
+
+
 def enter_session(
     state: dict[str, Any] | None = None,
     *,
@@ -392,6 +473,7 @@ def enter_session(
             disk_quota=session_ns.get("disk_quota"),
             workspace=fixed,
             home=own,
+            own_pids=own_pids(state),
         )
     where = fixed or own
     try:
@@ -513,11 +595,35 @@ def fork_confined(
     descriptors of its namespaces or a pidfd of it, see ``_seed``) fills
     the new session's directory with a copy of that session's files first.
     If any step raises, ``failed(exc)`` reports it and the child exits with
-    status 71.
+    status 71. With ``own_pids`` in the launch state the session is a
+    grandchild (pid 1 of its own PID namespace) that becomes our child when
+    the intermediate exits: we become a subreaper, and return its pid.
     """
+    global _pid_report_fd
+    report = os.pipe2(os.O_CLOEXEC) if own_pids() else None
+    if report is not None:
+        set_subreaper(True)
     pid = os.fork()
     if pid:
-        return pid
+        if report is None:
+            return pid
+        os.close(report[1])
+        try:
+            answer = b""
+            while chunk := os.read(report[0], 32):
+                answer += chunk
+        finally:
+            os.close(report[0])
+        if not answer:  # failed before the fork (already reported): the caller reaps it
+            return pid
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        return int(answer)
+    if report is not None:
+        os.close(report[0])
+        _pid_report_fd = report[1]
     try:
         die_with_parent()  # a parent killed for hanging takes this one along
         if prepare is not None:

@@ -76,6 +76,7 @@ def _probe_session() -> dict[str, Any]:
             report: dict[str, Any] = {
                 "entered": True,
                 "session_ns": bool(state and state.get("session_ns")),
+                "own_pids": _confine.own_pids(state) and os.getpid() == 1,
                 "cap_eff": status.get("CapEff", ""),
                 "no_new_privs": status.get("NoNewPrivs") == "1",
                 "seccomp_mode": int(status.get("Seccomp", "0")),
@@ -91,7 +92,7 @@ def _probe_session() -> dict[str, Any]:
     while chunk := os.read(read_fd, 65536):
         chunks.append(chunk)
     os.close(read_fd)
-    os.waitpid(pid, 0)
+    os.waitpid(pid, 0)  # with own_pids our grandchild, re-parented to us (fork_confined)
     _confine.remove_tree(workdir)
     try:
         result: dict[str, Any] = json.loads(b"".join(chunks) or b"{}")

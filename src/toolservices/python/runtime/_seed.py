@@ -208,7 +208,8 @@ def _send_sparse(dst: int, src: int, size: int) -> None:
 
 def _skipped(exc: OSError) -> bool:
     """An error that skips one entry: it went away or changed kind meanwhile (a job of the
-    source still runs), or the source closed it to itself."""
+    source still runs), the source closed it to itself, or a process of the source holds a
+    write lease on it (opening it would have to wait for the lease to be broken)."""
     return exc.errno in _SKIP
 
 
@@ -220,6 +221,7 @@ _SKIP = (
     errno.EPERM,
     errno.ENXIO,
     errno.EINVAL,
+    errno.EAGAIN,
 )
 
 
@@ -280,8 +282,12 @@ def copy_into(src_root: int, dst_path: str, *, workers: int | None = None) -> No
         if workers is None:
             cpus = len(os.sched_getaffinity(0))
             workers = 2 if cpus >= 2 and tree.size >= PARALLEL_BYTES else 1
-        tree.copy_files(workers)
-        tree.finish()
+        try:
+            tree.copy_files(workers)
+            tree.finish()
+        finally:
+            tree.src.close()
+            tree.dst.close()
     finally:
         os.close(dst_root)
 
@@ -291,6 +297,7 @@ class _Tree:
 
     def __init__(self, src_root: int, dst_root: int) -> None:
         self.src_root, self.dst_root = src_root, dst_root
+        self.src, self.dst = _Opener(src_root), _Opener(dst_root)
         self.files: dict[str, list[tuple[str, int]]] = {}  # name and size, by directory
         self.size = 0
         self.links: list[tuple[str, str]] = []  # (first path, another name of it)
@@ -317,22 +324,18 @@ class _Tree:
 
     @contextlib.contextmanager
     def _both(self, rel: str) -> Iterator[tuple[int, int] | None]:
-        """Directory ``rel`` open in the source and the copy; None: gone from the source."""
+        """Directory ``rel`` open in the source and the copy; None: gone from the source.
+
+        The descriptors are borrowed from the openers (valid until the next call).
+        """
         try:
-            src_dir = _open_beneath(self.src_root, rel, _DIR_FLAGS)
+            src_dir = self.src.open(rel)
         except OSError as exc:
             if not _skipped(exc):
                 raise
             yield None
             return
-        try:
-            dst_dir = _open_beneath(self.dst_root, rel, _DIR_FLAGS)
-            try:
-                yield src_dir, dst_dir
-            finally:
-                os.close(dst_dir)
-        finally:
-            os.close(src_dir)
+        yield src_dir, self.dst.open(rel)
 
     def _entry(
         self,
@@ -415,12 +418,59 @@ class _Tree:
             except OSError:
                 continue  # its first name was skipped (unreadable), or beyond PATH_MAX
         for rel, mode, mtime in reversed(self.dirs):
-            fd = _open_beneath(root, rel, _DIR_FLAGS)
-            try:
-                os.fchmod(fd, mode)
-                os.utime(fd, ns=(mtime, mtime))
-            finally:
-                os.close(fd)
+            fd = self.dst.open(rel)
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=(mtime, mtime))
+
+
+class _Opener:
+    """Opens directories of one tree by relative path, each from its nearest open ancestor.
+
+    It keeps the chain of the last directory's ancestors open (the deepest
+    ``_CHAIN`` of them): a walk that goes down one level, or to a sibling,
+    opens one name, so copying a tree costs time linear in its size, not in
+    its size times its depth (reopening every directory from the top).
+    """
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.chain: list[tuple[str, int]] = []  # (relative path, fd): each an ancestor of the next
+
+    def open(self, rel: str) -> int:
+        """A descriptor of directory ``rel`` (borrowed: valid until the next call)."""
+        while self.chain:
+            top, fd = self.chain[-1]
+            if rel == top:
+                return fd
+            if rel.startswith(top + "/"):
+                base, done, rest = fd, top + "/", rel[len(top) + 1 :].split("/")
+                break
+            os.close(self.chain.pop()[1])
+        else:
+            if not rel:
+                return self.root
+            base, done, rest = self.root, "", rel.split("/")
+        # far from every open ancestor (on the way back up a deep tree): open the deepest
+        # _CHAIN of the ancestors on the way, so that the next ones up are open already
+        skip = max(0, len(rest) - _CHAIN)
+        steps = (["/".join(rest[:skip])] if skip else []) + rest[skip:]
+        for step in steps:
+            base = _open_beneath(base, step, _DIR_FLAGS)
+            done += step
+            self.chain.append((done, base))
+            done += "/"
+            if len(self.chain) > _CHAIN:
+                os.close(self.chain.pop(0)[1])
+        return base
+
+    def close(self) -> None:
+        for _rel, fd in self.chain:
+            os.close(fd)
+        self.chain.clear()
+
+
+#: ancestors an opener keeps open (two openers: twice as many descriptors)
+_CHAIN = 64
 
 
 def _finish(pid: int, fd: int) -> str:

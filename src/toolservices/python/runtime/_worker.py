@@ -31,7 +31,7 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from ._confine import enter_copy, fixed_workspace
+from ._confine import enter_copy, fixed_workspace, own_pids
 from ._linux import die_with_parent, libc, set_subreaper
 from ._protocol import (
     EXIT_BROKEN,
@@ -353,6 +353,12 @@ class _Worker:
         request = Fork.decode(frame)
         workdirs, source_dir = request.workdirs, request.source
         chans = list(frame.fds)
+        if own_pids():  # copies would stay in (and die with) this session's PID namespace
+            for fd in chans:
+                os.close(fd)
+            reason = "fork_session copies no interpreter memory with SandboxConfig(own_pids=True)"
+            send_message(self.chan, Error(reason), frame.seq)
+            return
         source = self.pid
         server = os.getppid()  # the fork server: the copies' parent once the middle is gone
         set_subreaper(False)

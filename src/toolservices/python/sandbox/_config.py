@@ -81,6 +81,11 @@ class SandboxConfig:
     ``"cgroup"`` (no address-space limit where the session's memory cgroup bounds
     its memory, ``memory_limit`` where there is none: JVMs, V8 and thread pools
     reserve far more address space than they use), bytes, or ``None`` (no limit).
+    ``own_pids`` (needs session namespaces) gives each session its own PID
+    and cgroup namespaces and ``/proc``: other sessions and the fork server
+    are invisible to it and cannot be named by its system calls. The
+    interpreter's memory ``fork_session`` is then unavailable (its copies
+    would live in the source's namespace); ``ShellService`` sets it.
     """
 
     memory_limit: int | None = 2 * _GiB
@@ -108,6 +113,7 @@ class SandboxConfig:
     disk_quota: int | None = None
     fixed_workspace: bool = False
     address_space: int | str | None = "auto"
+    own_pids: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []

@@ -160,6 +160,7 @@ def session_state(
             "keep": list(keep or ()),
             "disk_quota": getattr(config, "disk_quota", None),
             "workspace": workspace,
+            "own_pids": bool(getattr(config, "own_pids", False)),
         }
         if session_ns
         else None,

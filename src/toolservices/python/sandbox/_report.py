@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from toolservices.python.sandbox._seccomp import allowed_socket_families, family_names
+
 __all__ = [
     "LEVEL_MEANING",
     "NOT_PROTECTED",
@@ -131,7 +133,13 @@ def build_report(
         own_ns,
         "each session has its own user, mount and IPC namespaces: private /tmp and /dev/shm "
         f"tmpfs ({config.tmp_size // (1 << 20)} MiB each), SysV IPC and process budget; "
-        "capabilities dropped",
+        "capabilities dropped"
+        + (
+            "; own PID and cgroup namespaces and /proc: other sessions and the fork server "
+            "are invisible and cannot be named (kill, prlimit, setpriority, sched_*, ioprio_set)"
+            if session.get("own_pids")
+            else ""
+        ),
         skipped.get("session_namespaces") or "the kernel refused them in the probe",
     )
     fallback_why = "; ".join(f"{f['level']} failed: {f['error']}" for f in fallbacks)
@@ -349,8 +357,9 @@ def _confinement_layers(
     layers["seccomp"] = _layer(
         seccomp_on,
         "deny list: namespaces, mount, ptrace, bpf, "
-        "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI"
-        + ("" if config.network else ", non-unix sockets"),
+        "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI; socket families allowed: "
+        + family_names(allowed_socket_families(config.network))
+        + " (every other one, AF_VSOCK and AF_PACKET included, fails with EAFNOSUPPORT)",
         skipped.get("seccomp") or "the filter was not in force in the probe",
     )
     landlock_abi = probe.get("landlock_abi") or 0

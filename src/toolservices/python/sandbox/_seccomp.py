@@ -8,8 +8,9 @@ one ``prctl``. Neither the sandboxed interpreter nor the fork server needs
 
 The filter is a deny list on top of "allow": it removes kernel surface that
 model-written code never needs (namespaces, mounts, tracing, BPF, io_uring,
-keyrings, terminal injection) and, when networking is off, every socket
-family except ``AF_UNIX``.
+keyrings, terminal injection) and every socket family but an allowlist
+(:func:`allowed_socket_families`: ``AF_UNIX``, plus IP when the network
+mode lets sessions use it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import functools
 import os
 import socket
 
-__all__ = ["SeccompUnavailable", "build_filter"]
+__all__ = ["SeccompUnavailable", "allowed_socket_families", "build_filter", "family_names"]
 
 # Syscalls that fail with EPERM. Names unknown to this kernel's libseccomp
 # table are skipped (older architectures lack some of them).
@@ -66,13 +67,9 @@ _DENY_EPERM = (
     "syslog",
 )
 
-# Socket families refused when the network layer is on (AF_UNIX stays).
-_NET_FAMILIES = (
-    socket.AF_INET,
-    socket.AF_INET6,
-    getattr(socket, "AF_PACKET", 17),
-    getattr(socket, "AF_NETLINK", 16),
-)
+#: families above every one the kernel knows (AF_MAX is 46 in Linux 6.x): all refused
+_FAMILY_CEILING = 64
+_NETLINK = getattr(socket, "AF_NETLINK", 16)
 
 _CLONE_NEWUSER = 0x10000000
 _TIOCSTI = 0x5412
@@ -83,8 +80,30 @@ class SeccompUnavailable(RuntimeError):
     """pyseccomp or the system libseccomp cannot be used; the message says why."""
 
 
+def allowed_socket_families(network: object) -> tuple[int, ...]:
+    """The socket families sessions may create under the network setting ``network``.
+
+    ``AF_UNIX`` always. IP (``AF_INET``, ``AF_INET6``, and ``AF_NETLINK`` for
+    the interface and route queries resolvers and ``ip`` make) only when the
+    mode gives sessions a network: ``True`` or ``"loopback"``/``"host"``;
+    ``False``/``"none"`` keep only ``AF_UNIX``. Everything else (``AF_VSOCK``,
+    which crosses network namespaces to the hypervisor, ``AF_PACKET``,
+    Bluetooth, CAN, ...) is refused in every mode. The one place that maps the
+    network setting to families: the filter and the report both use it.
+    """
+    if network is True or network in ("loopback", "host"):
+        return (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, _NETLINK)
+    return (socket.AF_UNIX,)
+
+
+def family_names(families: tuple[int, ...]) -> str:
+    """``"AF_UNIX, AF_INET"`` for the report."""
+    names = {int(f): f.name for f in socket.AddressFamily}
+    return ", ".join(names.get(f, str(f)) for f in families)
+
+
 @functools.lru_cache(maxsize=4)
-def build_filter(*, network: bool) -> bytes:
+def build_filter(*, network: object) -> bytes:
     """Return the compiled BPF program (``struct sock_filter`` array) for the sandbox.
 
     Raises :class:`SeccompUnavailable` with the reason when it cannot be built.
@@ -113,9 +132,18 @@ def build_filter(*, network: bool) -> bytes:
             flt.add_rule(
                 sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request)
             )
-        if not network:
-            for family in _NET_FAMILIES:
-                flt.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, family))
+        # an allowlist of families, written as denials: each other family by its low 32 bits
+        # (the kernel reads an int), and any value at or above the ceiling (high bits too)
+        allowed = allowed_socket_families(network)
+        for call in ("socket", "socketpair"):
+            for family in range(_FAMILY_CEILING):
+                if family not in allowed:
+                    flt.add_rule(
+                        sc.ERRNO(errno.EAFNOSUPPORT),
+                        call,
+                        sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, family),
+                    )
+            flt.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), call, sc.Arg(0, sc.GE, _FAMILY_CEILING))
         fd = os.memfd_create("toolservices-seccomp", os.MFD_CLOEXEC)
         try:
             with os.fdopen(os.dup(fd), "rb", closefd=True) as reader:

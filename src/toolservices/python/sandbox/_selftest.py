@@ -140,6 +140,13 @@ def _checks(secret_file: str, open_dir: str, port: int, allowed_env: set[str]) -
             lambda out: "FORKED" in out and int(out.split("FORKED")[1].split()[0]) < 100,
         ),
         _Check(
+            "an AF_VSOCK socket (crosses network namespaces to a hypervisor's host)",
+            "seccomp",
+            "import socket\ntry:\n    socket.socket(40, socket.SOCK_STREAM)\n"
+            "    print('CREATED')\nexcept OSError as e:\n    print('REFUSED', e.errno)",
+            lambda out: "CREATED" not in out,
+        ),
+        _Check(
             "new user/network namespace",
             "seccomp",
             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
