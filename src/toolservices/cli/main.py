@@ -101,6 +101,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also serve the shell tools (bash, read_file, write_file, str_replace) in "
         "sandboxed shell sessions, scoped and limited like the Python sessions",
     )
+    from toolservices.cli._image import add_image_parser
+
+    add_image_parser(commands)
     return parser
 
 
@@ -162,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokens_file=args.tokens_file,
             shell=args.shell,
         )
+    if args.command == "image":
+        from toolservices.cli._image import run_image
+
+        return run_image(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 
