@@ -16,7 +16,7 @@ from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
-from toolservices.python.sandbox import check_config, default_config
+from toolservices.python.sandbox import check_config, default_config, with_network
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -99,7 +99,7 @@ class ShellService:
 
     Each session is a sandboxed session of the Python executor (same uid,
     rlimits, namespaces, seccomp, Landlock, private ``/tmp``, process budget,
-    no network) whose supervisor runs every command in a fresh ``bash``
+    network mode) whose supervisor runs every command in a fresh ``bash``
     restored from the session's saved shell state: ``cd``, variables,
     functions, aliases and options persist between calls, and exit statuses
     are read by ``waitpid``, never from the command's output. See
@@ -118,6 +118,9 @@ class ShellService:
       only ``file_size`` caps each file. With them every workspace is at one
       fixed path (``/workspace`` at L3; the report's ``workspace``).
     * ``sandbox``: a :class:`~toolservices.python.SandboxConfig`.
+    * ``network``: ``"loopback"`` (default: each session its own ``lo``; a server
+      and its client in one session talk over 127.0.0.1, nothing else is
+      reachable), ``"none"`` or ``"host"``; None keeps ``sandbox.network``.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class ShellService:
         disk_quota: int | None = DEFAULT_DISK_QUOTA,
         sandbox: Any = None,
         spares: int = 2,
+        network: str | None = None,
     ) -> None:
         self.timeout = _check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -143,6 +147,7 @@ class ShellService:
         # The supervisor's JSON reply travels as the session's stdout: room for both streams
         # (base64) or one file, plus the envelope.
         config = default_config() if sandbox is None else check_config(sandbox)
+        config = with_network(config, network)
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")

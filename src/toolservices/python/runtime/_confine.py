@@ -33,6 +33,7 @@ from ._linux import (
     load_seccomp,
     set_no_new_privs,
 )
+from ._netns import bring_loopback_up, loopback_flags
 from ._seed import copy_into, open_seed
 
 __all__ = [
@@ -222,6 +223,7 @@ def enter_session_namespaces(
     disk_quota: int | None = None,
     workspace: str | None = None,
     home: str | None = None,
+    loopback: bool = False,
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -244,11 +246,14 @@ def enter_session_namespaces(
     """
     uid, gid = os.getuid(), os.getgid()
     lib = libc()
-    check(lib.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare(user, mnt, ipc)")
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC | loopback_flags(loopback)
+    check(lib.unshare(flags), "unshare(user, mnt, ipc[, net])")
     maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
     for name, text in maps:
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
             fh.write(text)
+    if loopback:
+        bring_loopback_up()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)
     if disk_quota:
         _mount("tmpfs", lineage, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={disk_quota},mode=0700")
@@ -392,6 +397,7 @@ def enter_session(
             disk_quota=session_ns.get("disk_quota"),
             workspace=fixed,
             home=own,
+            loopback=bool(session_ns.get("loopback")),
         )
     where = fixed or own
     try:

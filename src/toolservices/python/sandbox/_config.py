@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolservices.errors import UserError
 from toolservices.python.runtime import STATE_ENV
+from toolservices.python.sandbox._network import network_mode
 
 __all__ = [
     "LEVELS",
@@ -24,6 +25,7 @@ __all__ = [
     "check_config",
     "default_config",
     "fast_tmp_dir",
+    "with_network",
 ]
 
 LEVELS = ("L0", "L1", "L2", "L3")
@@ -79,7 +81,7 @@ class SandboxConfig:
     open_files: int | None = 256
     nproc: int | None = 64
     stack_size: int | None = 128 * _MiB
-    network: bool = False
+    network: bool | str = False
     tmp_size: int = 64 * _MiB
     allow_unsafe: bool = False
     min_level: str | None = None
@@ -119,6 +121,10 @@ class SandboxConfig:
             not isinstance(self.disk_quota, int) or self.disk_quota <= 0
         ):
             problems.append(f"disk_quota must be a positive int or None, got {self.disk_quota!r}")
+        try:  # stored as the mode's name: "none", "loopback" or "host"
+            object.__setattr__(self, "network", network_mode(self.network))
+        except UserError as exc:
+            problems.append(str(exc))
         if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
             problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
         if self.min_level is not None and self.min_level not in LEVELS:
@@ -210,6 +216,16 @@ def fast_tmp_dir() -> str | None:
 
 
 def default_config() -> SandboxConfig:
-    """The default settings, with session directories on tmpfs when possible."""
+    """The services' default settings: session directories on tmpfs when possible, and
+    ``network="loopback"`` (each session its own ``lo``)."""
     fast = fast_tmp_dir()
-    return SandboxConfig(base_dir=fast) if fast is not None else SandboxConfig()
+    if fast is not None:
+        return SandboxConfig(base_dir=fast, network="loopback")
+    return SandboxConfig(network="loopback")
+
+
+def with_network(config: SandboxConfig, network: object) -> SandboxConfig:
+    """``config`` with the services' ``network=`` argument applied (None: keep its mode)."""
+    if network is None:
+        return config
+    return replace(config, network=network_mode(network))

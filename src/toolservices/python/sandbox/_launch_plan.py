@@ -160,6 +160,8 @@ def session_state(
             "keep": list(keep or ()),
             "disk_quota": getattr(config, "disk_quota", None),
             "workspace": workspace,
+            # each session its own network namespace with only lo up (docs/sandbox.md)
+            "loopback": config.network == "loopback",
         }
         if session_ns
         else None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from toolservices.python.sandbox._network import effective_mode
+
 __all__ = ["LEVEL_MEANING", "NOT_PROTECTED", "build_report", "config_rlimits"]
 
 LEVEL_MEANING = {
@@ -282,8 +284,14 @@ def _confinement_layers(
         + ("" if "net" in private else " (network shared)"),
         f"bwrap not usable: {ns_why}",
     )
-    if config.network:
-        layers["network"] = _layer(False, why="allowed by SandboxConfig(network=True)")
+    if config.network == "host":
+        layers["network"] = _layer(
+            False, why="allowed by network='host' (SandboxConfig(network=True))"
+        )
+    elif config.network == "loopback" and own_ns:
+        layers["network"] = _layer(
+            True, "loopback: each session its own network namespace, only lo up"
+        )
     elif in_ns and "net" in private:
         layers["network"] = _layer(True, "none: empty network namespace (own loopback only)")
     elif landlock_on or seccomp_on:
@@ -329,7 +337,9 @@ def _confinement_layers(
         seccomp_on,
         "deny list: namespaces, mount, ptrace, bpf, "
         "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI"
-        + ("" if config.network else ", non-unix sockets"),
+        + {"none": ", non-unix sockets", "loopback": ", packet sockets", "host": ""}[
+            config.network if own_ns else effective_mode(config.network, session_ns=False)
+        ],
         skipped.get("seccomp") or "the filter was not in force in the probe",
     )
     landlock_abi = probe.get("landlock_abi") or 0

@@ -19,6 +19,8 @@ import functools
 import os
 import socket
 
+from toolservices.python.sandbox._network import allowed_socket_families, network_mode
+
 __all__ = ["SeccompUnavailable", "build_filter"]
 
 # Syscalls that fail with EPERM. Names unknown to this kernel's libseccomp
@@ -84,7 +86,7 @@ class SeccompUnavailable(RuntimeError):
 
 
 @functools.lru_cache(maxsize=4)
-def build_filter(*, network: bool) -> bytes:
+def build_filter(*, network: bool | str) -> bytes:
     """Return the compiled BPF program (``struct sock_filter`` array) for the sandbox.
 
     Raises :class:`SeccompUnavailable` with the reason when it cannot be built.
@@ -113,8 +115,9 @@ def build_filter(*, network: bool) -> bytes:
             flt.add_rule(
                 sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request)
             )
-        if not network:
-            for family in _NET_FAMILIES:
+        allowed = allowed_socket_families(network_mode(network))
+        if allowed is not None:
+            for family in set(_NET_FAMILIES) - allowed:
                 flt.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, family))
         fd = os.memfd_create("toolservices-seccomp", os.MFD_CLOEXEC)
         try:
