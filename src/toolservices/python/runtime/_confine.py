@@ -31,6 +31,7 @@ from ._linux import (
     die_with_parent,
     libc,
     load_seccomp,
+    mount,
     set_no_new_privs,
 )
 from ._netns import bring_loopback_up, loopback_flags
@@ -203,16 +204,7 @@ def _add_path_rule(lib: Any, ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-    lib = libc()
-    result = lib.mount(
-        source.encode(),
-        target.encode(),
-        None if fstype is None else fstype.encode(),
-        ctypes.c_ulong(flags),
-        None if data is None else data.encode(),
-    )
-    check(result, f"mount({source!r} on {target!r})")
+_mount = mount
 
 
 def enter_session_namespaces(
