@@ -10,7 +10,7 @@ import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
@@ -445,6 +445,45 @@ class ShellService:
         path = self._path_args(path, session_id)
         res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
         return self._decode_read(path, res, binary)
+
+    def _archive_args(self, path: object, data: object, session_id: object) -> dict[str, Any]:
+        path = self._path_args(path, session_id)
+        if hasattr(data, "read"):
+            data = data.read(self.max_file_size + 1)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise UserError(f"tar must be bytes or a binary file, got {type(data).__name__}")
+        if len(data) > self.max_file_size:
+            raise ShellFileError(
+                "put_archive", path, "EFBIG", f"the archive exceeds {self.max_file_size} bytes"
+            )
+        return {"path": path, "data": base64.b64encode(bytes(data)).decode()}
+
+    def put_archive(self, session_id: str, path: str, tar: bytes | BinaryIO) -> int:
+        """Unpack the tar ``tar`` (bytes or a binary file) into directory ``path``, like
+        ``docker cp``: the session's rights, at most ``max_file_size`` bytes of archive,
+        nothing written if any entry would leave ``path``. Returns the entries unpacked."""
+        args = self._archive_args(path, tar, session_id)
+        res, _ = self._request("put_archive", args, session_id, self._file_limit())
+        return int(self._file_reply("put_archive", args["path"], res)["entries"])
+
+    async def aput_archive(self, session_id: str, path: str, tar: bytes | BinaryIO) -> int:
+        """Async :meth:`put_archive`."""
+        args = self._archive_args(path, tar, session_id)
+        res, _ = await self._arequest("put_archive", args, session_id, self._file_limit())
+        return int(self._file_reply("put_archive", args["path"], res)["entries"])
+
+    def get_archive(self, session_id: str, path: str) -> bytes:
+        """A tar of ``path`` (file or directory, links kept as links) as the session sees
+        it; at most ``max_file_size`` bytes (else :class:`ShellFileError` EFBIG)."""
+        path = self._path_args(path, session_id)
+        res, _ = self._request("get_archive", {"path": path}, session_id, self._file_limit())
+        return base64.b64decode(self._file_reply("get_archive", path, res)["data"])
+
+    async def aget_archive(self, session_id: str, path: str) -> bytes:
+        """Async :meth:`get_archive`."""
+        path = self._path_args(path, session_id)
+        res, _ = await self._arequest("get_archive", {"path": path}, session_id, self._file_limit())
+        return base64.b64decode(self._file_reply("get_archive", path, res)["data"])
 
     def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
         reply = self._file_reply("list_files", path, res)
