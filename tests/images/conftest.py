@@ -44,7 +44,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Debian's docker-registry on 127.0.0.1 (plain HTTP, htpasswd login ``tester``/``s3cret``)."""
-    binary = need("docker-registry", "docker-registry")
+    need("docker-registry", "docker-registry")
     htpasswd = need("htpasswd", "apache2-utils")
     root = tmp_path_factory.mktemp("registry")
     subprocess.run(
@@ -52,13 +52,42 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         check=True,
         capture_output=True,
     )
+    auth = f"{{htpasswd: {{realm: test-realm, path: {root}/htpasswd}}}}"
+    yield from _serve_registry(root, auth, {})
+
+
+@pytest.fixture(scope="session")
+def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """docker-registry with bearer-token auth, its token service a real JWT issuer here.
+
+    The token service (http.server on 127.0.0.1) checks the Basic login
+    ``tester``/``s3cret`` and signs an RS256 token (x5c: its self-signed
+    certificate, which the registry trusts) granting the scope asked for.
+    """
+    need("docker-registry", "docker-registry")
+    from _tokens import TokenService, tokens_missing
+
+    why = tokens_missing()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("token-registry")
+    with TokenService(root, user="tester", password="s3cret") as service:
+        auth = (
+            f"{{token: {{realm: '{service.realm}', service: test-registry, "
+            f"issuer: test-issuer, rootcertbundle: {service.cert_path}}}}}"
+        )
+        yield from _serve_registry(root, auth, {"realm": service.realm})
+
+
+def _serve_registry(root: Path, auth: str, extra: dict[str, str]) -> Iterator[dict[str, str]]:
+    binary = need("docker-registry", "docker-registry")
     port = _free_port()
     (root / "config.yml").write_text(
         "version: 0.1\n"
         "log: {level: info, formatter: text}\n"
         f"storage: {{filesystem: {{rootdirectory: {root}/data}}}}\n"
         f"http: {{addr: '127.0.0.1:{port}'}}\n"
-        f"auth: {{htpasswd: {{realm: test-realm, path: {root}/htpasswd}}}}\n"
+        f"auth: {auth}\n"
     )
     proc = subprocess.Popen(
         [binary, "serve", str(root / "config.yml")],
@@ -87,6 +116,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
             "user": "tester",
             "password": "s3cret",
             "root": str(root),
+            **extra,
         }
     finally:
         proc.terminate()

@@ -297,3 +297,61 @@ def test_cli_pull_ls_rm_prune(
     assert main(["image", "--cache", store_dir, "pull", "oci:/nowhere"]) == 1
     assert "does not exist" in capsys.readouterr().err
     _untouched(store_dir)
+
+
+def _index_layout(root: Path, arches: list[str]) -> None:
+    """An OCI layout whose one tag is an image index over ``arches`` (same image each)."""
+    oci_layout(str(root), [Layer([Entry("x", b"1")], "gzip")])
+    index = json.loads((root / "index.json").read_text())
+    manifest = index["manifests"][0]
+    inner = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {
+                **{k: manifest[k] for k in ("mediaType", "digest", "size")},
+                "platform": {"os": "linux", "architecture": arch},
+            }
+            for arch in arches
+        ],
+    }
+    data = json.dumps(inner).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (root / "blobs/sha256" / digest).write_bytes(data)
+    index["manifests"] = [
+        {
+            "mediaType": inner["mediaType"],
+            "digest": f"sha256:{digest}",
+            "size": len(data),
+            "annotations": {"org.opencontainers.image.ref.name": "multi"},
+        }
+    ]
+    (root / "index.json").write_text(json.dumps(index))
+
+
+def test_an_index_resolves_to_this_machines_platform(tmp_path: Path, store_dir: str) -> None:
+    import platform
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    _index_layout(tmp_path / "multi", ["s390x", arch])
+    image = ImageStore(store_dir).pull(f"oci:{tmp_path}/multi:multi")
+    assert os.path.exists(os.path.join(image.layers[0], "x"))
+    _index_layout(tmp_path / "other", ["s390x" if arch != "s390x" else "ppc64le"])
+    with pytest.raises(ImageNotFoundError, match=f"no image for linux/{arch}"):
+        ImageStore(store_dir).pull(f"oci:{tmp_path}/other:multi")
+
+
+def test_async_pull_and_the_default_cache_dir(
+    busybox_oci: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    from toolservices.images import apull, default_cache_dir
+
+    monkeypatch.setenv("TOOLSERVICES_IMAGE_CACHE", str(tmp_path / "env-cache"))
+    assert default_cache_dir() == str(tmp_path / "env-cache")
+    monkeypatch.delenv("TOOLSERVICES_IMAGE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg/toolservices/images")
+    image = anyio.run(lambda: apull(ImageStore(), f"oci:{busybox_oci}"))
+    assert image.layers[0].startswith(str(tmp_path / "xdg/toolservices/images/layers/"))

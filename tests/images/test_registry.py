@@ -114,3 +114,27 @@ def test_unreachable_registry_is_retryable(store_dir: str) -> None:
                 f"docker://127.0.0.1:{port}/a/b:1", insecure_registries=(f"127.0.0.1:{port}",)
             )
     assert info.value.retryable
+
+
+def test_bearer_token_exchange_with_a_real_token_service(
+    token_registry: dict[str, str], busybox_oci: str, store_dir: str, tmp_path: Path
+) -> None:
+    if skopeo() is None:
+        pytest.skip("skopeo is not installed (Debian package skopeo; .ci/run installs it)")
+    host = token_registry["host"]
+    skopeo_copy(
+        f"oci:{busybox_oci}:latest",
+        f"docker://{host}/team/tok:1",
+        "--dest-tls-verify=false",
+        "--dest-creds=tester:s3cret",
+    )
+    good = _auth_file(tmp_path / "good.json", host, "tester", "s3cret")
+    image = ImageStore(store_dir).pull(
+        f"docker://{host}/team/tok:1", insecure_registries=(host,), auth_file=good
+    )
+    assert os.path.islink(os.path.join(image.layers[0], "bin/sh"))
+    bad = _auth_file(tmp_path / "bad.json", host, "tester", "wrong")
+    with pytest.raises(RegistryAuthError, match="token service refused the credentials"):
+        ImageStore(store_dir + "2").pull(
+            f"docker://{host}/team/tok:1", insecure_registries=(host,), auth_file=bad
+        )
