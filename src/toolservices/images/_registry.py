@@ -157,6 +157,7 @@ class _Client:
             with self._opener.open(request, timeout=_TIMEOUT) as response:
                 token = json.loads(response.read(1 << 20))
         except urllib.error.HTTPError as exc:
+            exc.close()
             if exc.code in (401, 403):
                 raise RegistryAuthError(
                     f"{self.ref}: the token service refused the credentials for {self.ref.host}"

@@ -51,6 +51,11 @@ class SandboxConfig:
     (``multiprocessing`` locks need it; files there outlive the session and
     only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
     ``nproc`` is each session's budget of processes and threads.
+    ``network`` is ``"none"`` (the default here), ``"loopback"`` (each session
+    its own network namespace with only ``lo`` up; needs session namespaces,
+    else it is ``"none"``) or ``"host"``; True and False mean ``"host"`` and
+    ``"none"``. It is stored as the mode's name. The services default to
+    ``"loopback"`` (:func:`default_config`). See docs/sandbox.md, "network".
     ``stack_size`` is the C stack of a session's main thread (``RLIMIT_STACK``;
     only what is used counts as memory) and the most ``threading.stack_size``
     grants: 128 MiB holds the 30,000 levels of recursion a session allows
