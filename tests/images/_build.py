@@ -194,3 +194,32 @@ def skopeo_copy(src: str, dest: str, *extra: str) -> None:
             capture_output=True,
             timeout=60,
         )
+
+
+def bash_layer(compression: str = "gzip") -> Layer:
+    """The host's bash and the libraries it loads, at their paths: enough for a shell session."""
+    out = subprocess.run(["ldd", "/bin/bash"], capture_output=True, text=True, check=True).stdout
+    files = ["/bin/bash"] + [
+        p for line in out.splitlines() for p in line.split() if p.startswith("/")
+    ]
+    entries: list[Entry] = []
+    seen: set[str] = set()
+    for path in files:
+        real = os.path.realpath(path)
+        for name, target in ((path, real), (real, real)):
+            parts = name.strip("/").split("/")
+            for i in range(1, len(parts)):
+                d = "/".join(parts[:i]) + "/"
+                if d not in seen and not os.path.islink("/" + d.rstrip("/")):
+                    seen.add(d)
+                    entries.append(Entry(d, kind=tarfile.DIRTYPE, mode=0o755))
+            key = "/".join(parts)
+            if key in seen:
+                continue
+            seen.add(key)
+            if name != target:
+                entries.append(Entry(key, kind=tarfile.SYMTYPE, link=target))
+            else:
+                with open(target, "rb") as f:
+                    entries.append(Entry(key, f.read(), mode=0o755))
+    return Layer(entries, compression)

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 
 from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
+from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
 from toolservices.python.sandbox import check_config, default_config, with_network
@@ -137,6 +138,9 @@ class ShellService:
         sandbox: Any = None,
         spares: int = 2,
         network: str | None = None,
+        image: str | None = None,
+        image_cache: str | None = None,
+        insecure_registries: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.timeout = _check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -148,6 +152,17 @@ class ShellService:
         # (base64) or one file, plus the envelope.
         config = default_config() if sandbox is None else check_config(sandbox)
         config = with_network(config, network)
+        self._image_args = {
+            "image": image,
+            "image_cache": image_cache,
+            "insecure_registries": tuple(insecure_registries),
+        }
+        self.image: Image | None = None
+        if image is not None:
+            self.image = ImageStore(image_cache).pull(
+                image, insecure_registries=tuple(insecure_registries)
+            )
+            config = image_config(config, self.image)
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
@@ -597,6 +612,8 @@ class ShellService:
             "its session's supervisor, which loses the session",
         }
         report["layers"] = layers
+        if self.image is not None:
+            report["image"] = {"reference": self.image.reference, "digest": self.image.digest}
         return report
 
     def stats(self) -> dict[str, Any]:
@@ -638,10 +655,23 @@ class ShellService:
             "max_output": self.max_output,
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
-            "sandbox": self.sandbox,
+            # the image travels by name: a replica pulls it into its own node's cache
+            "sandbox": dataclasses.replace(self.sandbox, root_layers=()),
+            **self._image_args,
             "disk_quota": None,
             "spares": self._python.spares,
         }
+
+
+def image_config(config: Any, image: Image) -> Any:
+    """``config`` with ``image`` as every session's root and its ``Env`` (``PATH`` included)."""
+    env = dict(config.extra_env)
+    for item in image.env:
+        name, sep, value = item.partition("=")
+        if sep and name.replace("_", "a").isalnum() and not name[0].isdigit():
+            env[name] = value
+    env.setdefault("PATH", image.path)
+    return dataclasses.replace(config, root_layers=image.lowerdirs, extra_env=env)
 
 
 def _rebuild(kwargs: dict[str, Any]) -> ShellService:

@@ -35,6 +35,7 @@ from ._linux import (
     set_no_new_privs,
 )
 from ._netns import bring_loopback_up, loopback_flags
+from ._rootfs import enter_session_root, root_landlock_paths
 from ._seed import copy_into, open_seed
 
 __all__ = [
@@ -216,6 +217,7 @@ def enter_session_namespaces(
     workspace: str | None = None,
     home: str | None = None,
     loopback: bool = False,
+    root: Sequence[str] = (),
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -240,7 +242,12 @@ def enter_session_namespaces(
     lib = libc()
     flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC | loopback_flags(loopback)
     check(lib.unshare(flags), "unshare(user, mnt, ipc[, net])")
-    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+    inside = (0, 0) if root else (uid, gid)  # an image's root user is the session's uid
+    maps = (
+        ("setgroups", "deny"),
+        ("uid_map", f"{inside[0]} {uid} 1"),
+        ("gid_map", f"{inside[1]} {gid} 1"),
+    )
     for name, text in maps:
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
             fh.write(text)
@@ -272,6 +279,9 @@ def enter_session_namespaces(
         os.makedirs(own, 0o700, exist_ok=True)  # on the quota's tmpfs when there is one
         os.makedirs(workspace, 0o755, exist_ok=True)  # L3: bubblewrap made it; L2: in /tmp
         _mount(own, workspace, None, _MS_BIND, None)
+    if root:
+        binds = [*SESSION_TMPFS, *([workspace] if workspace else [])]
+        enter_session_root(root, lineage=lineage, binds=binds)
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
@@ -390,6 +400,7 @@ def enter_session(
             workspace=fixed,
             home=own,
             loopback=bool(session_ns.get("loopback")),
+            root=session_ns.get("root") or (),
         )
     where = fixed or own
     try:
@@ -419,9 +430,12 @@ def enter_session(
     landlock = state.get("landlock")
     if landlock is not None:
         own_tmp = [p for p in SESSION_TMPFS if session_ns and p not in landlock["write"]]
+        read, write = landlock["read"], landlock["write"]
+        if session_ns and session_ns.get("root"):
+            read, write = root_landlock_paths()
         apply_landlock(
-            read=landlock["read"],
-            write=[workdir, *([fixed] if fixed else []), *landlock["write"], *own_tmp],
+            read=read,
+            write=[workdir, *([fixed] if fixed else []), *write, *own_tmp],
             devices=landlock["devices"],
             deny_tcp=landlock["deny_tcp"],
             scope=landlock["scope"],

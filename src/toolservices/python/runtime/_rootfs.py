@@ -17,6 +17,7 @@ image cache lays (kernel >= 6.7 for whiteouts as xattrs).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Sequence
 
@@ -102,3 +103,156 @@ def enter_image_root(
     check(lib.umount2(f"/{_OLD}".encode(), _MNT_DETACH), "umount2 (the old root)")
     os.rmdir(f"/{_OLD}")
     return root
+
+
+# --- the session's side: one call in the session set-up -------------------------------
+
+# What the session's (host) interpreter imports after the switch, loaded before it: the
+# shell supervisor and spawner, put_archive/get_archive. The image has its own /usr.
+_PRELOAD = (
+    "array",
+    "base64",
+    "bz2",
+    "errno",
+    "fcntl",
+    "gzip",
+    "io",
+    "json",
+    "lzma",
+    "select",
+    "signal",
+    "socket",
+    "stat",
+    "struct",
+    "tarfile",
+    "time",
+    "typing",
+    "zlib",
+)
+
+
+def enter_session_root(lowerdirs: Sequence[str], *, lineage: str, binds: Sequence[str]) -> None:
+    """The session set-up's one call: preload, then :func:`enter_image_root` with the
+    writable layer in the session's lineage (its quota tmpfs) and its paths bound in."""
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:  # an interpreter built without bz2 or lzma
+            continue
+    upper_base = os.path.join(lineage, ".image-root")
+    os.makedirs(upper_base, 0o700, exist_ok=True)
+    enter_image_root(lowerdirs, upper_base=upper_base, binds=("/proc", "/dev", *binds, lineage))
+
+
+def root_landlock_paths() -> tuple[list[str], list[str]]:
+    """Landlock's (read, write) lists in an image root: read all of it, write every
+    top-level directory but ``/proc``, ``/dev`` and ``/sys`` (the root is the session's own
+    writable layer; what it binds from outside keeps its own rules)."""
+    write = [
+        f"/{name}"
+        for name in sorted(os.listdir("/"))
+        if name not in ("proc", "dev", "sys") and os.path.isdir(f"/{name}")
+    ]
+    return ["/"], write
+
+
+# --- the launcher's side (as root, before it drops to the dedicated uid) ----------------
+
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # the same on every arch
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_OPEN_TREE_CLONE = 1
+_O_CLOEXEC = 0o2000000
+_MOVE_MOUNT_F_EMPTY_PATH = 4
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_IDMAP = 0x00100000
+_CLONE_NEWUSER = 0x10000000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def idmap_mounts(paths: Sequence[str], uid: int, gid: int) -> None:
+    """Over each path, a read-only idmapped view in which files owned by 0 are ``uid``'s.
+
+    Root pulled the image cache, so its files are root's; sessions run as the dedicated
+    uid and map only that uid to 0, and overlayfs refuses to copy up a file whose owner
+    is not mapped. Call in a private mount namespace (only the server sees the view).
+    """
+    userns = _userns_fd(uid, gid)
+    lib = libc()
+    try:
+        for path in paths:
+            tree = check(
+                lib.syscall(
+                    _SYS_OPEN_TREE,
+                    _AT_FDCWD,
+                    path.encode(),
+                    _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE,
+                ),
+                f"open_tree({path!r})",
+            )
+            try:
+                attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, 0, 0, userns)
+                check(
+                    lib.syscall(
+                        _SYS_MOUNT_SETATTR,
+                        tree,
+                        b"",
+                        _AT_EMPTY_PATH,
+                        ctypes.byref(attr),
+                        ctypes.sizeof(attr),
+                    ),
+                    f"mount_setattr(idmap, {path!r})",
+                )
+                check(
+                    lib.syscall(
+                        _SYS_MOVE_MOUNT,
+                        tree,
+                        b"",
+                        _AT_FDCWD,
+                        path.encode(),
+                        _MOVE_MOUNT_F_EMPTY_PATH,
+                    ),
+                    f"move_mount({path!r})",
+                )
+            finally:
+                os.close(tree)
+    finally:
+        os.close(userns)
+
+
+def _userns_fd(uid: int, gid: int) -> int:
+    """A user namespace where 0 is ``uid``/``gid`` outside (held by a short-lived child)."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            if libc().unshare(_CLONE_NEWUSER) == 0:
+                os.write(ready_w, b"1")
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise SetupError("could not make a user namespace for the image cache's idmap")
+        for name, text in (("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as fh:
+                fh.write(text)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(go_w)
+        os.waitpid(pid, 0)

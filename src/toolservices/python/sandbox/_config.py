@@ -104,6 +104,9 @@ class SandboxConfig:
     memory_cgroup: bool = True
     disk_quota: int | None = None
     fixed_workspace: bool = False
+    #: an image's layer directories, top first (``ShellService(image=...)`` sets it): each
+    #: session's root is then that image with a private writable layer (docs/images.md)
+    root_layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -172,6 +175,11 @@ class SandboxConfig:
             problems.append(f"base_dir={self.base_dir!r} is not an existing directory")
         if problems:
             raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
+        layers = tuple(self.root_layers)
+        problems += [
+            f"root_layers entry {p!r} must be absolute" for p in layers if not os.path.isabs(p)
+        ]
+        object.__setattr__(self, "root_layers", layers)
         object.__setattr__(self, "extra_ro_paths", paths)
         object.__setattr__(self, "env_allowlist", allow)
         object.__setattr__(self, "extra_env", _FrozenEnv(extra))

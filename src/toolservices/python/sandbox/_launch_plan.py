@@ -162,6 +162,7 @@ def session_state(
             "workspace": workspace,
             # each session its own network namespace with only lo up (docs/sandbox.md)
             "loopback": config.network == "loopback",
+            "root": list(getattr(config, "root_layers", ())),
         }
         if session_ns
         else None,

@@ -101,6 +101,7 @@ class _Attempt:
 def _ro_paths(config: SandboxConfig, paths: probe_mod.PythonPaths) -> list[str]:
     wanted = list(_SYSTEM_RO) + (list(_NETWORK_RO) if config.network != "none" else [])
     wanted += list(paths.read_paths) + list(config.extra_ro_paths)
+    wanted += sorted({os.path.dirname(p) for p in config.root_layers})  # the image cache
     result: list[str] = []
     for path in wanted:
         if os.path.exists(path) and path not in result:
@@ -574,6 +575,10 @@ def _spec(
         "uid": uid,
         "gid": uid,
         "reach": reach,
+        # the image cache shown owned by the dedicated uid (root pulled it): see _launch
+        "idmap": sorted({os.path.dirname(p) for p in config.root_layers})
+        if uid is not None
+        else [],
         "subreaper": attempt.bwrap is None,
         "rlimits": rlimits,
         "no_new_privs": True,

@@ -1,0 +1,69 @@
+"""ShellService(image=...): every session's root is the image, with a private writable layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _build import bash_layer, busybox_layer, oci_layout
+
+from toolservices.shell import ShellService
+
+
+@pytest.fixture(scope="module")
+def image_shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShellService]:
+    root = tmp_path_factory.mktemp("session-image")
+    digest = oci_layout(str(root / "oci"), [busybox_layer("gzip"), bash_layer("zstd")])
+    shell = ShellService(
+        pool_size=2,
+        timeout=20.0,
+        max_sessions=8,
+        image=f"oci:{root}/oci",
+        image_cache=str(root / "cache"),
+    )
+    try:
+        report = shell.isolation_report()
+        if not report["layers"]["session_namespaces"]["active"]:
+            pytest.skip(f"no session namespaces here: {report['layers']['session_namespaces']}")
+        assert report["image"]["digest"] == digest
+        yield shell
+    finally:
+        shell.close()
+
+
+def test_the_session_is_root_of_its_image(image_shell: ShellService) -> None:
+    result = image_shell.run(
+        "id -u; cat /repo/task.txt; echo fixed > /repo/task.txt && cat /repo/task.txt; "
+        "cat /etc/os-release; rm /bin/true && echo rm-ok; mkdir -p /usr/lib/site && "
+        "echo pkg > /usr/lib/site/m.py && echo install-ok; pwd",
+        session_id="a",
+    )
+    assert result.returncode == 0, result
+    assert result.stdout.split("\n")[:8] == [
+        "0",
+        "fix me",
+        "fixed",
+        "ID=testbox",
+        "rm-ok",
+        "install-ok",
+        "/workspace",
+        "",
+    ], result
+    assert image_shell.read_file("/repo/task.txt", session_id="a") == "fixed\n"
+    image_shell.write_file("/etc/new.conf", "x=1\n", session_id="a")
+    assert image_shell.run("cat /etc/new.conf", session_id="a").stdout == "x=1\n"
+
+
+def test_changes_are_private_to_each_session(image_shell: ShellService) -> None:
+    image_shell.run("echo mine > /repo/task.txt", session_id="p1")
+    other = image_shell.run(
+        "cat /repo/task.txt; test -e /bin/true && echo has-true", session_id="p2"
+    )
+    assert other.stdout == "fix me\nhas-true\n", other
+
+
+def test_the_cache_is_untouched(image_shell: ShellService, tmp_path: Path) -> None:
+    image_shell.run("rm -rf /repo /etc", session_id="wreck")
+    assert image_shell.image is not None
+    assert (Path(image_shell.image.layers[0]) / "repo/task.txt").read_text() == "fix me\n"
