@@ -67,3 +67,26 @@ def test_the_cache_is_untouched(image_shell: ShellService, tmp_path: Path) -> No
     image_shell.run("rm -rf /repo /etc", session_id="wreck")
     assert image_shell.image is not None
     assert (Path(image_shell.image.layers[0]) / "repo/task.txt").read_text() == "fix me\n"
+
+
+def test_start_session_on_the_image(image_shell: ShellService) -> None:
+    import anyio
+
+    from toolservices.errors import UserError
+
+    assert image_shell.image is not None
+    assert image_shell.start_session("started", image=image_shell.image.reference) == "started"
+    with pytest.raises(UserError, match="exists already"):
+        image_shell.start_session("started")
+    with pytest.raises(UserError, match="one image per ShellService"):
+        image_shell.start_session("other", image="oci:/somewhere/else")
+    assert anyio.run(lambda: image_shell.astart_session("started-async")) == "started-async"
+    assert image_shell.run("id -u", session_id="started-async").stdout == "0\n"
+
+
+def test_fork_session_copies_the_workspace_not_yet_the_root(image_shell: ShellService) -> None:
+    image_shell.run("echo src > /repo/task.txt; echo ws > here.txt", session_id="f")
+    (copy,) = image_shell.fork_session("f", 1)
+    seen = image_shell.run("cat here.txt /repo/task.txt", session_id=copy)
+    # The workspace travels; the writable layer does not yet (docs/images.md).
+    assert seen.stdout == "ws\nfix me\n", seen

@@ -113,3 +113,12 @@ def test_caps_and_bad_input(sid: str) -> None:
         assert missing.value.reason == "ENOENT"
         with pytest.raises(UserError, match="tar must be bytes"):
             small.put_archive(sid, ".", "text")  # type: ignore[arg-type]
+
+
+def test_start_session_without_an_image(shell: ShellService, sid: str) -> None:
+    assert shell.start_session(sid) == sid
+    with pytest.raises(UserError, match="exists already"):
+        shell.start_session(sid)
+    with pytest.raises(UserError, match="host view"):
+        shell.start_session(sid + "x", image="oci:/an/image")
+    assert shell.run("pwd", session_id=sid).stdout == shell.workspace(sid) + "\n"

@@ -526,6 +526,34 @@ class ShellService:
 
     # --- sessions ----------------------------------------------------------------------
 
+    def _start_args(self, session_id: object, image: object) -> str:
+        session = _check_session(session_id, required=True)
+        assert session is not None
+        if image is not None and (self.image is None or image != self.image.reference):
+            raise UserError(
+                f"start_session(image={image!r}): this service's sessions run on "
+                f"{self.image.reference if self.image else 'the host view (no image)'}; "
+                "one image per ShellService for now (make one service per image)"
+            )
+        if self._python.has_session(session):
+            raise UserError(f"session {session!r} exists already; close it first")
+        return session
+
+    def start_session(self, session_id: str, *, image: str | None = None) -> str:
+        """Create ``session_id`` now, on the service's image (``image``: None, or the same
+        reference); a :class:`UserError` if it exists. Sessions are otherwise created on first
+        use. Returns the id."""
+        session = self._start_args(session_id, image)
+        self.workspace(session)
+        return session
+
+    async def astart_session(self, session_id: str, *, image: str | None = None) -> str:
+        """Async :meth:`start_session`."""
+        session = self._start_args(session_id, image)
+        res, _ = await self._arequest("workspace", {}, session, self._file_limit())
+        self._reply(res)
+        return session
+
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
     # the same path), seeded with the source's files by the fork server and then given the
     # source's shell state, which is text: no memory of the source is needed.

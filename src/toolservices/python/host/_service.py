@@ -237,6 +237,10 @@ class PythonExecutorService:
                 return result
         return _portal.run_sync(self._execute, code, session_id, limit, _session_known)
 
+    def has_session(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a live session (created and not closed or evicted)."""
+        return _check_session_id(session_id) in self._slots
+
     def close_session(self, session_id: str) -> bool:
         """End one session: after a call running in it, kill its process tree, delete its
         working directory. The id can be used again (a fresh session).
