@@ -14,6 +14,8 @@ Run (as root or a user with unprivileged user namespaces; skopeo and umoci for t
    one ``bwrap --overlay-src … --tmp-overlay /`` per command. p50 of fork to exit.
 3. ``network="loopback"`` (a network namespace per session) beside ``"none"``: a new
    ShellService session and its first command, p50.
+4. ``ShellService(image=...)`` beside ``ShellService()`` (host root), both loopback: a new
+   session + first command (p50), and the PSS of ``--idle`` idle sessions each.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "images"))
 
-from _build import Entry, Layer, busybox_layer, oci_layout  # noqa: E402
+from _build import Entry, Layer, bash_layer, busybox_layer, oci_layout  # noqa: E402
 from _util import fmt_time, median  # noqa: E402
 
 from toolservices.images import ImageStore  # noqa: E402
@@ -209,14 +211,59 @@ def bench_network(repeats: int) -> None:
         print(f"   network={mode!r:<12} {fmt_time(median(values)):>10}  {ratio:5.2f}x")
 
 
+def _tree_pss() -> int:
+    import psutil
+
+    total = 0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
+    oci = os.path.join(work, "shell-image")
+    oci_layout(oci, [busybox_layer("gzip"), bash_layer("gzip")])
+    cases = {
+        "host root": {},
+        "image root": {"image": f"oci:{oci}", "image_cache": os.path.join(work, "shell-cache")},
+    }
+    print(
+        f"\n4. ShellService on an image vs the host root: new session + first command "
+        f"(p50 of {repeats}), PSS of {idle} idle sessions"
+    )
+    base = None
+    for name, kwargs in cases.items():
+        with ShellService(pool_size=2, max_sessions=idle + repeats + 8, **kwargs) as shell:
+            shell.run("true", session_id="warm")
+            values = []
+            for i in range(repeats):
+                started = time.perf_counter()
+                shell.run("true", session_id=f"new-{i}")
+                values.append(time.perf_counter() - started)
+            before = _tree_pss()
+            for i in range(idle):
+                shell.run("true", session_id=f"idle-{i}")
+            per = (_tree_pss() - before) / idle
+        base = base or median(values)
+        print(
+            f"   {name:<12} {fmt_time(median(values)):>10}  {median(values) / base:5.2f}x   "
+            f"PSS {per / 2**20:6.2f} MiB per idle session"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--idle", type=int, default=64, help="idle sessions for the PSS figure")
     args = parser.parse_args()
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as work:
         bench_root(work, args.repeats)  # forks: before any thread exists
         bench_pull(work, max(3, args.repeats // 5))
+        bench_image_sessions(work, args.repeats, args.idle)
     bench_network(args.repeats)
     print(f"load average after: {os.getloadavg()}")
 

@@ -55,6 +55,15 @@ def test_the_session_is_root_of_its_image(image_shell: ShellService) -> None:
     assert image_shell.run("cat /etc/new.conf", session_id="a").stdout == "x=1\n"
 
 
+def test_the_writable_layer_is_hidden_from_the_session(image_shell: ShellService) -> None:
+    found = image_shell.run(
+        "for d in $(find / -xdev -maxdepth 4 -name .image-root 2>/dev/null) "
+        "/sandbox/*/.image-root; do ls -A $d 2>&1; done; echo end",
+        session_id="hide",
+    )
+    assert found.stdout.strip().endswith("end") and "upper" not in found.stdout, found
+
+
 def test_changes_are_private_to_each_session(image_shell: ShellService) -> None:
     image_shell.run("echo mine > /repo/task.txt", session_id="p1")
     other = image_shell.run(

@@ -29,6 +29,8 @@ MAX_OVERLAY_OPTIONS = 4095
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
 _MS_REMOUNT = 32
 _MNT_DETACH = 2
 # pivot_root has no libc wrapper: its syscall number (asm/unistd.h) by architecture.
@@ -142,6 +144,8 @@ def enter_session_root(lowerdirs: Sequence[str], *, lineage: str, binds: Sequenc
     upper_base = os.path.join(lineage, ".image-root")
     os.makedirs(upper_base, 0o700, exist_ok=True)
     enter_image_root(lowerdirs, upper_base=upper_base, binds=("/proc", "/dev", *binds, lineage))
+    # The writable layer is the overlay's business: hidden from the session (the mount holds it).
+    mount("tmpfs", upper_base, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "size=4k,mode=0500")
 
 
 def root_landlock_paths() -> tuple[list[str], list[str]]:
