@@ -226,31 +226,36 @@ def _tree_pss() -> int:
 def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
     oci = os.path.join(work, "shell-image")
     oci_layout(oci, [busybox_layer("gzip"), bash_layer("gzip")])
-    cases = {
-        "host root": {},
-        "image root": {"image": f"oci:{oci}", "image_cache": os.path.join(work, "shell-cache")},
-    }
-    print(
-        f"\n4. ShellService on an image vs the host root: new session + first command "
-        f"(p50 of {repeats}), PSS of {idle} idle sessions"
-    )
-    base = None
-    for name, kwargs in cases.items():
-        with ShellService(pool_size=2, max_sessions=idle + repeats + 8, **kwargs) as shell:
+    cache = os.path.join(work, "shell-cache")
+    size = idle + repeats + 8
+    with (
+        ShellService(pool_size=2, max_sessions=size) as host,
+        ShellService(pool_size=2, max_sessions=size, image=f"oci:{oci}", image_cache=cache) as img,
+    ):
+        shells = {"host root": host, "image root": img}
+        times: dict[str, list[float]] = {name: [] for name in shells}
+        for shell in shells.values():
             shell.run("true", session_id="warm")
-            values = []
-            for i in range(repeats):
+        for i in range(repeats):  # interleaved: the same load for both
+            for name, shell in shells.items():
                 started = time.perf_counter()
                 shell.run("true", session_id=f"new-{i}")
-                values.append(time.perf_counter() - started)
+                times[name].append(time.perf_counter() - started)
+        pss = {}
+        for name, shell in shells.items():
             before = _tree_pss()
             for i in range(idle):
                 shell.run("true", session_id=f"idle-{i}")
-            per = (_tree_pss() - before) / idle
-        base = base or median(values)
+            pss[name] = (_tree_pss() - before) / idle
+    print(
+        f"\n4. ShellService on an image vs the host root: new session + first command "
+        f"(p50 of {repeats}, interleaved), PSS of {idle} idle sessions"
+    )
+    base = median(times["host root"])
+    for name, values in times.items():
         print(
             f"   {name:<12} {fmt_time(median(values)):>10}  {median(values) / base:5.2f}x   "
-            f"PSS {per / 2**20:6.2f} MiB per idle session"
+            f"PSS {pss[name] / 2**20:6.2f} MiB per idle session"
         )
 
 
@@ -258,13 +263,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--idle", type=int, default=64, help="idle sessions for the PSS figure")
+    parser.add_argument("--sections", default="1234", help="which sections to run (default all)")
     args = parser.parse_args()
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as work:
-        bench_root(work, args.repeats)  # forks: before any thread exists
-        bench_pull(work, max(3, args.repeats // 5))
-        bench_image_sessions(work, args.repeats, args.idle)
-    bench_network(args.repeats)
+        if "2" in args.sections:
+            bench_root(work, args.repeats)  # forks: before any thread exists
+        if "1" in args.sections:
+            bench_pull(work, max(3, args.repeats // 5))
+        if "4" in args.sections:
+            bench_image_sessions(work, args.repeats, args.idle)
+    if "3" in args.sections:
+        bench_network(args.repeats)
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -99,3 +99,13 @@ def test_fork_session_copies_the_workspace_not_yet_the_root(image_shell: ShellSe
     seen = image_shell.run("cat here.txt /repo/task.txt", session_id=copy)
     # The workspace travels; the writable layer does not yet (docs/images.md).
     assert seen.stdout == "ws\nfix me\n", seen
+
+
+def test_an_image_root_needs_session_namespaces() -> None:
+    from toolservices.errors import UserError
+    from toolservices.python import SandboxConfig
+
+    with pytest.raises(UserError, match="root_layers .* needs session_namespaces"):
+        SandboxConfig(root_layers=("/cache/layers/a",), session_namespaces=False)
+    with pytest.raises(UserError, match="must be absolute"):
+        SandboxConfig(root_layers=("layers/a",))

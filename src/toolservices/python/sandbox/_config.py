@@ -179,6 +179,8 @@ class SandboxConfig:
         problems += [
             f"root_layers entry {p!r} must be absolute" for p in layers if not os.path.isabs(p)
         ]
+        if layers and not self.session_namespaces:
+            problems.append("root_layers (an image as the root) needs session_namespaces=True")
         object.__setattr__(self, "root_layers", layers)
         object.__setattr__(self, "extra_ro_paths", paths)
         object.__setattr__(self, "env_allowlist", allow)

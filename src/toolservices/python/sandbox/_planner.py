@@ -202,6 +202,8 @@ def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
     if config.allow_unsafe and os.geteuid() == 0:
         # last resort, only when asked for: user code keeps root's uid
         found.append(_Attempt("L0", None, None, None))
+    if config.root_layers:  # an image root is made by each session: never without them
+        found = [a for a in found if a.session_ns]
     return found
 
 
