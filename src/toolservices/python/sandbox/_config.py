@@ -173,14 +173,14 @@ class SandboxConfig:
             problems.append(f"{STATE_ENV} is reserved for the sandbox itself")
         if self.base_dir is not None and not os.path.isdir(self.base_dir):
             problems.append(f"base_dir={self.base_dir!r} is not an existing directory")
-        if problems:
-            raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
         layers = tuple(self.root_layers)
         problems += [
             f"root_layers entry {p!r} must be absolute" for p in layers if not os.path.isabs(p)
         ]
         if layers and not self.session_namespaces:
             problems.append("root_layers (an image as the root) needs session_namespaces=True")
+        if problems:
+            raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
         object.__setattr__(self, "root_layers", layers)
         object.__setattr__(self, "extra_ro_paths", paths)
         object.__setattr__(self, "env_allowlist", allow)
