@@ -123,9 +123,13 @@ def oci_layout(
     tag: str = "latest",
     env: tuple[str, ...] = ("PATH=/bin:/usr/bin",),
     workdir: str = "/repo",
+    base: tuple[dict[str, object], str] | None = None,
 ) -> str:
-    """Write an OCI image layout at ``root``; returns the manifest digest."""
-    descriptors, diff_ids = [], []
+    """Write an OCI image layout at ``root``; returns the manifest digest.
+
+    ``base``: a layer already in the blobs (its descriptor and diff_id), laid first."""
+    descriptors: list[dict[str, object]] = [base[0]] if base else []
+    diff_ids = [base[1]] if base else []
     for layer in layers:
         raw = layer_tar(layer.entries)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
@@ -223,3 +227,33 @@ def bash_layer(compression: str = "gzip") -> Layer:
                 with open(target, "rb") as f:
                     entries.append(Entry(key, f.read(), mode=0o755))
     return Layer(entries, compression)
+
+
+def oci_layout_from_rootfs(
+    root: str, rootfs_tar: str, layers: list[Layer], *, tag: str = "latest"
+) -> str:
+    """An OCI layout whose bottom layer is ``rootfs_tar`` as it is (uncompressed), then
+    ``layers``: a distribution made by mmdebstrap, with the task's files on top."""
+    os.makedirs(os.path.join(root, "blobs", "sha256"), exist_ok=True)
+    digest = hashlib.sha256()
+    with open(rootfs_tar, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    target = os.path.join(root, "blobs", "sha256", digest.hexdigest())
+    if not os.path.exists(target):
+        try:
+            os.link(rootfs_tar, target)
+        except OSError:
+            shutil.copyfile(rootfs_tar, target)
+    base = {
+        "mediaType": "application/vnd.oci.image.layer.v1.tar",
+        "digest": "sha256:" + digest.hexdigest(),
+        "size": os.path.getsize(rootfs_tar),
+    }
+    return oci_layout(
+        root,
+        layers,
+        tag=tag,
+        base=(base, "sha256:" + digest.hexdigest()),
+        env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"),
+    )

@@ -122,3 +122,19 @@ def test_start_session_without_an_image(shell: ShellService, sid: str) -> None:
     with pytest.raises(UserError, match="host view"):
         shell.start_session(sid + "x", image="oci:/an/image")
     assert shell.run("pwd", session_id=sid).stdout == shell.workspace(sid) + "\n"
+
+
+def test_files_move_between_directories(shell: ShellService, sid: str) -> None:
+    """rename(2) to another directory (pip's wheel builds, git): the commands' nested
+    Landlock domain grants the move right, so only the session's own rules decide."""
+    result = shell.run(
+        "mkdir -p a/b /tmp/x/y && echo 1 > a/b/f && echo 2 > /tmp/x/y/g && "
+        "python3 -c \"import os; os.rename('a/b/f', 'a/f'); os.rename('/tmp/x/y/g', '/tmp/x/g');"
+        "os.link('a/f', 'a/b/h'); print('moved')\"",
+        session_id=sid,
+    )
+    assert result.stdout == "moved\n", result
+    outside = shell.run(
+        "python3 -c \"import os; os.rename('a/f', '/usr/f')\" 2>&1 | tail -1", session_id=sid
+    )
+    assert "Errno" in outside.stdout, outside  # still only where the session may write

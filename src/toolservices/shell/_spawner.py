@@ -26,7 +26,10 @@ from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
+_RULE_PATH_BENEATH = 1
+_FS_REFER = 1 << 13  # Landlock ABI 2
 _SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 _PID = struct.Struct("<q")
 _NFDS = 6
@@ -40,15 +43,30 @@ class _Scope(ctypes.Structure):
     _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
 
 
+class _Beneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
 def scope_signals(lib: Any) -> bool:
     """Enter a nested Landlock domain that only scopes signals and sockets; False without ABI 6."""
     if lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1) < 6:
         return False
-    attr = _Scope(0, 0, _SCOPE_ALL)
+    # Any ruleset denies moving a file to another directory (EXDEV: rename, link) unless it
+    # grants LANDLOCK_ACCESS_FS_REFER by a rule: this one grants it everywhere, so only the
+    # session's own domain decides (pip's wheel builds and git rename across directories).
+    attr = _Scope(_FS_REFER, 0, _SCOPE_ALL)
     fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
+        root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = _Beneath(_FS_REFER, root)
+            if lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_PATH_BENEATH, ctypes.byref(rule), 0):
+                raise OSError(ctypes.get_errno(), "landlock_add_rule")
+        finally:
+            os.close(root)
         if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
