@@ -93,12 +93,21 @@ def test_start_session_on_the_image(image_shell: ShellService) -> None:
     assert image_shell.run("id -u", session_id="started-async").stdout == "0\n"
 
 
-def test_fork_session_copies_the_workspace_not_yet_the_root(image_shell: ShellService) -> None:
-    image_shell.run("echo src > /repo/task.txt; echo ws > here.txt", session_id="f")
-    (copy,) = image_shell.fork_session("f", 1)
-    seen = image_shell.run("cat here.txt /repo/task.txt", session_id=copy)
-    # The workspace travels; the writable layer does not yet (docs/images.md).
-    assert seen.stdout == "ws\nfix me\n", seen
+def test_fork_session_copies_the_writable_layer(image_shell: ShellService) -> None:
+    image_shell.run(
+        "echo src > /repo/task.txt; echo ws > here.txt; rm /etc/os-release; "
+        "mkdir -p /usr/new && echo 1 > /usr/new/f; rm -rf /repo/sub 2>/dev/null; true",
+        session_id="f",
+    )
+    a, b = image_shell.fork_session("f", 2)
+    seen = image_shell.run(
+        "cat here.txt /repo/task.txt /usr/new/f; test -e /etc/os-release || echo whiteout-kept",
+        session_id=a,
+    )
+    assert seen.stdout == "ws\nsrc\n1\nwhiteout-kept\n", seen
+    image_shell.run("echo copy-a > /repo/task.txt", session_id=a)
+    assert image_shell.run("cat /repo/task.txt", session_id=b).stdout == "src\n"
+    assert image_shell.run("cat /repo/task.txt", session_id="f").stdout == "src\n"
 
 
 def test_an_image_root_needs_session_namespaces() -> None:

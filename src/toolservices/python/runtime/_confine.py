@@ -35,7 +35,7 @@ from ._linux import (
     set_no_new_privs,
 )
 from ._netns import bring_loopback_up, loopback_flags
-from ._rootfs import enter_session_root, root_landlock_paths
+from ._rootfs import enter_session_root, root_landlock_paths, upper_of
 from ._seed import copy_into, open_seed
 
 __all__ = [
@@ -218,6 +218,7 @@ def enter_session_namespaces(
     home: str | None = None,
     loopback: bool = False,
     root: Sequence[str] = (),
+    upper_seed: int | None = None,
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -281,7 +282,7 @@ def enter_session_namespaces(
         _mount(own, workspace, None, _MS_BIND, None)
     if root:
         binds = [*SESSION_TMPFS, *([workspace] if workspace else [])]
-        enter_session_root(root, lineage=lineage, binds=binds)
+        enter_session_root(root, lineage=lineage, binds=binds, upper_seed=upper_seed)
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
@@ -356,6 +357,7 @@ def enter_session(
     workdir: str,
     home: str | None = None,
     seed_fd: int | None = None,
+    upper_seed: int | None = None,
 ) -> str:
     """Confine the calling process (a freshly forked session) before it runs user code.
 
@@ -401,6 +403,7 @@ def enter_session(
             home=own,
             loopback=bool(session_ns.get("loopback")),
             root=session_ns.get("root") or (),
+            upper_seed=upper_seed,
         )
     where = fixed or own
     try:
@@ -534,20 +537,28 @@ def fork_confined(
         die_with_parent()  # a parent killed for hanging takes this one along
         if prepare is not None:
             prepare()
-        seed_fd = None
+        seed_fd = upper_fd = None
         if seed is not None:  # opened before our own namespaces exist (see _seed)
             state = _load_state()
             session_ns = bool(state and state.get("session_ns"))
             # namespace descriptors come from a session at the fixed workspace (_seed)
             where = (len(seed[1]) == 2 and fixed_workspace(state)) or seed[0]
             seed_fd = open_seed(seed[1], where, enter=session_ns)
+            if session_ns and len(seed[1]) == 2 and state and state["session_ns"].get("root"):
+                # an image session's writable layer travels too (see _rootfs)
+                hidden, upper = upper_of(os.path.dirname(seed[0].rstrip("/")))
+                upper_fd = open_seed(seed[1], upper, enter=True, reveal=hidden)
             for fd in seed[1]:
                 os.close(fd)
         try:
-            enter_session(workdir=lineage or workdir, home=workdir, seed_fd=seed_fd)
+            enter_session(
+                workdir=lineage or workdir, home=workdir, seed_fd=seed_fd, upper_seed=upper_fd
+            )
         finally:
             if seed_fd is not None:
                 os.close(seed_fd)
+            if upper_fd is not None:
+                os.close(upper_fd)
         die_with_parent()  # a change of identity cleared it
     except BaseException as exc:  # tell the parent why this session cannot start
         try:

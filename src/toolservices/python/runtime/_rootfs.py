@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 from collections.abc import Sequence
 
 from ._linux import SetupError, check, libc, mount
@@ -133,19 +134,79 @@ _PRELOAD = (
 )
 
 
-def enter_session_root(lowerdirs: Sequence[str], *, lineage: str, binds: Sequence[str]) -> None:
+def upper_of(lineage: str) -> tuple[str, str]:
+    """``(the directory hiding it, the writable layer)`` of the image session in ``lineage``."""
+    base = os.path.join(lineage, ".image-root")
+    return base, os.path.join(base, "upper")
+
+
+def enter_session_root(
+    lowerdirs: Sequence[str], *, lineage: str, binds: Sequence[str], upper_seed: int | None = None
+) -> None:
     """The session set-up's one call: preload, then :func:`enter_image_root` with the
-    writable layer in the session's lineage (its quota tmpfs) and its paths bound in."""
+    writable layer in the session's lineage (its quota tmpfs) and its paths bound in.
+    ``upper_seed``: a ``fork_session`` source's writable layer, copied in first."""
+    if upper_seed is not None:
+        upper = upper_of(lineage)[1]
+        os.makedirs(upper, 0o755, exist_ok=True)
+        dest = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            copy_layer(upper_seed, dest)
+        finally:
+            os.close(dest)
     for name in _PRELOAD:
         try:
             __import__(name)
         except ImportError:  # an interpreter built without bz2 or lzma
             continue
-    upper_base = os.path.join(lineage, ".image-root")
+    upper_base = upper_of(lineage)[0]
     os.makedirs(upper_base, 0o700, exist_ok=True)
     enter_image_root(lowerdirs, upper_base=upper_base, binds=("/proc", "/dev", *binds, lineage))
     # The writable layer is the overlay's business: hidden from the session (the mount holds it).
     mount("tmpfs", upper_base, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "size=4k,mode=0500")
+
+
+def copy_layer(src: int, dest: int) -> None:
+    """Copy an overlay writable layer (directory descriptors): files, directories, symlinks,
+    whiteouts (0/0 character devices) and the ``user.*`` xattrs overlayfs keeps (opaque
+    directories, xattr whiteouts), following no symlink."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    _copy_xattrs(src, dest)
+    for name in os.listdir(src):
+        st = os.stat(name, dir_fd=src, follow_symlinks=False)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(name, 0o700, dir_fd=dest)
+            sub_src = os.open(name, flags | os.O_DIRECTORY, dir_fd=src)
+            sub_dest = os.open(name, flags | os.O_DIRECTORY, dir_fd=dest)
+            try:
+                copy_layer(sub_src, sub_dest)
+                os.fchmod(sub_dest, mode)
+            finally:
+                os.close(sub_src)
+                os.close(sub_dest)
+        elif stat.S_ISREG(st.st_mode):
+            fin = os.open(name, flags, dir_fd=src)
+            fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o600, dir_fd=dest)
+            try:
+                while os.sendfile(fout, fin, None, 1 << 30):
+                    pass
+                _copy_xattrs(fin, fout)
+                os.fchmod(fout, mode)
+                os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                os.close(fin)
+                os.close(fout)
+        elif stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dest)
+        elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout
+            os.mknod(name, stat.S_IFCHR | mode, 0, dir_fd=dest)
+
+
+def _copy_xattrs(src: int, dest: int) -> None:
+    for attr in os.listxattr(src):
+        if attr.startswith("user."):
+            os.setxattr(dest, attr, os.getxattr(src, attr))
 
 
 def root_landlock_paths() -> tuple[list[str], list[str]]:
