@@ -16,6 +16,8 @@ Run (as root or a user with unprivileged user namespaces; skopeo and umoci for t
    ShellService session and its first command, p50.
 4. ``ShellService(image=...)`` beside ``ShellService()`` (host root), both loopback: a new
    session + first command (p50), and the PSS of ``--idle`` idle sessions each.
+5. ``fork_session`` of an image session that wrote 50 MB into its root (``/usr``), beside
+   a host-root session with 50 MB in its workspace (p50 of 5 forks of one copy each).
 """
 
 from __future__ import annotations
@@ -241,6 +243,20 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
                 started = time.perf_counter()
                 shell.run("true", session_id=f"new-{i}")
                 times[name].append(time.perf_counter() - started)
+        forks: dict[str, list[float]] = {name: [] for name in shells}
+        where = {"host root": "big", "image root": "/usr/big"}
+        for name, shell in shells.items():
+            shell.run(
+                f"mkdir -p {where[name]} && cd {where[name]} && for i in $(seq 50); do "
+                "head -c 1000000 /dev/zero > f$i; done",
+                session_id="big",
+            )
+        for _ in range(5):
+            for name, shell in shells.items():
+                started = time.perf_counter()
+                (copy,) = shell.fork_session("big", 1)
+                forks[name].append(time.perf_counter() - started)
+                shell.close_session(copy)
         pss = {}
         for name, shell in shells.items():
             before = _tree_pss()
@@ -257,6 +273,10 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
             f"   {name:<12} {fmt_time(median(values)):>10}  {median(values) / base:5.2f}x   "
             f"PSS {pss[name] / 2**20:6.2f} MiB per idle session"
         )
+    print("\n5. fork_session of a session holding 50 MB (image: in /usr; host: in the workspace)")
+    for name, values in forks.items():
+        ratio = median(values) / median(forks["host root"])
+        print(f"   {name:<12} {fmt_time(median(values)):>10}  {ratio:5.2f}x")
 
 
 def main() -> None:
