@@ -118,3 +118,13 @@ def test_an_image_root_needs_session_namespaces() -> None:
         SandboxConfig(root_layers=("/cache/layers/a",), session_namespaces=False)
     with pytest.raises(UserError, match="must be absolute"):
         SandboxConfig(root_layers=("layers/a",))
+
+
+def test_an_image_without_bash_is_refused(tmp_path: Path) -> None:
+    from _build import busybox_layer, oci_layout
+
+    from toolservices.errors import UserError
+
+    oci_layout(str(tmp_path / "oci"), [busybox_layer("gzip")])
+    with pytest.raises(UserError, match="has no /bin/bash"):
+        ShellService(image=f"oci:{tmp_path}/oci", image_cache=str(tmp_path / "cache"))

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import marshal
 import math
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -162,6 +163,11 @@ class ShellService:
             self.image = ImageStore(image_cache).pull(
                 image, insecure_registries=tuple(insecure_registries)
             )
+            if not _has_bash(self.image):
+                raise UserError(
+                    f"image {image!r} has no /bin/bash (or /usr/bin/bash): ShellService runs "
+                    "every command with the image's bash; use an image that has it"
+                )
             config = image_config(config, self.image)
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
@@ -689,6 +695,15 @@ class ShellService:
             "disk_quota": None,
             "spares": self._python.spares,
         }
+
+
+def _has_bash(image: Image) -> bool:
+    """Whether some layer lays ``bin/bash`` or ``usr/bin/bash`` (a file or a link to one)."""
+    return any(
+        os.path.lexists(os.path.join(layer, name))
+        for layer in image.layers
+        for name in ("bin/bash", "usr/bin/bash")
+    )
 
 
 def image_config(config: Any, image: Image) -> Any:
