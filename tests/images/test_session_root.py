@@ -64,6 +64,17 @@ def test_the_writable_layer_is_hidden_from_the_session(image_shell: ShellService
     assert found.stdout.strip().endswith("end") and "upper" not in found.stdout, found
 
 
+def test_new_top_level_directories_and_a_private_dev(image_shell: ShellService) -> None:
+    made = image_shell.run(
+        "mkdir /opt2 && echo 1 > /opt2/f && cat /opt2/f; echo x > /dev/mine && cat /dev/mine; "
+        "echo hi > /dev/null; ls /dev/fd/ > /dev/null && echo fd-ok",
+        session_id="d1",
+    )
+    assert made.stdout == "1\nx\nfd-ok\n", made
+    other = image_shell.run("test -e /dev/mine || test -e /opt2 || echo clean", session_id="d2")
+    assert other.stdout == "clean\n", other
+
+
 def test_changes_are_private_to_each_session(image_shell: ShellService) -> None:
     image_shell.run("echo mine > /repo/task.txt", session_id="p1")
     other = image_shell.run(

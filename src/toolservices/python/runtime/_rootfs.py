@@ -39,6 +39,35 @@ _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, 
 _OLD = ".toolservices-old-root"
 
 
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = (
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+)
+
+
+def _private_dev(inside: str) -> None:
+    """A ``/dev`` of the session's own (a small tmpfs) with the usual device nodes bound
+    from the outer ``/dev``, ``pts`` and the ``/proc/self/fd`` links: what it writes there
+    no other session sees."""
+    os.makedirs(inside, 0o755, exist_ok=True)
+    mount("tmpfs", inside, "tmpfs", _MS_NOSUID, "size=64k,mode=0755")
+    for name in _DEVICES:
+        source = f"/dev/{name}"
+        if os.path.exists(source):
+            target = os.path.join(inside, name)
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
+            mount(source, target, None, _MS_BIND, None)
+    if os.path.isdir("/dev/pts"):
+        os.mkdir(os.path.join(inside, "pts"), 0o755)
+        mount("/dev/pts", os.path.join(inside, "pts"), None, _MS_BIND | _MS_REC, None)
+    for name, target in _DEV_LINKS:
+        os.symlink(target, os.path.join(inside, name))
+
+
 def overlay_options(lowerdirs: Sequence[str], upper: str, work: str) -> tuple[str, str]:
     """``(directory to chdir to, mount options)`` for layers listed top first.
 
@@ -88,6 +117,9 @@ def enter_image_root(
         if not os.path.exists(path):
             continue
         inside = os.path.join(root, path.lstrip("/"))
+        if path == "/dev":
+            _private_dev(inside)
+            continue
         if os.path.isdir(path):
             os.makedirs(inside, 0o755, exist_ok=True)
         else:
@@ -210,15 +242,10 @@ def _copy_xattrs(src: int, dest: int) -> None:
 
 
 def root_landlock_paths() -> tuple[list[str], list[str]]:
-    """Landlock's (read, write) lists in an image root: read all of it, write every
-    top-level directory but ``/proc``, ``/dev`` and ``/sys`` (the root is the session's own
-    writable layer; what it binds from outside keeps its own rules)."""
-    write = [
-        f"/{name}"
-        for name in sorted(os.listdir("/"))
-        if name not in ("proc", "dev", "sys") and os.path.isdir(f"/{name}")
-    ]
-    return ["/"], write
+    """Landlock's (read, write) lists in an image root: all of it. The root is the
+    session's own writable layer, its ``/dev`` its own tmpfs, ``/tmp`` and the workspace
+    its own; ``/proc`` keeps its own permissions (the host's root owns what matters)."""
+    return ["/"], ["/"]
 
 
 # --- the launcher's side (as root, before it drops to the dedicated uid) ----------------
