@@ -242,10 +242,17 @@ def _copy_xattrs(src: int, dest: int) -> None:
 
 
 def root_landlock_paths() -> tuple[list[str], list[str]]:
-    """Landlock's (read, write) lists in an image root: all of it. The root is the
-    session's own writable layer, its ``/dev`` its own tmpfs, ``/tmp`` and the workspace
-    its own; ``/proc`` keeps its own permissions (the host's root owns what matters)."""
-    return ["/"], ["/"]
+    """Landlock's (read, write) lists in an image root: read all of it, write every
+    top-level directory but ``/proc`` and ``/sys`` (the root is the session's own writable
+    layer, ``/dev`` its own tmpfs). Not ``/`` itself: a rule there would reach ``/proc``,
+    where the other sessions' processes (the same uid outside) have files this session
+    would own. So a new top-level directory cannot be made."""
+    write = [
+        f"/{name}"
+        for name in sorted(os.listdir("/"))
+        if name not in ("proc", "sys") and os.path.isdir(f"/{name}")
+    ]
+    return ["/"], write
 
 
 # --- the launcher's side (as root, before it drops to the dedicated uid) ----------------
