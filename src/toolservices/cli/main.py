@@ -153,6 +153,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also serve the shell tools (bash, read_file, write_file, str_replace) in "
         "sandboxed shell sessions, scoped and limited like the Python sessions",
     )
+    from toolservices.cli._image import add_image_parser
+
+    add_image_parser(commands)
     return parser
 
 
@@ -227,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shell=args.shell,
             max_output=args.max_output,
         )
+    if args.command == "image":
+        from toolservices.cli._image import run_image
+
+        return run_image(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

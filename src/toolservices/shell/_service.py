@@ -8,18 +8,25 @@ import glob
 import json
 import marshal
 import math
+import os
 import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from toolservices._portal import run_sync
 from toolservices.env import omitted_marker
 from toolservices.errors import InfrastructureError, UserError
+from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions
-from toolservices.python.sandbox import SandboxConfig, check_config, default_config
+from toolservices.python.sandbox import (
+    SandboxConfig,
+    check_config,
+    default_config,
+    with_network,
+)
 from toolservices.shell._checks import (
     RUN_FIELDS,
     check_path,
@@ -128,7 +135,7 @@ class ShellService:
 
     Each session is a sandboxed session of the Python executor (same uid,
     rlimits, namespaces, seccomp, Landlock, private ``/tmp``, process budget,
-    no network) whose supervisor runs every command in a fresh ``bash``
+    network mode) whose supervisor runs every command in a fresh ``bash``
     restored from the session's saved shell state: ``cd``, variables,
     functions, aliases and options persist between calls, and exit statuses
     are read by ``waitpid``, never from the command's output. See
@@ -155,6 +162,9 @@ class ShellService:
       8 MiB as in a usual terminal, which glibc also gives each thread), up to
       the session's ``stack_size``; ``None`` keeps that. ``ulimit`` changes
       persist between commands like the rest of the shell state.
+    * ``network``: ``"loopback"`` (default: each session its own ``lo``; a server
+      and its client in one session talk over 127.0.0.1, nothing else is
+      reachable), ``"none"`` or ``"host"``; None keeps ``sandbox.network``.
     """
 
     def __init__(
@@ -171,6 +181,10 @@ class ShellService:
         sandbox: Any = None,
         spares: int = 2,
         command_stack: int | None = COMMAND_STACK,
+        network: str | None = None,
+        image: str | None = None,
+        image_cache: str | None = None,
+        insecure_registries: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.timeout = _check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -181,6 +195,23 @@ class ShellService:
         # The supervisor's JSON reply travels as the session's stdout: room for both streams
         # (base64) or one file, plus the envelope.
         config = shell_config(sandbox)
+        config = with_network(config, network)
+        self._image_args = {
+            "image": image,
+            "image_cache": image_cache,
+            "insecure_registries": tuple(insecure_registries),
+        }
+        self.image: Image | None = None
+        if image is not None:
+            self.image = ImageStore(image_cache).pull(
+                image, insecure_registries=tuple(insecure_registries)
+            )
+            if not _has_bash(self.image):
+                raise UserError(
+                    f"image {image!r} has no /bin/bash (or /usr/bin/bash): ShellService runs "
+                    "every command with the image's bash; use an image that has it"
+                )
+            config = image_config(config, self.image)
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
@@ -537,6 +568,45 @@ class ShellService:
         res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
         return self._decode_read(path, res, binary)
 
+    def _archive_args(self, path: object, data: object, session_id: object) -> dict[str, Any]:
+        path = self._path_args(path, session_id, "put_archive")
+        if hasattr(data, "read"):
+            data = data.read(self.max_file_size + 1)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise UserError(f"tar must be bytes or a binary file, got {type(data).__name__}")
+        if len(data) > self.max_file_size:
+            raise ShellFileError(
+                "put_archive", path, "EFBIG", f"the archive exceeds {self.max_file_size} bytes"
+            )
+        return {"path": path, "data": base64.b64encode(bytes(data)).decode()}
+
+    def put_archive(self, session_id: str, path: str, tar: bytes | BinaryIO) -> int:
+        """Unpack the tar ``tar`` (bytes or a binary file) into directory ``path``, like
+        ``docker cp``: the session's rights, at most ``max_file_size`` bytes of archive,
+        nothing written if any entry would leave ``path``. Returns the entries unpacked."""
+        args = self._archive_args(path, tar, session_id)
+        res, _ = self._request("put_archive", args, session_id, self._file_limit())
+        return int(self._file_reply("put_archive", args["path"], res, entries=int)["entries"])
+
+    async def aput_archive(self, session_id: str, path: str, tar: bytes | BinaryIO) -> int:
+        """Async :meth:`put_archive`."""
+        args = self._archive_args(path, tar, session_id)
+        res, _ = await self._arequest("put_archive", args, session_id, self._file_limit())
+        return int(self._file_reply("put_archive", args["path"], res, entries=int)["entries"])
+
+    def get_archive(self, session_id: str, path: str) -> bytes:
+        """A tar of ``path`` (file or directory, links kept as links) as the session sees
+        it; at most ``max_file_size`` bytes (else :class:`ShellFileError` EFBIG)."""
+        path = self._path_args(path, session_id, "get_archive")
+        res, _ = self._request("get_archive", {"path": path}, session_id, self._file_limit())
+        return base64.b64decode(self._file_reply("get_archive", path, res, data=str)["data"])
+
+    async def aget_archive(self, session_id: str, path: str) -> bytes:
+        """Async :meth:`get_archive`."""
+        path = self._path_args(path, session_id, "get_archive")
+        res, _ = await self._arequest("get_archive", {"path": path}, session_id, self._file_limit())
+        return base64.b64decode(self._file_reply("get_archive", path, res, data=str)["data"])
+
     def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
         reply = self._file_reply("list_files", path, res, entries=list)
         try:
@@ -567,6 +637,34 @@ class ShellService:
         return str(self._reply(res, {"workspace": str})["workspace"])
 
     # --- sessions ----------------------------------------------------------------------
+
+    def _start_args(self, session_id: object, image: object) -> str:
+        session = _check_session(session_id, required=True)
+        assert session is not None
+        if image is not None and (self.image is None or image != self.image.reference):
+            raise UserError(
+                f"start_session(image={image!r}): this service's sessions run on "
+                f"{self.image.reference if self.image else 'the host view (no image)'}; "
+                "one image per ShellService for now (make one service per image)"
+            )
+        if self._python.has_session(session):
+            raise UserError(f"session {session!r} exists already; close it first")
+        return session
+
+    def start_session(self, session_id: str, *, image: str | None = None) -> str:
+        """Create ``session_id`` now, on the service's image (``image``: None, or the same
+        reference); a :class:`UserError` if it exists. Sessions are otherwise created on first
+        use. Returns the id."""
+        session = self._start_args(session_id, image)
+        self.workspace(session)
+        return session
+
+    async def astart_session(self, session_id: str, *, image: str | None = None) -> str:
+        """Async :meth:`start_session`."""
+        session = self._start_args(session_id, image)
+        res, _ = await self._arequest("workspace", {}, session, self._file_limit())
+        self._reply(res)
+        return session
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
     # the same path), seeded with the source's files by the fork server and then given the
@@ -716,6 +814,8 @@ class ShellService:
             for entry in report.get("not_protected", [])
         ]
         report["layers"] = layers
+        if self.image is not None:
+            report["image"] = {"reference": self.image.reference, "digest": self.image.digest}
         return report
 
     def stats(self) -> dict[str, Any]:
@@ -757,7 +857,9 @@ class ShellService:
             "max_output": self.max_output,
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
-            "sandbox": self.sandbox,
+            # the image travels by name: a replica pulls it into its own node's cache
+            "sandbox": dataclasses.replace(self.sandbox, root_layers=()),
+            **self._image_args,
             "disk_quota": None,
             "spares": self._python.spares,
             "command_stack": self.command_stack,
@@ -788,6 +890,26 @@ def shell_config(sandbox: object) -> SandboxConfig:
     if extra:
         config = dataclasses.replace(config, extra_ro_paths=(*config.extra_ro_paths, *extra))
     return config
+
+
+def _has_bash(image: Image) -> bool:
+    """Whether some layer lays ``bin/bash`` or ``usr/bin/bash`` (a file or a link to one)."""
+    return any(
+        os.path.lexists(os.path.join(layer, name))
+        for layer in image.layers
+        for name in ("bin/bash", "usr/bin/bash")
+    )
+
+
+def image_config(config: Any, image: Image) -> Any:
+    """``config`` with ``image`` as every session's root and its ``Env`` (``PATH`` included)."""
+    env = dict(config.extra_env)
+    for item in image.env:
+        name, sep, value = item.partition("=")
+        if sep and name.replace("_", "a").isalnum() and not name[0].isdigit():
+            env[name] = value
+    env.setdefault("PATH", image.path)
+    return dataclasses.replace(config, root_layers=image.lowerdirs, extra_env=env)
 
 
 def _rebuild(kwargs: dict[str, Any]) -> ShellService:

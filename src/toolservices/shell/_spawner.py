@@ -37,8 +37,9 @@ _PR_SET_DUMPABLE = 4
 _SYS_LANDLOCK_CREATE_RULESET = 444
 _SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
-_LANDLOCK_RULE_PATH_BENEATH = 1
+_RULE_PATH_BENEATH = 1
 _FS_EXECUTE = 1
+_FS_REFER = 1 << 13  # Landlock ABI 2
 _SCOPE_ALL = 3  # abstract unix sockets | signals (Landlock ABI 6)
 _PID = struct.Struct("<q")
 _NFDS = 6
@@ -52,48 +53,23 @@ class _Scope(ctypes.Structure):
     _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
 
 
-def scope_signals(lib: Any) -> bool:
-    """Enter a nested Landlock domain that only scopes signals and sockets; False without ABI 6."""
-    if lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1) < 6:
-        return False
-    attr = _Scope(0, 0, _SCOPE_ALL)
-    fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-    try:
-        if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-    finally:
-        os.close(fd)
-    return True
-
-
-class _PathBeneath(ctypes.Structure):
+class _Beneath(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def own_domain(lib: Any) -> bool:
-    """Enter a Landlock domain of our own that denies nothing; False without Landlock.
-
-    A ruleset must handle some right: it handles ``execute`` and grants it
-    beneath ``/``, where the session's own layers decide. What the new domain
-    changes is who may trace us (see the module's docstring).
-    """
-    if lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1) < 1:
-        return False
-    attr = _Scope(_FS_EXECUTE, 0, 0)
-    size = ctypes.sizeof(ctypes.c_uint64)  # ABI 1's struct: only the fs rights
+def _enter_domain(lib: Any, rights: int, scoped: int, size: int) -> None:
+    """Enter a nested Landlock domain that handles ``rights`` and grants them all beneath
+    ``/`` (only the session's own domain decides what they reach), scoping ``scoped``."""
+    attr = _Scope(rights, 0, scoped)
     fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
         root = os.open("/", os.O_PATH | os.O_CLOEXEC)
         try:
-            rule = _PathBeneath(_FS_EXECUTE, root)
-            if lib.syscall(
-                _SYS_LANDLOCK_ADD_RULE, fd, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
-            ):
+            rule = _Beneath(rights, root)
+            if lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_PATH_BENEATH, ctypes.byref(rule), 0):
                 raise OSError(ctypes.get_errno(), "landlock_add_rule")
         finally:
             os.close(root)
@@ -101,6 +77,35 @@ def own_domain(lib: Any) -> bool:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
         os.close(fd)
+
+
+def scope_signals(lib: Any) -> bool:
+    """Enter a nested Landlock domain that only scopes signals and sockets; False without ABI 6.
+
+    Any ruleset denies moving a file to another directory (EXDEV: rename, link)
+    unless it grants ``LANDLOCK_ACCESS_FS_REFER`` by a rule: this one grants it
+    everywhere, so only the session's own domain decides (pip's wheel builds and
+    git rename across directories).
+    """
+    if lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1) < 6:
+        return False
+    _enter_domain(lib, _FS_REFER, _SCOPE_ALL, ctypes.sizeof(_Scope))
+    return True
+
+
+def own_domain(lib: Any) -> bool:
+    """Enter a Landlock domain of our own that denies nothing; False without Landlock.
+
+    A ruleset must handle some right: it handles ``execute`` (and, from ABI 2,
+    ``refer``, which a ruleset would otherwise deny implicitly) and grants them
+    beneath ``/``, where the session's own layers decide. What the new domain
+    changes is who may trace us (see the module's docstring).
+    """
+    abi = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1)
+    if abi < 1:
+        return False
+    rights = _FS_EXECUTE | (_FS_REFER if abi >= 2 else 0)
+    _enter_domain(lib, rights, 0, ctypes.sizeof(ctypes.c_uint64))  # ABI 1's struct: fs only
     return True
 
 

@@ -558,6 +558,74 @@ class Shell:
         return {"ok": True, "entries": entries}
 
 
+def put_archive(dest: str, data_b64: str) -> dict[str, Any]:
+    """Unpack a tar into ``dest`` with the session's rights; nothing at all if any entry
+    would land outside ``dest`` (``..``, absolute names, links out, through a link)."""
+    import io
+    import tarfile
+
+    check = getattr(tarfile, "data_filter", None)
+    if check is None:
+        return {
+            "ok": False,
+            "errno": "ENOSYS",
+            "message": "needs Python >= 3.10.12 / 3.11.4 (tarfile extraction filters)",
+        }
+    try:
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data_b64)), mode="r:*") as tar:
+            members = tar.getmembers()
+            real = os.path.realpath(dest)
+            for member in members:  # all checked before anything is written
+                check(member, real)
+            os.makedirs(real, exist_ok=True)
+            for member in members:  # replaced, never written through (as GNU tar does): a
+                # planted FIFO would block, a planted link reach a descriptor of this process
+                target = os.path.join(real, member.name)
+                if not member.isdir() and os.path.lexists(target) and not os.path.isdir(target):
+                    os.unlink(target)
+            tar.extractall(real, filter="data")
+    except tarfile.FilterError as exc:
+        return {"ok": False, "errno": "EPERM", "message": f"refused, nothing written: {exc}"}
+    except (tarfile.TarError, EOFError) as exc:
+        return {"ok": False, "errno": "EINVAL", "message": f"not a readable tar archive: {exc}"}
+    except OSError as exc:
+        return _error(exc)
+    return {"ok": True, "entries": len(members)}
+
+
+class _Capped:
+    """A write-only buffer that refuses to grow past ``cap`` bytes."""
+
+    def __init__(self, cap: int) -> None:
+        self.data = bytearray()
+        self.cap = cap
+
+    def write(self, chunk: bytes) -> int:
+        if len(self.data) + len(chunk) > self.cap:
+            raise OverflowError
+        self.data += chunk
+        return len(chunk)
+
+    def tell(self) -> int:
+        return len(self.data)
+
+
+def get_archive(path: str, cap: int) -> dict[str, Any]:
+    """A tar of ``path`` (a file or a tree; links kept as links), at most ``cap`` bytes."""
+    import tarfile
+
+    out = _Capped(cap)
+    try:
+        os.lstat(path)
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".", recursive=True)
+    except OverflowError:
+        return {"ok": False, "errno": "EFBIG", "message": f"the archive exceeds {cap} bytes"}
+    except OSError as exc:
+        return _error(exc)
+    return {"ok": True, "data": base64.b64encode(bytes(out.data)).decode()}
+
+
 class _NotRegular(OSError):
     """The path names something other than a regular file (a FIFO, a device, a socket)."""
 
@@ -900,6 +968,10 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.read_file(args["path"])
     elif op == "list":
         reply = shell.list_files(args["path"], args["limit"])
+    elif op == "put_archive":
+        reply = put_archive(shell._path(args["path"]), args["data"])
+    elif op == "get_archive":
+        reply = get_archive(shell._path(args["path"]), shell.max_file)
     elif op == "warm":  # a spare interpreter, ahead of need: the first bash starts now
         shell.prepare_next()
         reply = {"ok": True}

@@ -48,7 +48,7 @@ from toolservices.python.host._forking import fork_handles, seeded_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
 from toolservices.python.host._sizing import default_max_sessions, raise_fd_limit
-from toolservices.python.sandbox import check_config, default_config
+from toolservices.python.sandbox import check_config, default_config, with_network
 
 __all__ = ["PythonExecutorService"]
 
@@ -105,6 +105,10 @@ class PythonExecutorService:
     * ``preload``: modules the fork server imports once (e.g. ``("numpy",)``).
     * ``sandbox``: the isolation settings (``SandboxConfig``); see
       :func:`~toolservices.python.isolation_report`.
+    * ``network``: ``"loopback"`` (the default: each session its own network
+      namespace with only ``lo`` up), ``"none"`` (no sockets but unix ones) or
+      ``"host"`` (the host's network); None keeps ``sandbox.network``
+      (``"loopback"`` when ``sandbox`` is None). See docs/sandbox.md.
     * ``max_output``: bytes kept of stdout and of stderr per call.
     * ``max_queue``: calls allowed to wait; beyond it :class:`ExecutorBusyError`.
       By default 4,096 or ``max_sessions`` if larger: every live session can
@@ -134,6 +138,7 @@ class PythonExecutorService:
         spares: int = 2,
         busy_poll: float = DEFAULT_BUSY_POLL,
         warmup: str = "pass",
+        network: str | None = None,
     ) -> None:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
@@ -164,7 +169,8 @@ class PythonExecutorService:
         self.busy_poll = float(busy_poll)
         self.warmup = warmup
         self._layers: ModuleType = _sandbox
-        self.sandbox = default_config() if sandbox is None else check_config(sandbox)
+        config = default_config() if sandbox is None else check_config(sandbox)
+        self.sandbox = with_network(config, network)
         self._start_lock = threading.Lock()
         self._server: ForkServerClient | None = None
         self._starting: anyio.Event | None = None
@@ -230,6 +236,10 @@ class PythonExecutorService:
             if result is not None:
                 return result
         return _portal.run_sync(self._execute, code, session_id, limit, _session_known)
+
+    def has_session(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a live session (created and not closed or evicted)."""
+        return _check_session_id(session_id) in self._slots
 
     def close_session(self, session_id: str) -> bool:
         """End one session: after a call running in it, kill its process tree, delete its

@@ -31,9 +31,12 @@ from ._linux import (
     die_with_parent,
     libc,
     load_seccomp,
+    mount,
     set_no_new_privs,
     set_subreaper,
 )
+from ._netns import bring_loopback_up, loopback_flags
+from ._rootfs import enter_session_root, root_landlock_paths, upper_of
 from ._seed import copy_into, open_seed
 
 __all__ = [
@@ -214,16 +217,7 @@ def _add_path_rule(lib: Any, ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-    lib = libc()
-    result = lib.mount(
-        source.encode(),
-        target.encode(),
-        None if fstype is None else fstype.encode(),
-        ctypes.c_ulong(flags),
-        None if data is None else data.encode(),
-    )
-    check(result, f"mount({source!r} on {target!r})")
+_mount = mount
 
 
 def enter_session_namespaces(
@@ -235,6 +229,9 @@ def enter_session_namespaces(
     workspace: str | None = None,
     home: str | None = None,
     own_pids: bool = False,
+    loopback: bool = False,
+    root: Sequence[str] = (),
+    upper_seed: int | None = None,
 ) -> None:
     """Give this (single-threaded, just forked) session namespaces of its own.
 
@@ -264,14 +261,24 @@ def enter_session_namespaces(
     """
     uid, gid = os.getuid(), os.getgid()
     lib = libc()
-    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC | loopback_flags(loopback)
     if own_pids:
         flags |= _CLONE_NEWPID | _CLONE_NEWCGROUP
-    check(lib.unshare(flags), "unshare(user, mnt, ipc" + (", pid, cgroup)" if own_pids else ")"))
-    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+    check(
+        lib.unshare(flags),
+        "unshare(user, mnt, ipc" + (", pid, cgroup" if own_pids else "") + "[, net])",
+    )
+    inside = (0, 0) if root else (uid, gid)  # an image's root user is the session's uid
+    maps = (
+        ("setgroups", "deny"),
+        ("uid_map", f"{inside[0]} {uid} 1"),
+        ("gid_map", f"{inside[1]} {gid} 1"),
+    )
     for name, text in maps:
         with open(f"/proc/self/{name}", "w", encoding="ascii") as fh:
             fh.write(text)
+    if loopback:
+        bring_loopback_up()
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)
     if disk_quota:
         _mount("tmpfs", lineage, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={disk_quota},mode=0700")
@@ -306,6 +313,10 @@ def enter_session_namespaces(
                 fh.write(str(value))
         except FileNotFoundError:  # a kernel without this counter: nothing to share
             continue
+    # after the PID namespace: the image root binds this session's own /proc
+    if root:
+        binds = [*SESSION_TMPFS, *([workspace] if workspace else [])]
+        enter_session_root(root, lineage=lineage, binds=binds, upper_seed=upper_seed)
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     check(lib.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
     die_with_parent()  # kept across the change; be sure
@@ -430,6 +441,7 @@ def enter_session(
     workdir: str,
     home: str | None = None,
     seed_fd: int | None = None,
+    upper_seed: int | None = None,
 ) -> str:
     """Confine the calling process (a freshly forked session) before it runs user code.
 
@@ -474,6 +486,9 @@ def enter_session(
             workspace=fixed,
             home=own,
             own_pids=own_pids(state),
+            loopback=bool(session_ns.get("loopback")),
+            root=session_ns.get("root") or (),
+            upper_seed=upper_seed,
         )
     where = fixed or own
     try:
@@ -503,9 +518,12 @@ def enter_session(
     landlock = state.get("landlock")
     if landlock is not None:
         own_tmp = [p for p in SESSION_TMPFS if session_ns and p not in landlock["write"]]
+        read, write = landlock["read"], landlock["write"]
+        if session_ns and session_ns.get("root"):
+            read, write = root_landlock_paths()
         apply_landlock(
-            read=landlock["read"],
-            write=[workdir, *([fixed] if fixed else []), *landlock["write"], *own_tmp],
+            read=read,
+            write=[workdir, *([fixed] if fixed else []), *write, *own_tmp],
             devices=landlock["devices"],
             deny_tcp=landlock["deny_tcp"],
             scope=landlock["scope"],
@@ -628,20 +646,28 @@ def fork_confined(
         die_with_parent()  # a parent killed for hanging takes this one along
         if prepare is not None:
             prepare()
-        seed_fd = None
+        seed_fd = upper_fd = None
         if seed is not None:  # opened before our own namespaces exist (see _seed)
             state = _load_state()
             session_ns = bool(state and state.get("session_ns"))
             # namespace descriptors come from a session at the fixed workspace (_seed)
             where = (len(seed[1]) == 2 and fixed_workspace(state)) or seed[0]
             seed_fd = open_seed(seed[1], where, enter=session_ns)
+            if session_ns and len(seed[1]) == 2 and state and state["session_ns"].get("root"):
+                # an image session's writable layer travels too (see _rootfs)
+                hidden, upper = upper_of(os.path.dirname(seed[0].rstrip("/")))
+                upper_fd = open_seed(seed[1], upper, enter=True, reveal=hidden)
             for fd in seed[1]:
                 os.close(fd)
         try:
-            enter_session(workdir=lineage or workdir, home=workdir, seed_fd=seed_fd)
+            enter_session(
+                workdir=lineage or workdir, home=workdir, seed_fd=seed_fd, upper_seed=upper_fd
+            )
         finally:
             if seed_fd is not None:
                 os.close(seed_fd)
+            if upper_fd is not None:
+                os.close(upper_fd)
         die_with_parent()  # a change of identity cleared it
     except BaseException as exc:  # tell the parent why this session cannot start
         try:

@@ -47,6 +47,7 @@ from ._linux import (
     load_seccomp,
     set_no_new_privs,
 )
+from ._rootfs import idmap_mounts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of start-up; annotations are strings here
@@ -133,6 +134,11 @@ def _raise_stack_limit() -> None:
 def launch(spec: dict[str, Any]) -> None:
     if spec.get("reach"):
         _make_reachable(spec["reach"])
+    if spec.get("idmap") and spec.get("uid") is not None:
+        if not spec.get("reach"):  # a private mount namespace: only the server sees the view
+            check(libc().unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) for the image cache")
+            check(libc().mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "private mounts")
+        idmap_mounts(spec["idmap"], spec["uid"], spec["gid"])
     if spec.get("uid") is not None:
         _drop(spec["uid"], spec["gid"])
     if spec.get("subreaper"):

@@ -28,6 +28,7 @@ __all__ = [
     "die_with_parent",
     "libc",
     "load_seccomp",
+    "mount",
     "set_no_new_privs",
     "set_subreaper",
 ]
@@ -83,6 +84,18 @@ def check(result: int, what: str) -> int:
         err = ctypes.get_errno()
         raise SetupError(f"{what} failed: {os.strerror(err)} (errno {err})")
     return result
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    """mount(2); :class:`SetupError` naming source and target when it fails."""
+    result = libc().mount(
+        source.encode(),
+        target.encode(),
+        None if fstype is None else fstype.encode(),
+        ctypes.c_ulong(flags),
+        None if data is None else data.encode(),
+    )
+    check(result, f"mount({source!r} on {target!r})")
 
 
 def set_subreaper(on: bool) -> None:

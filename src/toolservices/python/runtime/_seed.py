@@ -58,13 +58,15 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
+def open_seed(ns: list[int], path: str, *, enter: bool, reveal: str | None = None) -> int:
     """A read-only descriptor of directory ``path`` as the source session sees it.
 
     ``ns``: descriptors of the source's user and mount namespaces, or one
     pidfd of it. With ``enter`` a helper process joins those namespaces to
     open it (the caller must still be in their parent user namespace);
-    without, the path is opened here (a shared namespace).
+    without, the path is opened here (a shared namespace). ``reveal``: a mount
+    point the helper detaches first, in a private copy of the source's mount
+    namespace (an image session hides its writable layer under one).
     """
     if not enter:
         return _open_no_symlinks(path)
@@ -88,6 +90,9 @@ def open_seed(ns: list[int], path: str, *, enter: bool) -> int:
                 check(libc().setns(ns[1], _CLONE_NEWNS), "setns(the source's mount namespace)")
             else:
                 check(libc().setns(ns[0], _CLONE_NEWUSER | _CLONE_NEWNS), "setns(source pidfd)")
+            if reveal is not None:  # the source's own view stays as it is
+                check(libc().unshare(_CLONE_NEWNS), "unshare(a copy of the source's mounts)")
+                check(libc().umount2(reveal.encode(), 2), f"umount2({reveal!r})")
             fd = _open_no_symlinks(path)
             socket.send_fds(theirs, [b"k"], [fd])
         except BaseException as exc:

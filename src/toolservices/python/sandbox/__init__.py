@@ -24,6 +24,7 @@ from toolservices.python.sandbox._config import (
     check_config,
     default_config,
     fast_tmp_dir,
+    with_network,
 )
 from toolservices.python.sandbox._isolation import format_isolation_report, isolation_report
 from toolservices.python.sandbox._launch_plan import (
@@ -55,4 +56,5 @@ __all__ = [
     "remove_tree",
     "self_test",
     "session_state",
+    "with_network",
 ]

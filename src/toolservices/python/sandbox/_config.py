@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolservices.errors import UserError
 from toolservices.python.runtime import STATE_ENV
+from toolservices.python.sandbox._network import network_mode
 
 __all__ = [
     "LEVELS",
@@ -24,6 +25,7 @@ __all__ = [
     "check_config",
     "default_config",
     "fast_tmp_dir",
+    "with_network",
 ]
 
 LEVELS = ("L0", "L1", "L2", "L3")
@@ -51,6 +53,11 @@ class SandboxConfig:
     (``multiprocessing`` locks need it; files there outlive the session and
     only FSIZE caps each one), at L3 ``/dev/shm`` is always private.
     ``nproc`` is each session's budget of processes and threads.
+    ``network`` is ``"none"`` (the default here), ``"loopback"`` (each session
+    its own network namespace with only ``lo`` up; needs session namespaces,
+    else it is ``"none"``) or ``"host"``; True and False mean ``"host"`` and
+    ``"none"``. It is stored as the mode's name. The services default to
+    ``"loopback"`` (:func:`default_config`). See docs/sandbox.md, "network".
     ``stack_size`` is the C stack of a session's main thread (``RLIMIT_STACK``;
     only what is used counts as memory) and the most ``threading.stack_size``
     grants: 128 MiB holds the 30,000 levels of recursion a session allows
@@ -94,7 +101,7 @@ class SandboxConfig:
     open_files: int | None = 256
     nproc: int | None = 64
     stack_size: int | None = 128 * _MiB
-    network: bool = False
+    network: bool | str = False
     tmp_size: int = 64 * _MiB
     allow_unsafe: bool = False
     min_level: str | None = None
@@ -114,6 +121,9 @@ class SandboxConfig:
     fixed_workspace: bool = False
     address_space: int | str | None = "auto"
     own_pids: bool = False
+    #: an image's layer directories, top first (``ShellService(image=...)`` sets it): each
+    #: session's root is then that image with a private writable layer (docs/images.md)
+    root_layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -145,6 +155,10 @@ class SandboxConfig:
             not isinstance(self.disk_quota, int) or self.disk_quota <= 0
         ):
             problems.append(f"disk_quota must be a positive int or None, got {self.disk_quota!r}")
+        try:  # stored as the mode's name: "none", "loopback" or "host"
+            object.__setattr__(self, "network", network_mode(self.network))
+        except UserError as exc:
+            problems.append(str(exc))
         if not isinstance(self.tmp_size, int) or self.tmp_size <= 0:
             problems.append(f"tmp_size must be a positive int, got {self.tmp_size!r}")
         if self.min_level is not None and self.min_level not in LEVELS:
@@ -185,8 +199,15 @@ class SandboxConfig:
             problems.append(f"{STATE_ENV} is reserved for the sandbox itself")
         if self.base_dir is not None and not os.path.isdir(self.base_dir):
             problems.append(f"base_dir={self.base_dir!r} is not an existing directory")
+        layers = tuple(self.root_layers)
+        problems += [
+            f"root_layers entry {p!r} must be absolute" for p in layers if not os.path.isabs(p)
+        ]
+        if layers and not self.session_namespaces:
+            problems.append("root_layers (an image as the root) needs session_namespaces=True")
         if problems:
             raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
+        object.__setattr__(self, "root_layers", layers)
         object.__setattr__(self, "extra_ro_paths", paths)
         object.__setattr__(self, "env_allowlist", allow)
         object.__setattr__(self, "extra_env", _FrozenEnv(extra))
@@ -236,6 +257,16 @@ def fast_tmp_dir() -> str | None:
 
 
 def default_config() -> SandboxConfig:
-    """The default settings, with session directories on tmpfs when possible."""
+    """The services' default settings: session directories on tmpfs when possible, and
+    ``network="loopback"`` (each session its own ``lo``)."""
     fast = fast_tmp_dir()
-    return SandboxConfig(base_dir=fast) if fast is not None else SandboxConfig()
+    if fast is not None:
+        return SandboxConfig(base_dir=fast, network="loopback")
+    return SandboxConfig(network="loopback")
+
+
+def with_network(config: SandboxConfig, network: object) -> SandboxConfig:
+    """``config`` with the services' ``network=`` argument applied (None: keep its mode)."""
+    if network is None:
+        return config
+    return replace(config, network=network_mode(network))

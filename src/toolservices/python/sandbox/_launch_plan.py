@@ -161,6 +161,9 @@ def session_state(
             "disk_quota": getattr(config, "disk_quota", None),
             "workspace": workspace,
             "own_pids": bool(getattr(config, "own_pids", False)),
+            # each session its own network namespace with only lo up (docs/sandbox.md)
+            "loopback": config.network == "loopback",
+            "root": list(getattr(config, "root_layers", ())),
         }
         if session_ns
         else None,

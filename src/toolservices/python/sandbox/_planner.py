@@ -39,6 +39,7 @@ from toolservices.python.sandbox._launch_plan import (
     release,
     session_state,
 )
+from toolservices.python.sandbox._network import effective_mode
 from toolservices.python.sandbox._report import build_report, resolve_address_space
 from toolservices.python.sandbox._seccomp import SeccompUnavailable, build_filter
 
@@ -101,8 +102,9 @@ class _Attempt:
 
 
 def _ro_paths(config: SandboxConfig, paths: probe_mod.PythonPaths) -> list[str]:
-    wanted = list(_SYSTEM_RO) + (list(_NETWORK_RO) if config.network else [])
+    wanted = list(_SYSTEM_RO) + (list(_NETWORK_RO) if config.network != "none" else [])
     wanted += list(paths.read_paths) + list(config.extra_ro_paths)
+    wanted += sorted({os.path.dirname(p) for p in config.root_layers})  # the image cache
     result: list[str] = []
     for path in wanted:
         if os.path.exists(path) and path not in result:
@@ -123,7 +125,7 @@ def _bwrap_args(
     workspace: str | None = None,
 ) -> list[str]:
     args = [bwrap, "--unshare-all", "--unshare-user"]
-    if config.network:
+    if config.network == "host":
         args.append("--share-net")
     # sessions make their own user namespaces (and then deny new ones with seccomp)
     args += ["--die-with-parent", "--new-session"] + ([] if session_ns else ["--disable-userns"])
@@ -197,11 +199,15 @@ def _identity_binds(host_base: str) -> list[str]:
 def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
     """The levels worth probing, best first; why a layer is unavailable goes to ``skipped``."""
     seccomp_hex: str | None = None
+    own_net_hex: str | None = None  # the filter of sessions with their own namespaces
     if not config.seccomp:
         skipped["seccomp"] = "disabled by SandboxConfig(seccomp=False)"
     else:
         try:
-            seccomp_hex = build_filter(network=config.network).hex()
+            seccomp_hex = build_filter(
+                network=effective_mode(config.network, session_ns=False)
+            ).hex()
+            own_net_hex = build_filter(network=config.network).hex()
         except SeccompUnavailable as exc:
             skipped["seccomp"] = str(exc)
     abi = landlock_abi()
@@ -220,12 +226,21 @@ def _attempts(config: SandboxConfig, skipped: dict[str, str]) -> list[_Attempt]:
         found.append(_Attempt("L2", None, seccomp_hex, landlock))
     found.append(_Attempt("L1", None, None, None))
     if config.session_namespaces:  # each level with them first, then without
-        found = [v for a in found for v in (replace(a, session_ns=True), a)]
+        found = [
+            v
+            for a in found
+            for v in (
+                replace(a, session_ns=True, seccomp_hex=a.seccomp_hex and own_net_hex),
+                a,
+            )
+        ]
     else:
         skipped["session_namespaces"] = "disabled by SandboxConfig(session_namespaces=False)"
     if config.allow_unsafe and os.geteuid() == 0:
         # last resort, only when asked for: user code keeps root's uid
         found.append(_Attempt("L0", None, None, None))
+    if config.root_layers:  # an image root is made by each session: never without them
+        found = [a for a in found if a.session_ns]
     return found
 
 
@@ -245,7 +260,7 @@ def _landlock_state(
         if attempt.bwrap
         else (["/dev/shm"] if config.host_shm else []),
         "devices": list(_DEVICES),
-        "deny_tcp": not config.network,
+        "deny_tcp": effective_mode(config.network, session_ns=attempt.session_ns) == "none",
         "scope": True,
     }
 
@@ -609,6 +624,10 @@ def _spec(
         "uid": uid,
         "gid": uid,
         "reach": reach,
+        # the image cache shown owned by the dedicated uid (root pulled it): see _launch
+        "idmap": sorted({os.path.dirname(p) for p in config.root_layers})
+        if uid is not None
+        else [],
         "subreaper": attempt.bwrap is None,
         "rlimits": rlimits,
         "no_new_privs": True,

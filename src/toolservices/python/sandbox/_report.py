@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from toolservices.python.sandbox._seccomp import allowed_socket_families, family_names
+from toolservices.python.sandbox._network import (
+    allowed_socket_families,
+    effective_mode,
+    family_names,
+)
 
 __all__ = [
     "LEVEL_MEANING",
@@ -311,8 +315,14 @@ def _confinement_layers(
         + ("" if "net" in private else " (network shared)"),
         f"bwrap not usable: {ns_why}",
     )
-    if config.network:
-        layers["network"] = _layer(False, why="allowed by SandboxConfig(network=True)")
+    if config.network == "host":
+        layers["network"] = _layer(
+            False, why="allowed by network='host' (SandboxConfig(network=True))"
+        )
+    elif config.network == "loopback" and own_ns:
+        layers["network"] = _layer(
+            True, "loopback: each session its own network namespace, only lo up"
+        )
     elif in_ns and "net" in private:
         layers["network"] = _layer(True, "none: empty network namespace (own loopback only)")
     elif landlock_on or seccomp_on:
@@ -358,7 +368,11 @@ def _confinement_layers(
         seccomp_on,
         "deny list: namespaces, mount, ptrace, bpf, "
         "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI; socket families allowed: "
-        + family_names(allowed_socket_families(config.network))
+        + family_names(
+            allowed_socket_families(
+                config.network if own_ns else effective_mode(config.network, session_ns=False)
+            )
+        )
         + " (every other one, AF_VSOCK and AF_PACKET included, fails with EAFNOSUPPORT)",
         skipped.get("seccomp") or "the filter was not in force in the probe",
     )

@@ -20,7 +20,9 @@ import functools
 import os
 import socket
 
-__all__ = ["SeccompUnavailable", "allowed_socket_families", "build_filter", "family_names"]
+from toolservices.python.sandbox._network import allowed_socket_families, network_mode
+
+__all__ = ["SeccompUnavailable", "build_filter"]
 
 # Syscalls that fail with EPERM. Names unknown to this kernel's libseccomp
 # table are skipped (older architectures lack some of them).
@@ -80,30 +82,8 @@ class SeccompUnavailable(RuntimeError):
     """pyseccomp or the system libseccomp cannot be used; the message says why."""
 
 
-def allowed_socket_families(network: object) -> tuple[int, ...]:
-    """The socket families sessions may create under the network setting ``network``.
-
-    ``AF_UNIX`` always. IP (``AF_INET``, ``AF_INET6``, and ``AF_NETLINK`` for
-    the interface and route queries resolvers and ``ip`` make) only when the
-    mode gives sessions a network: ``True`` or ``"loopback"``/``"host"``;
-    ``False``/``"none"`` keep only ``AF_UNIX``. Everything else (``AF_VSOCK``,
-    which crosses network namespaces to the hypervisor, ``AF_PACKET``,
-    Bluetooth, CAN, ...) is refused in every mode. The one place that maps the
-    network setting to families: the filter and the report both use it.
-    """
-    if network is True or network in ("loopback", "host"):
-        return (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, _NETLINK)
-    return (socket.AF_UNIX,)
-
-
-def family_names(families: tuple[int, ...]) -> str:
-    """``"AF_UNIX, AF_INET"`` for the report."""
-    names = {int(f): f.name for f in socket.AddressFamily}
-    return ", ".join(names.get(f, str(f)) for f in families)
-
-
 @functools.lru_cache(maxsize=4)
-def build_filter(*, network: object) -> bytes:
+def build_filter(*, network: bool | str) -> bytes:
     """Return the compiled BPF program (``struct sock_filter`` array) for the sandbox.
 
     Raises :class:`SeccompUnavailable` with the reason when it cannot be built.
@@ -134,7 +114,7 @@ def build_filter(*, network: object) -> bytes:
             )
         # an allowlist of families, written as denials: each other family by its low 32 bits
         # (the kernel reads an int), and any value at or above the ceiling (high bits too)
-        allowed = allowed_socket_families(network)
+        allowed = allowed_socket_families(network_mode(network))
         for call in ("socket", "socketpair"):
             for family in range(_FAMILY_CEILING):
                 if family not in allowed:

@@ -1,0 +1,106 @@
+"""A real distribution as the root: Debian (python3, pytest, pip, git) made by mmdebstrap.
+
+The episode of the issue's demo: a repository shipped in the image, with a bug and its
+tests; the session runs the image's pytest, fixes the root-owned file, installs the
+package into the image's system site-packages with pip, commits with git. The rootfs tar
+is made by ``.ci/run`` (mmdebstrap from Debian's packages, cached between runs) at
+``$TOOLSERVICES_TEST_ROOTFS`` or ``~/.cache/toolservices-tests/debian-bookworm-python.tar``.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from collections.abc import Iterator
+
+import pytest
+from _build import Entry, Layer, oci_layout_from_rootfs
+
+from toolservices.shell import ShellService
+
+ROOTFS = os.environ.get("TOOLSERVICES_TEST_ROOTFS") or os.path.expanduser(
+    "~/.cache/toolservices-tests/debian-bookworm-python.tar"
+)
+
+_PYPROJECT = b"""[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "mathx"
+version = "0.1"
+
+[tool.pytest.ini_options]
+pythonpath = ["src"]
+"""
+_CODE = b"def add(a, b):\n    return a - b\n"
+_TEST = b"from mathx import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+def task_layer() -> Layer:
+    d = tarfile.DIRTYPE
+    return Layer(
+        [
+            Entry("repo/", kind=d, mode=0o755),
+            Entry("repo/pyproject.toml", _PYPROJECT),
+            Entry("repo/src/", kind=d, mode=0o755),
+            Entry("repo/src/mathx/", kind=d, mode=0o755),
+            Entry("repo/src/mathx/__init__.py", _CODE),
+            Entry("repo/tests/", kind=d, mode=0o755),
+            Entry("repo/tests/test_mathx.py", _TEST),
+        ],
+        "gzip",
+    )
+
+
+@pytest.fixture(scope="module")
+def debian(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShellService]:
+    if not os.path.exists(ROOTFS):
+        pytest.skip(
+            f"no Debian rootfs at {ROOTFS}: .ci/run makes it with mmdebstrap "
+            "(or set TOOLSERVICES_TEST_ROOTFS to a rootfs tar with python3, pytest, pip, git)"
+        )
+    root = tmp_path_factory.mktemp("debian")
+    oci_layout_from_rootfs(str(root / "oci"), ROOTFS, [task_layer()])
+    with ShellService(
+        pool_size=2,
+        timeout=50.0,
+        max_sessions=8,
+        image=f"oci:{root}/oci",
+        image_cache=str(root / "cache"),
+        disk_quota=256 << 20,
+    ) as shell:
+        yield shell
+
+
+@pytest.mark.timeout(120)  # pip and pytest in a real distribution: seconds each
+def test_fix_install_and_test_a_repository_shipped_in_the_image(debian: ShellService) -> None:
+    sid = "episode"
+    first = debian.run(
+        "cat /etc/os-release | head -1; cd /repo && python3 -m pytest -q", session_id=sid
+    )
+    assert 'PRETTY_NAME="Debian GNU/Linux 12' in first.stdout, first
+    assert first.returncode == 1 and "1 failed" in first.stdout, first
+    debian.write_file(
+        "/repo/src/mathx/__init__.py", "def add(a, b):\n    return a + b\n", session_id=sid
+    )
+    fixed = debian.run("python3 -m pytest -q", session_id=sid)
+    assert fixed.returncode == 0 and "1 passed" in fixed.stdout, fixed
+    install = debian.run(
+        "pip install -q --no-index --no-build-isolation --break-system-packages /repo && "
+        "cd /tmp && python3 -c 'import mathx, sys; print(mathx.add(2, 3), mathx.__file__)'",
+        session_id=sid,
+    )
+    assert install.returncode == 0, install
+    assert install.stdout.startswith("5 /usr/local/lib/python3"), install
+    commit = debian.run(
+        "cd /repo && git init -q && git add -A && "
+        "git -c user.name=t -c user.email=t@example.com commit -qm fix && "
+        "git log --oneline | wc -l",
+        session_id=sid,
+    )
+    assert commit.stdout.strip() == "1", commit
+    other = debian.run(
+        "cd /repo && python3 -m pytest -q; python3 -c 'import mathx'", session_id="other"
+    )
+    assert "1 failed" in other.stdout and "ModuleNotFoundError" in other.stderr, other

@@ -1,0 +1,141 @@
+"""ShellService(image=...): every session's root is the image, with a private writable layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _build import bash_layer, busybox_layer, oci_layout
+
+from toolservices.shell import ShellService
+
+
+@pytest.fixture(scope="module")
+def image_shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShellService]:
+    root = tmp_path_factory.mktemp("session-image")
+    digest = oci_layout(str(root / "oci"), [busybox_layer("gzip"), bash_layer("zstd")])
+    shell = ShellService(
+        pool_size=2,
+        timeout=20.0,
+        max_sessions=8,
+        image=f"oci:{root}/oci",
+        image_cache=str(root / "cache"),
+    )
+    try:
+        report = shell.isolation_report()
+        if not report["layers"]["session_namespaces"]["active"]:
+            pytest.skip(f"no session namespaces here: {report['layers']['session_namespaces']}")
+        assert report["image"]["digest"] == digest
+        yield shell
+    finally:
+        shell.close()
+
+
+def test_the_session_is_root_of_its_image(image_shell: ShellService) -> None:
+    result = image_shell.run(
+        "id -u; cat /repo/task.txt; echo fixed > /repo/task.txt && cat /repo/task.txt; "
+        "cat /etc/os-release; rm /bin/true && echo rm-ok; mkdir -p /usr/lib/site && "
+        "echo pkg > /usr/lib/site/m.py && echo install-ok; pwd",
+        session_id="a",
+    )
+    assert result.returncode == 0, result
+    assert result.stdout.split("\n")[:8] == [
+        "0",
+        "fix me",
+        "fixed",
+        "ID=testbox",
+        "rm-ok",
+        "install-ok",
+        "/workspace",
+        "",
+    ], result
+    assert image_shell.read_file("/repo/task.txt", session_id="a") == "fixed\n"
+    image_shell.write_file("/etc/new.conf", "x=1\n", session_id="a")
+    assert image_shell.run("cat /etc/new.conf", session_id="a").stdout == "x=1\n"
+
+
+def test_the_writable_layer_is_hidden_from_the_session(image_shell: ShellService) -> None:
+    found = image_shell.run(
+        "for d in $(find / -xdev -maxdepth 4 -name .image-root 2>/dev/null) "
+        "/sandbox/*/.image-root; do ls -A $d 2>&1; done; echo end",
+        session_id="hide",
+    )
+    assert found.stdout.strip().endswith("end") and "upper" not in found.stdout, found
+
+
+def test_a_private_dev_and_no_writes_to_proc(image_shell: ShellService) -> None:
+    made = image_shell.run(
+        "echo x > /dev/mine && cat /dev/mine; echo hi > /dev/null; "
+        "ls /dev/fd/ > /dev/null && echo fd-ok; echo 1 > /proc/self/oom_score_adj || echo no-proc",
+        session_id="d1",
+    )
+    assert made.stdout == "x\nfd-ok\nno-proc\n", made
+    other = image_shell.run("test -e /dev/mine || test -e /opt2 || echo clean", session_id="d2")
+    assert other.stdout == "clean\n", other
+
+
+def test_changes_are_private_to_each_session(image_shell: ShellService) -> None:
+    image_shell.run("echo mine > /repo/task.txt", session_id="p1")
+    other = image_shell.run(
+        "cat /repo/task.txt; test -e /bin/true && echo has-true", session_id="p2"
+    )
+    assert other.stdout == "fix me\nhas-true\n", other
+
+
+def test_the_cache_is_untouched(image_shell: ShellService, tmp_path: Path) -> None:
+    image_shell.run("rm -rf /repo /etc", session_id="wreck")
+    assert image_shell.image is not None
+    assert (Path(image_shell.image.layers[0]) / "repo/task.txt").read_text() == "fix me\n"
+
+
+def test_start_session_on_the_image(image_shell: ShellService) -> None:
+    import anyio
+
+    from toolservices.errors import UserError
+
+    assert image_shell.image is not None
+    assert image_shell.start_session("started", image=image_shell.image.reference) == "started"
+    with pytest.raises(UserError, match="exists already"):
+        image_shell.start_session("started")
+    with pytest.raises(UserError, match="one image per ShellService"):
+        image_shell.start_session("other", image="oci:/somewhere/else")
+    assert anyio.run(lambda: image_shell.astart_session("started-async")) == "started-async"
+    assert image_shell.run("id -u", session_id="started-async").stdout == "0\n"
+
+
+def test_fork_session_copies_the_writable_layer(image_shell: ShellService) -> None:
+    image_shell.run(
+        "echo src > /repo/task.txt; echo ws > here.txt; rm /etc/os-release; "
+        "mkdir -p /usr/new && echo 1 > /usr/new/f; rm -rf /repo/sub 2>/dev/null; true",
+        session_id="f",
+    )
+    a, b = image_shell.fork_session("f", 2)
+    seen = image_shell.run(
+        "cat here.txt /repo/task.txt /usr/new/f; test -e /etc/os-release || echo whiteout-kept",
+        session_id=a,
+    )
+    assert seen.stdout == "ws\nsrc\n1\nwhiteout-kept\n", seen
+    image_shell.run("echo copy-a > /repo/task.txt", session_id=a)
+    assert image_shell.run("cat /repo/task.txt", session_id=b).stdout == "src\n"
+    assert image_shell.run("cat /repo/task.txt", session_id="f").stdout == "src\n"
+
+
+def test_an_image_root_needs_session_namespaces() -> None:
+    from toolservices.errors import UserError
+    from toolservices.python import SandboxConfig
+
+    with pytest.raises(UserError, match="root_layers .* needs session_namespaces"):
+        SandboxConfig(root_layers=("/cache/layers/a",), session_namespaces=False)
+    with pytest.raises(UserError, match="must be absolute"):
+        SandboxConfig(root_layers=("layers/a",))
+
+
+def test_an_image_without_bash_is_refused(tmp_path: Path) -> None:
+    from _build import busybox_layer, oci_layout
+
+    from toolservices.errors import UserError
+
+    oci_layout(str(tmp_path / "oci"), [busybox_layer("gzip")])
+    with pytest.raises(UserError, match="has no /bin/bash"):
+        ShellService(image=f"oci:{tmp_path}/oci", image_cache=str(tmp_path / "cache"))
