@@ -80,14 +80,15 @@ def test_escaping_archives_write_nothing(shell: ShellService, sid: str, archive:
         shell.put_archive(sid, "dest", archive)
     assert info.value.reason == "EPERM"
     listing = shell.run(
-        "ls -A /tmp; test -e dest || test -e ../escape || echo clean", session_id=sid
+        "ls -A /tmp | grep -vx home; test -e dest || test -e ../escape || echo clean",
+        session_id=sid,
     )
     assert listing.stdout == "clean\n", listing
 
 
 def test_absolute_names_land_inside_the_destination(shell: ShellService, sid: str) -> None:
     shell.put_archive(sid, "dest", _tar(("/tmp/abs", b"x", tarfile.REGTYPE, "")))
-    assert shell.run("cat dest/tmp/abs; ls -A /tmp", session_id=sid).stdout == "x"
+    assert shell.run("cat dest/tmp/abs; ls -A /tmp | grep -vx home", session_id=sid).stdout == "x"
 
 
 def test_a_link_already_in_the_session_is_not_followed_out(shell: ShellService, sid: str) -> None:

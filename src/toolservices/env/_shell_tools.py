@@ -15,6 +15,7 @@ or an edit that does not match exactly is, with a message saying what to do.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -183,19 +184,35 @@ class BashTool(ShellTool):
 def _bash_description(shell: ShellService, max_output: int | None) -> str:
     """What the model should know of the sandbox: network, what is on PATH, output cap."""
     sandbox = getattr(shell, "sandbox", None)
-    network = bool(getattr(sandbox, "network", False))
-    found = [tool for tool in _PATH_TOOLS if shutil.which(tool, path=_SANDBOX_PATH)]
+    network = getattr(sandbox, "network", "none")
+    image = getattr(shell, "image", None)
+    if image is not None:  # what the image's own directories hold, not the host's
+        path = os.pathsep.join(
+            os.path.join(layer, d.lstrip("/"))
+            for layer in image.layers
+            for d in image.path.split(":")
+        )
+    else:
+        path = _SANDBOX_PATH
+    found = [tool for tool in _PATH_TOOLS if shutil.which(tool, path=path)]
     text = (
         "Run one bash command in a persistent shell: the working directory, "
         "variables, aliases and files are kept between calls. Returns stdout, "
         "stderr and the exit status. stdin is closed, so do not start "
         "interactive programs (editors, pagers, a bare python). "
     )
-    text += (
-        "The sandbox has network access. "
-        if network
-        else "The sandbox has no network: installing packages (pip, npm) or fetching URLs fails. "
-    )
+    if network in ("host", True):
+        text += "The sandbox has network access. "
+    else:
+        text += (
+            "The sandbox has no network"
+            + (
+                " beyond its own 127.0.0.1 (servers you start here)"
+                if network == "loopback"
+                else ""
+            )
+            + ": installing packages (pip, npm) or fetching URLs fails. "
+        )
     if found:
         text += f"On PATH: {', '.join(found)}. "
     if max_output is not None:

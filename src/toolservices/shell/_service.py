@@ -234,7 +234,8 @@ class ShellService:
             "max_output": self.max_output,
             "max_file": self.max_file_size,
             "command_stack": command_stack,
-            "offline": not bool(getattr(config, "network", False)),
+            # "loopback" reaches nothing outside the session: pip has no index there either
+            "offline": config.network != "host",
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
         }
