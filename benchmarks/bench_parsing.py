@@ -8,6 +8,12 @@ of microseconds per response and calls per second. TorchRL 0.14.1's
 same inputs for ``xml_block`` and ``json_envelope``. Times are CPU time of this
 process, so other load on a shared machine does not inflate them.
 
+Then short responses (the fixed cost of one parse): per family, one call in
+100-300 characters with a sentence before and after it (no text after for
+``json_envelope``, whose response is one JSON document; ``step3``'s single
+call alone is 270 characters), beside a response of prose alone of the same
+length (the entry checks and result every parse pays, call or not).
+
 Then large inputs (1 MB and 10 MB of characters) per family: valid calls (the
 4-call response repeated), and two adversarial malformed shapes repeated: the
 first half of a call (``prefix``) and a call missing its last three characters
@@ -15,7 +21,8 @@ first half of a call (``prefix``) and a call missing its last three characters
 
 Then, when vLLM is importable (a scratch venv: docs/benchmarks.md says how
 to build one), vLLM's own tool parsers side by side with ours on the same
-vectors (``--vllm-only`` skips everything else): per family and call count
+vectors (``--vllm-only`` skips everything else), on the short responses
+and on the long ones: per family, size and call count
 the median CPU µs of each over alternating runs and ``speed`` = vLLM time /
 our time (above 1: ours is faster). vLLM's ``llama3_json`` and ``pythonic``
 only accept a response that *is* the calls, and its ``mistral`` (without a
@@ -78,12 +85,55 @@ CALLS = [
     ToolCall("search_events", {"query": "museum", "filters": {"free": True}, "limit": 10}),
 ]
 CODE = "import math\nvalues = [math.sqrt(i) for i in range(10)]\nprint(sum(values))"
+#: The short set: one call with a sentence around it, 100-300 characters per family.
+SHORT_CALL = ToolCall("search_events", {"query": "jazz concerts near Paris", "limit": 5})
+SHORT_CODE = ToolCall("python", {"code": "import math\nprint(round(math.pi * 2 ** 10, 3))"})
+SHORT_BEFORE = "Let me search for that."
+SHORT_AFTER = "Back in a moment."
+#: Families whose response cannot carry text after the calls.
+_NO_TEXT_AFTER = frozenset({"json_envelope"})
 
 
 def _calls_for(family: str, count: int) -> list[ToolCall]:
     if family == "python_block":
         return [ToolCall("python", {"code": CODE}) for _ in range(count)]
     return CALLS[:count]
+
+
+def _short_response(family: str) -> str:
+    """One call with a sentence before it and (where the format allows) one after."""
+    parser = get_parser(family, tools=SPECS)
+    call = SHORT_CODE if family == "python_block" else SHORT_CALL
+    response = parser.render([call], SHORT_BEFORE)
+    return response if family in _NO_TEXT_AFTER else f"{response}\n{SHORT_AFTER}"
+
+
+def _prose_like(response: str) -> str:
+    """Plain prose as long as ``response`` (no call syntax): the floor of a parse."""
+    prose = f"{PROSE} "
+    return (prose * (len(response) // len(prose) + 1))[: len(response)]
+
+
+def _short_inputs(*, repeats: int, target: float) -> None:
+    """CPU µs of one parse of a short single-call response, and of prose alone."""
+    print(f"\n# short responses: one call, text around (median of {repeats}; CPU µs per parse)")
+    print(f"{'format':<16} {'chars':>5} {'1 call µs':>10} {'prose µs':>9} {'call - prose':>13}")
+    for family in PARSERS:
+        parser = get_parser(family, tools=SPECS)
+        response = _short_response(family)
+        result = parser(response)
+        assert len(result.calls) == 1 and not result.errors, (family, result.errors)
+        prose = _prose_like(response)
+        assert not parser(prose).calls, family
+        call, floor = (
+            _median_per_call(lambda p=parser, r=text: p(r), repeats=repeats, target=target)
+            for text in (response, prose)
+        )
+        print(
+            f"{family:<16} {len(response):>5} {call * 1e6:>10.1f} {floor * 1e6:>9.1f} "
+            f"{(call - floor) * 1e6:>13.1f}",
+            flush=True,
+        )
 
 
 def _loops_for(fn: Callable[[], Any], target: float) -> int:
@@ -187,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             row.append(f"{seconds * 1e6:>10.1f} {count / seconds:>10,.0f}")
         print(" ".join(row))
 
+    _short_inputs(repeats=args.repeats, target=args.target)
     if args.large_mb != "none":
         _large_inputs([float(mb) for mb in args.large_mb.split(",")], inputs)
     if args.no_torchrl:
@@ -249,10 +300,13 @@ class _Vocab:
         return self.get_vocab()
 
 
-def _vllm_response(family: str, count: int) -> str:
-    ours = get_parser(family, tools=SPECS)
-    calls = _calls_for(family, count)
+def _vllm_response(family: str, size: str, count: int) -> str:
+    """The response vLLM's parser accepts: ``size`` is ``short`` (one call) or ``long``."""
     form = VLLM_FAMILIES[family]
+    if size == "short" and form == "prose+calls":
+        return _short_response(family)
+    ours = get_parser(family, tools=SPECS)
+    calls = [SHORT_CALL] if size == "short" else _calls_for(family, count)
     if form == "JSON array":
         body = [{"name": c.tool, "arguments": c.args} for c in calls]
         return "[TOOL_CALLS]" + json.dumps(body, ensure_ascii=False)
@@ -279,13 +333,14 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
         f"alternating runs, medians of {repeats}; CPU µs per response)"
     )
     print(
-        f"{'format':<13} {'form':<12} {'calls':>5} {'ours':>8} {'vllm':>8} {'speed ours/vllm':>16}"
+        f"{'format':<13} {'form':<12} {'size':<5} {'chars':>5} {'calls':>5} {'ours':>8} "
+        f"{'vllm':>8} {'speed ours/vllm':>16}"
     )
     for family, form in VLLM_FAMILIES.items():
         theirs = ToolParserManager.get_tool_parser(family)(_Vocab(), tools=request.tools)
         ours = get_parser(family, tools=SPECS)
-        for count in (1, 4):
-            response = _vllm_response(family, count)
+        for size, count in (("short", 1), ("long", 1), ("long", 4)):
+            response = _vllm_response(family, size, count)
             got = theirs.extract_tool_calls(response, request)
             mine = ours(response)
             assert [c.function.name for c in got.tool_calls] == [c.tool for c in mine.calls], (
@@ -300,8 +355,8 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
                 target=target,
             )
             print(
-                f"{family:<13} {form:<12} {count:>5} {t_ours * 1e6:>8.1f} {t_vllm * 1e6:>8.1f} "
-                f"{1 / ratio:>15.2f}x",
+                f"{family:<13} {form:<12} {size:<5} {len(response):>5} {count:>5} "
+                f"{t_ours * 1e6:>8.1f} {t_vllm * 1e6:>8.1f} {1 / ratio:>15.2f}x",
                 flush=True,
             )
     return 0
