@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 _DECODER = json.JSONDecoder()
+_SCAN_ONCE = _DECODER.scan_once
 _WHITESPACE = " \t\n\r"
 _JSON_STARTS = frozenset('{["-0123456789tfnNI')
 _BLANK_TAIL = re.compile(r"\s*\Z")
@@ -111,11 +112,18 @@ def raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
         near = text[pos : pos + 20].replace("\n", "\\n")
         raise ArgumentsError(f"invalid JSON: expected a JSON value, found {near!r}")
     try:
-        return _DECODER.raw_decode(text, pos)
+        # The decoder's own scanner (what ``JSONDecoder.raw_decode`` calls), one
+        # Python frame fewer; it raises StopIteration where raw_decode says
+        # "Expecting value", and so do we.
+        value, end = _SCAN_ONCE(text, pos)
+    except StopIteration as stop:
+        error = json.JSONDecodeError("Expecting value", text, stop.value)
+        raise json_problem(error, text) from None
     except json.JSONDecodeError as error:
         raise json_problem(error, text) from None
     except RecursionError:
         raise NestingError("invalid JSON: nested too deeply") from None
+    return value, end
 
 
 def decode_arguments(value: Any) -> dict[str, Any]:
@@ -171,16 +179,18 @@ def call_from_object(
     Also reads the OpenAI shape ``{"type": "function", "function": {...}, "id"}``.
     The id is ``""`` when the object carries none.
     """
-    if not isinstance(obj, Mapping):
+    # ``type(...) is`` first: decoded JSON is plain dicts and strs, and the ABC
+    # check costs more than the rest of a small call.
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         raise ArgumentsError(
             f"each tool call must be a JSON object, got {describe(obj)}", kind="invalid_syntax"
         )
     call_id = obj.get("id")
     inner = obj.get("function")
-    if isinstance(inner, Mapping) and "name" in inner:
+    if inner is not None and isinstance(inner, Mapping) and "name" in inner:
         obj = inner
     name = obj.get("name")
-    if not isinstance(name, str) or not name.strip():
+    if (type(name) is not str and not isinstance(name, str)) or not name.strip():
         keys = ", ".join(map(repr, obj)) or "none"
         raise ArgumentsError(
             f'the call object needs a string "name" (keys found: {keys})', kind="invalid_syntax"
@@ -190,6 +200,8 @@ def call_from_object(
         if key in obj:
             raw_args = obj[key]
             break
+    if type(raw_args) is dict:  # the usual case: decode_arguments would return it as is
+        return name.strip(), raw_args, call_id if isinstance(call_id, str) else ""
     try:
         args = decode_arguments(raw_args)
     except ArgumentsError as error:
