@@ -30,6 +30,11 @@ DEEPSEEK_INPUTS = [
     B + _v3("a", '"{\\"x\\": 1}"') + E,  # arguments as a JSON string
     B + _v3("a", "[1]") + E,  # not an object
     B + _v3("a", '{"x": ') + E,  # bad JSON
+    B + _v3("a", ' {"x": 1} ') + E,  # blanks around the object
+    B + _v3("a", '{"x": 1}\n') + E,  # a blank line before the closing fence
+    B + _v3("a", '{"x": 1} {"y": 2}') + E,  # two objects in one fence
+    B + _v3("a", '{"s": "\n```' + CE + '"}') + E,  # the call's tail inside a string
+    B + _v3("a", "5") + E,  # a number
     B + _v3("a", "") + E,  # blank arguments
     B + _v3("a", '{"code": "```\\n```"}') + E,  # fences inside a string
     B + f"{CB}function{SEP}a\n```json\n{{}}```{CE}" + E,  # no newline before the fence

@@ -32,10 +32,14 @@ __all__ = [
     "json_problem",
     "loads",
     "raw_decode",
+    "scan_once",
 ]
 
 _DECODER = json.JSONDecoder()
-_SCAN_ONCE = _DECODER.scan_once
+#: The decoder's own scanner: ``scan_once(text, pos) -> (value, end)`` for the JSON
+#: value that starts exactly at ``pos`` (no blanks skipped); StopIteration when no
+#: value starts there, JSONDecodeError when one is malformed.
+scan_once = _DECODER.scan_once
 _WHITESPACE = " \t\n\r"
 _JSON_STARTS = frozenset('{["-0123456789tfnNI')
 _BLANK_TAIL = re.compile(r"\s*\Z")
@@ -115,7 +119,7 @@ def raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
         # The decoder's own scanner (what ``JSONDecoder.raw_decode`` calls), one
         # Python frame fewer; it raises StopIteration where raw_decode says
         # "Expecting value", and so do we.
-        value, end = _SCAN_ONCE(text, pos)
+        value, end = scan_once(text, pos)
     except StopIteration as stop:
         error = json.JSONDecodeError("Expecting value", text, stop.value)
         raise json_problem(error, text) from None

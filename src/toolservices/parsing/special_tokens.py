@@ -6,7 +6,6 @@ Kimi's and Harmony's use ASCII ``<|...|>``. They are matched exactly.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from toolservices.parsing._common import (
     after_text,
     iter_blocks,
 )
-from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
+from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps, scan_once
 from toolservices.parsing.base import ParseResult, ToolCall
 
 __all__ = ["DeepSeekV31Parser", "DeepSeekV3Parser", "HarmonyParser", "KimiK2Parser"]
@@ -36,7 +35,6 @@ _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 #: else (spaces between calls, the V3.1 layout, bad JSON) takes the general path.
 _DS_V3_HEAD = re.compile(f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n")
 _DS_V3_TAIL = f"\n```{_DS_CALL_END}"
-_loads = json.loads
 
 
 def _section_calls(
@@ -137,15 +135,18 @@ def _fast_section(text: str, block: Block, found: Collector) -> bool:
         head = _DS_V3_HEAD.match(text, pos, stop)
         if head is None:
             return False
-        close = text.find(_DS_V3_TAIL, head.end(), stop)
-        if close == -1 or text.find(_DS_CALL_END, head.end(), close) != -1:
+        args_start = head.end()
+        close = text.find(_DS_V3_TAIL, args_start, stop)
+        if close == -1 or text.find(_DS_CALL_END, args_start, close) != -1:
             return False
         name = head.group(1).strip()
+        # The object must fill the fence exactly (blanks around it: the general
+        # path); read in place, without a copy of the arguments' text.
         try:
-            args = _loads(text[head.end() : close])
-        except (ValueError, RecursionError):
+            args, end = scan_once(text, args_start)
+        except (StopIteration, ValueError, RecursionError):
             return False
-        if type(args) is not dict or not name:
+        if end != close or type(args) is not dict or not name:
             return False
         pos = close + len(_DS_V3_TAIL)
         calls.append((name, args, text[head.start() : pos]))
