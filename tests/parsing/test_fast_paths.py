@@ -35,6 +35,12 @@ DEEPSEEK_INPUTS = [
     B + _v3("a", '{"x": 1} {"y": 2}') + E,  # two objects in one fence
     B + _v3("a", '{"s": "\n```' + CE + '"}') + E,  # the call's tail inside a string
     B + _v3("a", "5") + E,  # a number
+    B + _v3("a", '{"x": 1}') + "\n" + _v3("b", "{}") + E,  # a newline between calls (V3's own)
+    B + "\n " + _v3("a", "{}") + "\n" + E,  # blanks before the first call and after the last
+    B + _v3("a", "{}") + " junk " + _v3("b", "{}") + E,  # text between calls
+    "hi " + B + _v3("a", '{"x": 1}'),  # section never closed, its call complete
+    "hi " + B + _v3("a", '{"x": 1}') + "\nmore text",  # ... and text after it
+    "hi " + B + _v3("a", '{"x": 1}') + "\n",  # ... and a newline after it
     B + _v3("a", "") + E,  # blank arguments
     B + _v3("a", '{"code": "```\\n```"}') + E,  # fences inside a string
     B + f"{CB}function{SEP}a\n```json\n{{}}```{CE}" + E,  # no newline before the fence

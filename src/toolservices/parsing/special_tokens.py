@@ -35,6 +35,7 @@ _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 #: else (spaces between calls, the V3.1 layout, bad JSON) takes the general path.
 _DS_V3_HEAD = re.compile(f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n")
 _DS_V3_TAIL = f"\n```{_DS_CALL_END}"
+_BLANKS = " \t\r\n"
 
 
 def _section_calls(
@@ -69,7 +70,7 @@ class DeepSeekV3Parser(SyntaxParser):
 
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, _DS_CALLS_BEGIN, _DS_CALLS_END):
-            if block.closed and _fast_section(text, block, found):
+            if _fast_section(text, block, found):
                 continue
             raw = text[block.start : block.end]
             pieces, complete = _section_calls(text, block, _DS_CALL_BEGIN, _DS_CALL_END)
@@ -124,14 +125,21 @@ class DeepSeekV3Parser(SyntaxParser):
 
 
 def _fast_section(text: str, block: Block, found: Collector) -> bool:
-    """Read a closed section of well-formed V3 calls whose arguments are JSON objects.
+    """Read a section of well-formed V3 calls whose arguments are JSON objects.
 
-    Gives the same calls as the general path; returns False (recording
-    nothing) for any section it does not fully recognise.
+    Gives the same calls as the general path, which also ignores what lies
+    between the calls and accepts a section whose end token never came when
+    its calls are complete. DeepSeek-V3 writes a newline between calls: blanks
+    there are skipped. Returns False (recording nothing) for any section it
+    does not fully recognise.
     """
     calls = []
     pos, stop = block.body_start, block.body_end
-    while pos < stop:
+    while True:
+        while pos < stop and text[pos] in _BLANKS:
+            pos += 1
+        if pos >= stop:
+            break
         head = _DS_V3_HEAD.match(text, pos, stop)
         if head is None:
             return False
