@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
-from toolservices.parsing import ToolCall, get_parser
+from toolservices.parsing import ToolCall, get_parser, pythonic
 from toolservices.parsing import special_tokens as st
 
 B, E, CB, CE, SEP = (
@@ -68,3 +70,35 @@ def test_deepseek_fast_section_matches_the_general_scan(
     ]
     assert fast.errors == slow.errors
     assert fast.meta == slow.meta
+
+
+def _list_end_by_characters(text: str, start: int) -> int | None:
+    """The specification of ``pythonic._list_end``: one character at a time."""
+    depth = 0
+    pos, size = start, len(text)
+    while pos < size:
+        char = text[pos]
+        if char in "'\"":
+            quote = text[pos : pos + 3] if text[pos : pos + 3] in ("'''", '"""') else char
+            pos += len(quote)
+            while pos < size and not text.startswith(quote, pos):
+                pos += 2 if text[pos] == "\\" else 1
+            if pos >= size:
+                return None
+            pos += len(quote)
+            continue
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+        pos += 1
+    return None
+
+
+@settings(max_examples=2000, deadline=None)
+@given(hs.text(alphabet="[](){}'\"\\ax\n", max_size=24))
+def test_pythonic_list_end_matches_a_character_scan(tail: str) -> None:
+    text = "[" + tail
+    assert pythonic._list_end(text, 0) == _list_end_by_characters(text, 0)
