@@ -255,9 +255,15 @@ def strip_newlines(value: str) -> str:
 
 def segments(body: str, open_re: re.Pattern[str]) -> list[tuple[re.Match[str], str]]:
     """Each match of ``open_re`` with the text after it, up to the next match or the end."""
-    matches = list(open_re.finditer(body))
-    ends = [m.start() for m in matches[1:]] + [len(body)] if matches else []
-    return [(m, body[m.end() : end]) for m, end in zip(matches, ends, strict=True)]
+    pieces: list[tuple[re.Match[str], str]] = []
+    previous: re.Match[str] | None = None
+    for match in open_re.finditer(body):
+        if previous is not None:
+            pieces.append((previous, body[previous.end() : match.start()]))
+        previous = match
+    if previous is not None:
+        pieces.append((previous, body[previous.end() :]))
+    return pieces
 
 
 def xml_params(
