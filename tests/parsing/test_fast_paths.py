@@ -22,6 +22,10 @@ def _v3(name: str, payload: str) -> str:
     return f"{CB}function{SEP}{name}\n```json\n{payload}\n```{CE}"
 
 
+def _v31(name: str, payload: str) -> str:
+    return f"{CB}{name}{SEP}{payload}{CE}"
+
+
 DEEPSEEK_INPUTS = [
     get_parser("deepseek_v3").render(
         [ToolCall("a", {"x": 1}), ToolCall("b", {"y": [1, "é"]})], "hi"
@@ -43,6 +47,15 @@ DEEPSEEK_INPUTS = [
     "hi " + B + _v3("a", '{"x": 1}'),  # section never closed, its call complete
     "hi " + B + _v3("a", '{"x": 1}') + "\nmore text",  # ... and text after it
     "hi " + B + _v3("a", '{"x": 1}') + "\n",  # ... and a newline after it
+    B + _v31("a", '{"x": 1}') + "\n" + _v31("b", '{"y": [1, "é"]}') + E,  # V3.1, two calls
+    B + _v31("a", '{"x": 1}') + _v3("b", "{}") + E,  # V3.1 then V3
+    B + _v31(" a ", " {} ") + E,  # V3.1, blanks around the name and the object
+    B + _v31("a", '{"s": "' + CE + '"}') + E,  # V3.1, its end token inside a string
+    B + _v31("a", '{"x": 1} {"y": 2}') + E,  # V3.1, two objects
+    B + _v31("a", '"{\\"x\\": 1}"') + E,  # V3.1, arguments as a JSON string
+    B + _v31("", "{}") + E,  # V3.1, no name
+    B + _v31("function", '{"x": 1}') + E,  # V3.1, a tool called "function"
+    B + _v31("a", '{"x": 1'),  # V3.1, cut off
     B + _v3("a", "") + E,  # blank arguments
     B + _v3("a", '{"code": "```\\n```"}') + E,  # fences inside a string
     B + f"{CB}function{SEP}a\n```json\n{{}}```{CE}" + E,  # no newline before the fence

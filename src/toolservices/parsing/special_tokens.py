@@ -31,10 +31,13 @@ _DS_SEP = "<｜tool▁sep｜>"
 _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 #: The head of one well-formed V3 call exactly as DeepSeek-V3 writes it (and
 #: as ``render`` does); its arguments run to the first ``_DS_V3_TAIL``. A
-#: section made only of such calls is read without the general scan; anything
-#: else (spaces between calls, the V3.1 layout, bad JSON) takes the general path.
+#: section made only of such calls (or of ``_DS_V31_HEAD`` ones) is read
+#: without the general scan; anything else (bad JSON, arguments that are not
+#: an object, text between calls) takes the general path.
 _DS_V3_HEAD = re.compile(f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n")
 _DS_V3_TAIL = f"\n```{_DS_CALL_END}"
+#: The head of one V3.1 call, ``NAME<sep>`` with the JSON object right after it.
+_DS_V31_HEAD = re.compile(f"{_DS_CALL_BEGIN}([^<]*){_DS_SEP}(?={{)")
 _BLANKS = " \t\r\n"
 
 
@@ -125,7 +128,7 @@ class DeepSeekV3Parser(SyntaxParser):
 
 
 def _fast_section(text: str, block: Block, found: Collector) -> bool:
-    """Read a section of well-formed V3 calls whose arguments are JSON objects.
+    """Read a section of well-formed V3 or V3.1 calls whose arguments are JSON objects.
 
     Gives the same calls as the general path, which also ignores what lies
     between the calls and accepts a section whose end token never came when
@@ -141,14 +144,21 @@ def _fast_section(text: str, block: Block, found: Collector) -> bool:
         if pos >= stop:
             break
         head = _DS_V3_HEAD.match(text, pos, stop)
-        if head is None:
-            return False
-        args_start = head.end()
-        close = text.find(_DS_V3_TAIL, args_start, stop)
+        if head is not None:  # V3: the object fills the fence up to its tail
+            args_start = head.end()
+            close = text.find(_DS_V3_TAIL, args_start, stop)
+            tail = len(_DS_V3_TAIL)
+        else:  # V3.1: the object runs up to the call's end token
+            head = _DS_V31_HEAD.match(text, pos, stop)
+            if head is None:
+                return False
+            args_start = head.end()
+            close = text.find(_DS_CALL_END, args_start, stop)
+            tail = len(_DS_CALL_END)
         if close == -1 or text.find(_DS_CALL_END, args_start, close) != -1:
             return False
         name = head.group(1).strip()
-        # The object must fill the fence exactly (blanks around it: the general
+        # The object must fill its place exactly (blanks around it: the general
         # path); read in place, without a copy of the arguments' text.
         try:
             args, end = scan_once(text, args_start)
@@ -156,7 +166,7 @@ def _fast_section(text: str, block: Block, found: Collector) -> bool:
             return False
         if end != close or type(args) is not dict or not name:
             return False
-        pos = close + len(_DS_V3_TAIL)
+        pos = close + tail
         calls.append((name, args, text[head.start() : pos]))
     if not calls:
         return False
