@@ -24,10 +24,13 @@ to build one), vLLM's own tool parsers side by side with ours on the same
 vectors (``--vllm-only`` skips everything else), on the short responses
 and on the long ones: per family, size and call count
 the median CPU µs of each over alternating runs and ``speed`` = vLLM time /
-our time (above 1: ours is faster). vLLM's ``llama3_json`` and ``pythonic``
-only accept a response that *is* the calls, and its ``mistral`` (without a
-Mistral tokenizer) only the ``[TOOL_CALLS][{...}]`` JSON array, so those rows
-use such responses (``form`` says which); ours parse both forms.
+our time (above 1: ours is faster). Every family vLLM has a parser for is
+compared (``VLLM_FAMILIES``). vLLM's ``llama3_json``, ``pythonic``,
+``llama4_pythonic`` and ``xlam`` only accept a response that *is* the calls,
+and its ``mistral`` (without a Mistral tokenizer) only the
+``[TOOL_CALLS][{...}]`` JSON array, so those rows use such responses (``form``
+says which); ours parse both forms. vLLM's ``internlm``, ``phi4_mini_json``
+and ``gigachat3`` read one call per response: they have no 4-call row.
 
 Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]
 [--large-mb 1,10 | --large-mb none] [--vllm-only] [--vllm-repeats 3]``
@@ -267,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     return _compare_vllm(repeats=args.vllm_repeats, target=args.target)
 
 
-#: Our family -> vLLM's tool-parser name, and the response form vLLM accepts.
+#: Our family (vLLM's tool-parser name too) -> the response form vLLM's parser reads.
+#: The first six are the families of the issue that set the target; the rest are
+#: every other family vLLM 0.33 has a parser for that reads our responses with
+#: the stand-in tokenizer below (``openai`` is a stub in vLLM: its Harmony
+#: parsing lives elsewhere).
 VLLM_FAMILIES = {
     "llama3_json": "calls only",
     "mistral": "JSON array",
@@ -275,25 +282,53 @@ VLLM_FAMILIES = {
     "qwen3_coder": "prose+calls",
     "hermes": "prose+calls",
     "deepseek_v3": "prose+calls",
+    "deepseek_v31": "prose+calls",
+    "deepseek_v32": "prose+calls",
+    "deepseek_v4": "prose+calls",
+    "llama4_pythonic": "calls only",
+    "olmo3": "prose+calls",
+    "granite": "prose+calls",
+    "granite-20b-fc": "prose+calls",
+    "internlm": "prose+calls",
+    "jamba": "prose+calls",
+    "hunyuan_a13b": "prose+calls",
+    "kimi_k2": "prose+calls",
+    "glm45": "prose+calls",
+    "minimax_m2": "prose+calls",
+    "xlam": "calls only",
+    "phi4_mini_json": "prose+calls",
+    "step3": "prose+calls",
+    "seed_oss": "prose+calls",
+    "longcat": "prose+calls",
+    "gigachat3": "prose+calls",
+    "ernie45": "prose+calls",
+    "functiongemma": "prose+calls",
+    "gemma4": "prose+calls",
+    "lfm2": "prose+calls",
 }
-_SPECIAL_TOKENS = (
-    "<|python_tag|>",
-    "[TOOL_CALLS]",
-    "<tool_call>",
-    "</tool_call>",
-    "<\uff5ctool\u2581calls\u2581begin\uff5c>",
-    "<\uff5ctool\u2581calls\u2581end\uff5c>",
-    "<\uff5ctool\u2581call\u2581begin\uff5c>",
-    "<\uff5ctool\u2581call\u2581end\uff5c>",
-    "<\uff5ctool\u2581sep\uff5c>",
-)
+#: vLLM's parsers for these read one call per response (``internlm`` fails on
+#: two, the others return none): no 4-call row.
+_VLLM_ONE_CALL = frozenset({"internlm", "phi4_mini_json", "gigachat3"})
+
+
+class _AnyId(dict[str, int]):
+    """A vocabulary that has every token: vLLM's parsers only look up their own."""
+
+    def get(self, token: str, default: Any = None) -> int:  # type: ignore[override]
+        return 10 + sum(map(ord, token))
+
+    def __getitem__(self, token: str) -> int:
+        return self.get(token)
+
+    def __contains__(self, token: object) -> bool:
+        return True
 
 
 class _Vocab:
     """The little of a tokenizer that vLLM's parsers read: ids of their special tokens."""
 
     def get_vocab(self) -> dict[str, int]:
-        return {token: i for i, token in enumerate(_SPECIAL_TOKENS)}
+        return _AnyId()
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -340,6 +375,8 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
         theirs = ToolParserManager.get_tool_parser(family)(_Vocab(), tools=request.tools)
         ours = get_parser(family, tools=SPECS)
         for size, count in (("short", 1), ("long", 1), ("long", 4)):
+            if count > 1 and family in _VLLM_ONE_CALL:
+                continue
             response = _vllm_response(family, size, count)
             got = theirs.extract_tool_calls(response, request)
             mine = ours(response)

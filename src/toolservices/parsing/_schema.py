@@ -37,9 +37,9 @@ def normalise_types(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     spelling: ``{"type": "float"}`` reads as ``{"type": "number"}``. Unchanged
     schemas are returned as they are (no copy)."""
     declared = schema.get("type")
-    if type(declared) is str and declared in _JSON_TYPES and "anyOf" not in schema:
-        if "oneOf" not in schema:  # the usual schema: nothing to rename, nothing to walk
-            return schema
+    plain = type(declared) is str and declared in _JSON_TYPES
+    if plain and "anyOf" not in schema and "oneOf" not in schema:
+        return schema  # the usual schema: nothing to rename, nothing to walk
     changed: dict[str, Any] = {}
     if isinstance(declared, str):
         if _json_type(declared) != declared:

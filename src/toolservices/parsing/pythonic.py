@@ -140,8 +140,7 @@ _LIST_TOKEN = re.compile("|".join(("'''", '"""', r"[()\[\]{}'\"]")))
 #: The rest of a string after its opening quote, up to and including the closing
 #: one; a backslash escapes the next character, whatever it is.
 _STRING_REST = {
-    quote: re.compile(rf"(?:\\.|[^\\])*?{quote}", re.DOTALL)
-    for quote in ("'", '"', "'''", '"""')
+    quote: re.compile(rf"(?:\\.|[^\\])*?{quote}", re.DOTALL) for quote in ("'", '"', "'''", '"""')
 }
 
 
