@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -39,7 +39,8 @@ _DECODER = json.JSONDecoder()
 #: The decoder's own scanner: ``scan_once(text, pos) -> (value, end)`` for the JSON
 #: value that starts exactly at ``pos`` (no blanks skipped); StopIteration when no
 #: value starts there, JSONDecodeError when one is malformed.
-scan_once = _DECODER.scan_once
+# (JSONDecoder sets it in __init__; typeshed does not declare it.)
+scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 _WHITESPACE = " \t\n\r"
 _JSON_STARTS = frozenset('{["-0123456789tfnNI')
 _BLANK_TAIL = re.compile(r"\s*\Z")
