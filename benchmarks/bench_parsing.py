@@ -30,7 +30,8 @@ compared (``VLLM_FAMILIES``). vLLM's ``llama3_json``, ``pythonic``,
 and its ``mistral`` (without a Mistral tokenizer) only the
 ``[TOOL_CALLS][{...}]`` JSON array, so those rows use such responses (``form``
 says which); ours parse both forms. vLLM's ``internlm``, ``phi4_mini_json``
-and ``gigachat3`` read one call per response: they have no 4-call row.
+and ``gigachat3`` read one call per response: they have no 4-call row; its
+``gigachat3`` reads a call only at the end of a response (no text after it).
 
 Run: ``.venv/bin/python benchmarks/bench_parsing.py [--repeats 7] [--target 0.05]
 [--large-mb 1,10 | --large-mb none] [--vllm-only] [--vllm-repeats 3]``
@@ -309,19 +310,27 @@ VLLM_FAMILIES = {
 #: vLLM's parsers for these read one call per response (``internlm`` fails on
 #: two, the others return none): no 4-call row.
 _VLLM_ONE_CALL = frozenset({"internlm", "phi4_mini_json", "gigachat3"})
+#: vLLM's ``gigachat3`` reads a call only at the end of the response: its short
+#: response has no text after the call.
+_VLLM_CALL_LAST = frozenset({"gigachat3"})
 
 
 class _AnyId(dict[str, int]):
-    """A vocabulary that has every token: vLLM's parsers only look up their own."""
+    """A vocabulary that has every token (vLLM's parsers only look up their own)
+    but ``[ARGS]``: without it vLLM's ``mistral`` takes the tokenizer for a
+    pre-v11 one and reads the ``[TOOL_CALLS][{...}]`` array."""
 
-    def get(self, token: str, default: Any = None) -> int:  # type: ignore[override]
-        return 10 + sum(map(ord, token))
+    def get(self, token: str, default: Any = None) -> Any:  # type: ignore[override]
+        return default if token == "[ARGS]" else 10 + sum(map(ord, token))
 
     def __getitem__(self, token: str) -> int:
-        return self.get(token)
+        found = self.get(token)
+        if found is None:
+            raise KeyError(token)
+        return int(found)
 
     def __contains__(self, token: object) -> bool:
-        return True
+        return token != "[ARGS]"
 
 
 class _Vocab:
@@ -338,10 +347,12 @@ class _Vocab:
 def _vllm_response(family: str, size: str, count: int) -> str:
     """The response vLLM's parser accepts: ``size`` is ``short`` (one call) or ``long``."""
     form = VLLM_FAMILIES[family]
-    if size == "short" and form == "prose+calls":
+    if size == "short" and form == "prose+calls" and family not in _VLLM_CALL_LAST:
         return _short_response(family)
     ours = get_parser(family, tools=SPECS)
     calls = [SHORT_CALL] if size == "short" else _calls_for(family, count)
+    if size == "short" and family in _VLLM_CALL_LAST:
+        return ours.render(calls, SHORT_BEFORE)
     if form == "JSON array":
         body = [{"name": c.tool, "arguments": c.args} for c in calls]
         return "[TOOL_CALLS]" + json.dumps(body, ensure_ascii=False)
@@ -368,7 +379,7 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
         f"alternating runs, medians of {repeats}; CPU µs per response)"
     )
     print(
-        f"{'format':<13} {'form':<12} {'size':<5} {'chars':>5} {'calls':>5} {'ours':>8} "
+        f"{'format':<15} {'form':<12} {'size':<5} {'chars':>5} {'calls':>5} {'ours':>8} "
         f"{'vllm':>8} {'speed ours/vllm':>16}"
     )
     for family, form in VLLM_FAMILIES.items():
@@ -392,7 +403,7 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
                 target=target,
             )
             print(
-                f"{family:<13} {form:<12} {size:<5} {len(response):>5} {count:>5} "
+                f"{family:<15} {form:<12} {size:<5} {len(response):>5} {count:>5} "
                 f"{t_ours * 1e6:>8.1f} {t_vllm * 1e6:>8.1f} {1 / ratio:>15.2f}x",
                 flush=True,
             )
