@@ -195,7 +195,7 @@ def call_from_object(
     if inner is not None and isinstance(inner, Mapping) and "name" in inner:
         obj = inner
     name = obj.get("name")
-    if (type(name) is not str and not isinstance(name, str)) or not name.strip():
+    if not isinstance(name, str) or not name.strip():
         keys = ", ".join(map(repr, obj)) or "none"
         raise ArgumentsError(
             f'the call object needs a string "name" (keys found: {keys})', kind="invalid_syntax"

@@ -300,8 +300,9 @@ class ToolParser:
             return self._finish(_structured_calls(response))
         else:
             text = self._text(response)
-        if self.max_chars is not None and len(text) > self.max_chars:
-            return self._finish(self._refuse(text))
+        limit = self.max_chars
+        if limit is not None and len(text) > limit:
+            return self._finish(self._refuse(text, limit))
         if not text.isascii() and not _valid_unicode(text):
             text = _repair_pairs(text)
             lone = _SURROGATE.search(text)
@@ -323,11 +324,12 @@ class ToolParser:
             + (" (decode bytes to str first)" if isinstance(response, bytes | bytearray) else "")
         )
 
-    def _refuse(self, text: str) -> ParseResult:
-        """The ``too_long`` result of ``text``, which is over :attr:`max_chars`."""
+    @staticmethod
+    def _refuse(text: str, limit: int) -> ParseResult:
+        """The ``too_long`` result of ``text``, which is over ``limit`` (:attr:`max_chars`)."""
         message = (
             f"Could not parse the tool calls: the response is {len(text):,} characters long, "
-            f"over the limit of {self.max_chars or 0:,}; no tool call was read. Write shorter "
+            f"over the limit of {limit:,}; no tool call was read. Write shorter "
             "responses with fewer or smaller calls."
         )
         return ParseResult(text.strip(), [], [ParseFailure(message, text[:2000], kind="too_long")])
