@@ -29,7 +29,9 @@ compared (``VLLM_FAMILIES``). vLLM's ``llama3_json``, ``pythonic``,
 ``llama4_pythonic`` and ``xlam`` only accept a response that *is* the calls,
 and its ``mistral`` (without a Mistral tokenizer) only the
 ``[TOOL_CALLS][{...}]`` JSON array, so those rows use such responses (``form``
-says which); ours parse both forms. vLLM's ``internlm``, ``phi4_mini_json``
+says which); ours parse both forms. ``mistral_v11`` is vLLM's ``mistral`` again
+with a v11+ tokenizer (``[ARGS]`` in its vocabulary), on ``[TOOL_CALLS]NAME{json}``
+calls after prose. vLLM's ``internlm``, ``phi4_mini_json``
 and ``gigachat3`` read one call per response: they have no 4-call row; its
 ``gigachat3`` reads a call only at the end of a response (no text after it).
 
@@ -279,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 VLLM_FAMILIES = {
     "llama3_json": "calls only",
     "mistral": "JSON array",
+    "mistral_v11": "prose+calls",
     "pythonic": "calls only",
     "qwen3_coder": "prose+calls",
     "hermes": "prose+calls",
@@ -307,6 +310,9 @@ VLLM_FAMILIES = {
     "gemma4": "prose+calls",
     "lfm2": "prose+calls",
 }
+#: ``mistral_v11``: ``mistral`` again, the tokenizer a v11+ one (``[ARGS]`` in its
+#: vocabulary), on ``[TOOL_CALLS]NAME{json}`` calls after prose.
+_V11 = "_v11"
 #: vLLM's parsers for these read one call per response (``internlm`` fails on
 #: two, the others return none): no 4-call row.
 _VLLM_ONE_CALL = frozenset({"internlm", "phi4_mini_json", "gigachat3"})
@@ -317,11 +323,15 @@ _VLLM_CALL_LAST = frozenset({"gigachat3"})
 
 class _AnyId(dict[str, int]):
     """A vocabulary that has every token (vLLM's parsers only look up their own)
-    but ``[ARGS]``: without it vLLM's ``mistral`` takes the tokenizer for a
-    pre-v11 one and reads the ``[TOOL_CALLS][{...}]`` array."""
+    but, unless ``v11``, ``[ARGS]``: without it vLLM's ``mistral`` takes the
+    tokenizer for a pre-v11 one and reads the ``[TOOL_CALLS][{...}]`` array."""
+
+    def __init__(self, *, v11: bool) -> None:
+        super().__init__()
+        self.missing = "" if v11 else "[ARGS]"
 
     def get(self, token: str, default: Any = None) -> Any:  # type: ignore[override]
-        return default if token == "[ARGS]" else 10 + sum(map(ord, token))
+        return default if token == self.missing else 10 + sum(map(ord, token))
 
     def __getitem__(self, token: str) -> int:
         found = self.get(token)
@@ -330,23 +340,27 @@ class _AnyId(dict[str, int]):
         return int(found)
 
     def __contains__(self, token: object) -> bool:
-        return token != "[ARGS]"
+        return token != self.missing
 
 
 class _Vocab:
     """The little of a tokenizer that vLLM's parsers read: ids of their special tokens."""
 
+    def __init__(self, *, v11: bool = False) -> None:
+        self.v11 = v11
+
     def get_vocab(self) -> dict[str, int]:
-        return _AnyId()
+        return _AnyId(v11=self.v11)
 
     @property
     def vocab(self) -> dict[str, int]:
         return self.get_vocab()
 
 
-def _vllm_response(family: str, size: str, count: int) -> str:
+def _vllm_response(row: str, size: str, count: int) -> str:
     """The response vLLM's parser accepts: ``size`` is ``short`` (one call) or ``long``."""
-    form = VLLM_FAMILIES[family]
+    form = VLLM_FAMILIES[row]
+    family = row.removesuffix(_V11)
     if size == "short" and form == "prose+calls" and family not in _VLLM_CALL_LAST:
         return _short_response(family)
     ours = get_parser(family, tools=SPECS)
@@ -382,13 +396,15 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
         f"{'format':<15} {'form':<12} {'size':<5} {'chars':>5} {'calls':>5} {'ours':>8} "
         f"{'vllm':>8} {'speed ours/vllm':>16}"
     )
-    for family, form in VLLM_FAMILIES.items():
-        theirs = ToolParserManager.get_tool_parser(family)(_Vocab(), tools=request.tools)
+    for row, form in VLLM_FAMILIES.items():
+        family = row.removesuffix(_V11)
+        vocab = _Vocab(v11=row.endswith(_V11))
+        theirs = ToolParserManager.get_tool_parser(family)(vocab, tools=request.tools)
         ours = get_parser(family, tools=SPECS)
         for size, count in (("short", 1), ("long", 1), ("long", 4)):
             if count > 1 and family in _VLLM_ONE_CALL:
                 continue
-            response = _vllm_response(family, size, count)
+            response = _vllm_response(row, size, count)
             got = theirs.extract_tool_calls(response, request)
             mine = ours(response)
             assert [c.function.name for c in got.tool_calls] == [c.tool for c in mine.calls], (
@@ -403,7 +419,7 @@ def _compare_vllm(*, repeats: int, target: float) -> int:
                 target=target,
             )
             print(
-                f"{family:<15} {form:<12} {size:<5} {len(response):>5} {count:>5} "
+                f"{row:<15} {form:<12} {size:<5} {len(response):>5} {count:>5} "
                 f"{t_ours * 1e6:>8.1f} {t_vllm * 1e6:>8.1f} {1 / ratio:>15.2f}x",
                 flush=True,
             )
