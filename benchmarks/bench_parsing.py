@@ -11,7 +11,7 @@ process, so other load on a shared machine does not inflate them.
 Then short responses (the fixed cost of one parse): per family, one call in
 100-300 characters with a sentence before and after it (no text after for
 ``json_envelope``, whose response is one JSON document; ``step3``'s single
-call alone is 270 characters), beside a response of prose alone of the same
+call alone is 277 characters), beside a response of prose alone of the same
 length (the entry checks and result every parse pays, call or not).
 
 Then large inputs (1 MB and 10 MB of characters) per family: valid calls (the
@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Our family (vLLM's tool-parser name too) -> the response form vLLM's parser reads.
-#: The first six are the families of the issue that set the target; the rest are
-#: every other family vLLM 0.33 has a parser for that reads our responses with
-#: the stand-in tokenizer below (``openai`` is a stub in vLLM: its Harmony
-#: parsing lives elsewhere).
+#: First the six families of the issue that set the target (and ``mistral_v11``,
+#: the same vLLM parser with another tokenizer); then every other family vLLM
+#: 0.33 has a parser for that reads our responses with the stand-in tokenizer
+#: below (``openai`` is a stub in vLLM: its Harmony parsing lives elsewhere).
 VLLM_FAMILIES = {
     "llama3_json": "calls only",
     "mistral": "JSON array",
