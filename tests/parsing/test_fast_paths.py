@@ -56,6 +56,9 @@ DEEPSEEK_INPUTS = [
     B + _v31("", "{}") + E,  # V3.1, no name
     B + _v31("function", '{"x": 1}') + E,  # V3.1, a tool called "function"
     B + _v31("a", '{"x": 1'),  # V3.1, cut off
+    B + _v31("a", '{"s": "' + E + '"}') + E,  # the section's end token inside a string
+    B + _v3("a", '{"s": "' + E + '"}') + E,  # ... in V3
+    (B + f"{CB}function{SEP}a\n```json\n" + '{"x": "Pa') * 3,  # repeated cut-off prefixes
     B + _v3("a", "") + E,  # blank arguments
     B + _v3("a", '{"code": "```\\n```"}') + E,  # fences inside a string
     B + f"{CB}function{SEP}a\n```json\n{{}}```{CE}" + E,  # no newline before the fence

@@ -144,29 +144,31 @@ def _fast_section(text: str, block: Block, found: Collector) -> bool:
         if pos >= stop:
             break
         head = _DS_V3_HEAD.match(text, pos, stop)
-        if head is not None:  # V3: the object fills the fence up to its tail
-            args_start = head.end()
-            close = text.find(_DS_V3_TAIL, args_start, stop)
-            tail = len(_DS_V3_TAIL)
-        else:  # V3.1: the object runs up to the call's end token
+        tail = _DS_V3_TAIL  # V3: the object fills the fence up to its tail
+        if head is None:
             head = _DS_V31_HEAD.match(text, pos, stop)
+            tail = _DS_CALL_END  # V3.1: the object runs up to the call's end token
             if head is None:
                 return False
-            args_start = head.end()
-            close = text.find(_DS_CALL_END, args_start, stop)
-            tail = len(_DS_CALL_END)
-        if close == -1 or text.find(_DS_CALL_END, args_start, close) != -1:
-            return False
         name = head.group(1).strip()
-        # The object must fill its place exactly (blanks around it: the general
-        # path); read in place, without a copy of the arguments' text.
+        # The object is read in place (no copy of its text) and must end right
+        # at the tail, with no end token inside it: then the tail after it is
+        # the first one, where the general scan cuts the call. Blanks around
+        # it go to the general path. Decoding first stops a truncated call at
+        # its end instead of searching the rest of the text for a tail.
+        args_start = head.end()
         try:
-            args, end = scan_once(text, args_start)
+            args, close = scan_once(text, args_start)
         except (StopIteration, ValueError, RecursionError):
             return False
-        if end != close or type(args) is not dict or not name:
+        if (
+            type(args) is not dict
+            or not name
+            or not text.startswith(tail, close, stop)
+            or text.find(_DS_CALL_END, args_start, close) != -1
+        ):
             return False
-        pos = close + tail
+        pos = close + len(tail)
         calls.append((name, args, text[head.start() : pos]))
     if not calls:
         return False
