@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 from toolservices.parsing._json import ArgumentsError
@@ -48,6 +49,9 @@ class ErrorFlood(Exception):
 def _cut(text: str, spans: list[tuple[int, int]]) -> str:
     if not spans:
         return text.strip()
+    if len(spans) == 1:  # the usual response: one block of calls
+        start, end = spans[0]
+        return (text[:start] + text[end:]).strip()
     pieces: list[str] = []
     last = 0
     for start, end in sorted(spans):
@@ -163,6 +167,11 @@ class SyntaxParser(ToolParser):
         end = self.syntax.find(">")
         return (self.syntax[: end + 1],) if end != -1 else ()
 
+    @cached_property
+    def _near_miss(self) -> tuple[str, ...]:
+        """:meth:`near_miss_markers`, worked out once per parser (not once per parse)."""
+        return self.near_miss_markers()
+
     def check_near_miss(self, result: ParseResult) -> None:
         """Add a parse error when call syntax is left in the visible text unexplained.
 
@@ -170,7 +179,7 @@ class SyntaxParser(ToolParser):
         an error for it is a "near miss" (a typo in a tag, a call outside its
         block...): the model must hear about it rather than get silence.
         """
-        for marker in self.near_miss_markers():
+        for marker in self._near_miss:
             where = result.text.find(marker)
             if where != -1:
                 raw = result.text[max(0, where - 100) : where + 400]
@@ -186,9 +195,14 @@ class SyntaxParser(ToolParser):
         return f"{type(self).__name__}()"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Block:
-    """One ``OPEN body CLOSE`` occurrence; ``closed`` is false when cut short."""
+    """One ``OPEN body CLOSE`` occurrence; ``closed`` is false when cut short.
+
+    Not frozen: a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__`` (0.8 µs a block here, against 0.2 µs); nothing
+    changes a block after the scan made it.
+    """
 
     start: int
     body_start: int
@@ -241,9 +255,15 @@ def strip_newlines(value: str) -> str:
 
 def segments(body: str, open_re: re.Pattern[str]) -> list[tuple[re.Match[str], str]]:
     """Each match of ``open_re`` with the text after it, up to the next match or the end."""
-    matches = list(open_re.finditer(body))
-    ends = [m.start() for m in matches[1:]] + [len(body)] if matches else []
-    return [(m, body[m.end() : end]) for m, end in zip(matches, ends, strict=True)]
+    pieces: list[tuple[re.Match[str], str]] = []
+    previous: re.Match[str] | None = None
+    for match in open_re.finditer(body):
+        if previous is not None:
+            pieces.append((previous, body[previous.end() : match.start()]))
+        previous = match
+    if previous is not None:
+        pieces.append((previous, body[previous.end() :]))
+    return pieces
 
 
 def xml_params(

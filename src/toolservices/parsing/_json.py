@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -32,9 +32,15 @@ __all__ = [
     "json_problem",
     "loads",
     "raw_decode",
+    "scan_once",
 ]
 
 _DECODER = json.JSONDecoder()
+#: The decoder's own scanner: ``scan_once(text, pos) -> (value, end)`` for the JSON
+#: value that starts exactly at ``pos`` (no blanks skipped); StopIteration when no
+#: value starts there, JSONDecodeError when one is malformed.
+# (JSONDecoder sets it in __init__; typeshed does not declare it.)
+scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 _WHITESPACE = " \t\n\r"
 _JSON_STARTS = frozenset('{["-0123456789tfnNI')
 _BLANK_TAIL = re.compile(r"\s*\Z")
@@ -111,11 +117,18 @@ def raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
         near = text[pos : pos + 20].replace("\n", "\\n")
         raise ArgumentsError(f"invalid JSON: expected a JSON value, found {near!r}")
     try:
-        return _DECODER.raw_decode(text, pos)
+        # The decoder's own scanner (what ``JSONDecoder.raw_decode`` calls), one
+        # Python frame fewer; it raises StopIteration where raw_decode says
+        # "Expecting value", and so do we.
+        value, end = scan_once(text, pos)
+    except StopIteration as stop:
+        error = json.JSONDecodeError("Expecting value", text, stop.value)
+        raise json_problem(error, text) from None
     except json.JSONDecodeError as error:
         raise json_problem(error, text) from None
     except RecursionError:
         raise NestingError("invalid JSON: nested too deeply") from None
+    return value, end
 
 
 def decode_arguments(value: Any) -> dict[str, Any]:
@@ -171,13 +184,15 @@ def call_from_object(
     Also reads the OpenAI shape ``{"type": "function", "function": {...}, "id"}``.
     The id is ``""`` when the object carries none.
     """
-    if not isinstance(obj, Mapping):
+    # ``type(...) is`` first: decoded JSON is plain dicts and strs, and the ABC
+    # check costs more than the rest of a small call.
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         raise ArgumentsError(
             f"each tool call must be a JSON object, got {describe(obj)}", kind="invalid_syntax"
         )
     call_id = obj.get("id")
     inner = obj.get("function")
-    if isinstance(inner, Mapping) and "name" in inner:
+    if inner is not None and isinstance(inner, Mapping) and "name" in inner:
         obj = inner
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
@@ -190,6 +205,8 @@ def call_from_object(
         if key in obj:
             raw_args = obj[key]
             break
+    if type(raw_args) is dict:  # the usual case: decode_arguments would return it as is
+        return name.strip(), raw_args, call_id if isinstance(call_id, str) else ""
     try:
         args = decode_arguments(raw_args)
     except ArgumentsError as error:

@@ -36,8 +36,11 @@ def normalise_types(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     """``schema`` with its ``type`` names (also in ``anyOf`` / ``oneOf``) in JSON Schema's
     spelling: ``{"type": "float"}`` reads as ``{"type": "number"}``. Unchanged
     schemas are returned as they are (no copy)."""
-    changed: dict[str, Any] = {}
     declared = schema.get("type")
+    plain = type(declared) is str and declared in _JSON_TYPES
+    if plain and "anyOf" not in schema and "oneOf" not in schema:
+        return schema  # the usual schema: nothing to rename, nothing to walk
+    changed: dict[str, Any] = {}
     if isinstance(declared, str):
         if _json_type(declared) != declared:
             changed["type"] = _json_type(declared)

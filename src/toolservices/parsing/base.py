@@ -59,7 +59,7 @@ def make_call_id(index: int, tool: str, args: Mapping[str, Any], *, raw: str | N
     arguments (cheaper than serialising them, and just as stable).
     """
     if raw is not None:
-        return _call_id(_raw_hash(raw), index, tool)
+        return _raw_call_id(raw, index, tool)
     payload = json.dumps([index, tool, args], sort_keys=True, default=str)
     return "call_" + hashlib.blake2b(payload.encode(), digest_size=6).hexdigest()
 
@@ -74,6 +74,12 @@ def _call_id(raw_hash: Any, index: int, tool: str) -> str:
     finished = raw_hash.copy()
     finished.update(f"\x1f{index}\x1f{tool}".encode("utf-8", "surrogatepass"))
     return "call_" + str(finished.hexdigest())
+
+
+def _raw_call_id(raw: str, index: int, tool: str) -> str:
+    """:func:`_call_id` of :func:`_raw_hash` in one hash: the same bytes, so the same id."""
+    data = f"{raw}\x1f{index}\x1f{tool}".encode("utf-8", "surrogatepass")
+    return "call_" + hashlib.blake2b(data, digest_size=6).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -287,14 +293,17 @@ class ToolParser:
         self.max_chars = check_max_chars(max_chars)
 
     def __call__(self, response: str | Mapping[str, Any] | None) -> ParseResult:
-        if isinstance(response, Mapping) and response.get("tool_calls"):
+        if type(response) is str:  # the usual case, without the ABC check below
+            text = response
+        elif isinstance(response, Mapping) and response.get("tool_calls"):
             # An OpenAI-style message whose calls a server already parsed.
             return self._finish(_structured_calls(response))
-        text = self._text(response)
-        refused = self._refuse(text)
-        if refused is not None:
-            return self._finish(refused)
-        if not _valid_unicode(text):
+        else:
+            text = self._text(response)
+        limit = self.max_chars
+        if limit is not None and len(text) > limit:
+            return self._finish(self._refuse(text, limit))
+        if not text.isascii() and not _valid_unicode(text):
             text = _repair_pairs(text)
             lone = _SURROGATE.search(text)
             if lone is not None:
@@ -315,13 +324,12 @@ class ToolParser:
             + (" (decode bytes to str first)" if isinstance(response, bytes | bytearray) else "")
         )
 
-    def _refuse(self, text: str) -> ParseResult | None:
-        """A ``too_long`` result when ``text`` is over :attr:`max_chars`, else None."""
-        if self.max_chars is None or len(text) <= self.max_chars:
-            return None
+    @staticmethod
+    def _refuse(text: str, limit: int) -> ParseResult:
+        """The ``too_long`` result of ``text``, which is over ``limit`` (:attr:`max_chars`)."""
         message = (
             f"Could not parse the tool calls: the response is {len(text):,} characters long, "
-            f"over the limit of {self.max_chars:,}; no tool call was read. Write shorter "
+            f"over the limit of {limit:,}; no tool call was read. Write shorter "
             "responses with fewer or smaller calls."
         )
         return ParseResult(text.strip(), [], [ParseFailure(message, text[:2000], kind="too_long")])
@@ -355,20 +363,28 @@ class ToolParser:
                 else:
                     kept.append(call)
             result.calls = kept
-        hashes: dict[int, Any] = {}  # calls of one block share its raw text: hash it once
-        for index, call in enumerate(result.calls):
+        calls = result.calls
+        # Calls of one block share its raw text (one object, next to each other):
+        # hash it once and finish a copy per call; a call alone hashes in one go.
+        shared_raw: str | None = None
+        shared_hash: Any = None
+        for index, call in enumerate(calls):
             if call.id:
                 continue
-            if call.raw is None:
+            raw = call.raw
+            if raw is None:
                 call.id = make_call_id(index, call.tool, call.args)
-                continue
-            raw_hash = hashes.get(id(call.raw))
-            if raw_hash is None:
-                raw_hash = hashes[id(call.raw)] = _raw_hash(call.raw)
-            call.id = _call_id(raw_hash, index, call.tool)
-        result.meta["count"] = len(result.calls)
-        result.meta["errors"] = len(result.errors)
-        result.meta["format"] = self.name
+            elif raw is shared_raw:
+                call.id = _call_id(shared_hash, index, call.tool)
+            elif index + 1 < len(calls) and calls[index + 1].raw is raw:
+                shared_raw, shared_hash = raw, _raw_hash(raw)
+                call.id = _call_id(shared_hash, index, call.tool)
+            else:
+                call.id = _raw_call_id(raw, index, call.tool)
+        meta = result.meta
+        meta["count"] = len(calls)
+        meta["errors"] = len(result.errors)
+        meta["format"] = self.name
         return result
 
     def parse(self, response: str | Mapping[str, Any] | None) -> ParseResult:

@@ -135,28 +135,38 @@ def list_calls(source: str) -> list[tuple[str, dict[str, Any]]]:
     return [_call(node) for node in elements]
 
 
+#: What the bracket count of :func:`_list_end` looks at: brackets and the opening quotes.
+_LIST_TOKEN = re.compile("|".join(("'''", '"""', r"[()\[\]{}'\"]")))
+#: The rest of a string after its opening quote, up to and including the closing
+#: one; a backslash escapes the next character, whatever it is.
+_STRING_REST = {
+    quote: re.compile(rf"(?:\\.|[^\\])*?{quote}", re.DOTALL) for quote in ("'", '"', "'''", '"""')
+}
+
+
 def _list_end(text: str, start: int) -> int | None:
-    """Index after the ``]`` closing the list at ``start`` (strings skipped), or None."""
+    """Index after the ``]`` closing the list at ``start`` (strings skipped), or None.
+
+    A regex jumps from one bracket or quote to the next (a character loop in
+    Python costs more than the rest of a one-call parse).
+    """
     depth = 0
-    pos, size = start, len(text)
-    while pos < size:
-        char = text[pos]
-        if char in "'\"":
-            quote = text[pos : pos + 3] if text[pos : pos + 3] in ("'''", '"""') else char
-            pos += len(quote)
-            while pos < size and not text.startswith(quote, pos):
-                pos += 2 if text[pos] == "\\" else 1
-            if pos >= size:
-                return None
-            pos += len(quote)
-            continue
+    pos = start
+    token = _LIST_TOKEN.search
+    while (found := token(text, pos)) is not None:
+        char = found.group()
+        pos = found.end()
         if char in "([{":
             depth += 1
         elif char in ")]}":
             depth -= 1
             if depth == 0:
-                return pos + 1
-        pos += 1
+                return pos
+        else:  # a quote: skip the string
+            rest = _STRING_REST[char].match(text, pos)
+            if rest is None:
+                return None
+            pos = rest.end()
     return None
 
 

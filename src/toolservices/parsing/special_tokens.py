@@ -6,7 +6,6 @@ Kimi's and Harmony's use ASCII ``<|...|>``. They are matched exactly.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from toolservices.parsing._common import (
     after_text,
     iter_blocks,
 )
-from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps
+from toolservices.parsing._json import ArgumentsError, arguments_from_text, dumps, scan_once
 from toolservices.parsing.base import ParseResult, ToolCall
 
 __all__ = ["DeepSeekV31Parser", "DeepSeekV3Parser", "HarmonyParser", "KimiK2Parser"]
@@ -32,11 +31,14 @@ _DS_SEP = "<｜tool▁sep｜>"
 _FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 #: The head of one well-formed V3 call exactly as DeepSeek-V3 writes it (and
 #: as ``render`` does); its arguments run to the first ``_DS_V3_TAIL``. A
-#: section made only of such calls is read without the general scan; anything
-#: else (spaces between calls, the V3.1 layout, bad JSON) takes the general path.
+#: section made only of such calls (or of ``_DS_V31_HEAD`` ones) is read
+#: without the general scan; anything else (bad JSON, arguments that are not
+#: an object, text between calls) takes the general path.
 _DS_V3_HEAD = re.compile(f"{_DS_CALL_BEGIN}function{_DS_SEP}([^\\s{{<][^\\n<]*)\n```json\n")
 _DS_V3_TAIL = f"\n```{_DS_CALL_END}"
-_loads = json.loads
+#: The head of one V3.1 call, ``NAME<sep>`` with the JSON object right after it.
+_DS_V31_HEAD = re.compile(f"{_DS_CALL_BEGIN}([^<]*){_DS_SEP}(?={{)")
+_BLANKS = " \t\r\n"
 
 
 def _section_calls(
@@ -71,7 +73,7 @@ class DeepSeekV3Parser(SyntaxParser):
 
     def _scan(self, text: str, found: Collector) -> None:
         for block in iter_blocks(text, _DS_CALLS_BEGIN, _DS_CALLS_END):
-            if block.closed and _fast_section(text, block, found):
+            if _fast_section(text, block, found):
                 continue
             raw = text[block.start : block.end]
             pieces, complete = _section_calls(text, block, _DS_CALL_BEGIN, _DS_CALL_END)
@@ -126,28 +128,47 @@ class DeepSeekV3Parser(SyntaxParser):
 
 
 def _fast_section(text: str, block: Block, found: Collector) -> bool:
-    """Read a closed section of well-formed V3 calls whose arguments are JSON objects.
+    """Read a section of well-formed V3 or V3.1 calls whose arguments are JSON objects.
 
-    Gives the same calls as the general path; returns False (recording
-    nothing) for any section it does not fully recognise.
+    Gives the same calls as the general path, which also ignores what lies
+    between the calls and accepts a section whose end token never came when
+    its calls are complete. DeepSeek-V3 writes a newline between calls: blanks
+    there are skipped. Returns False (recording nothing) for any section it
+    does not fully recognise.
     """
     calls = []
     pos, stop = block.body_start, block.body_end
-    while pos < stop:
+    while True:
+        while pos < stop and text[pos] in _BLANKS:
+            pos += 1
+        if pos >= stop:
+            break
         head = _DS_V3_HEAD.match(text, pos, stop)
+        tail = _DS_V3_TAIL  # V3: the object fills the fence up to its tail
         if head is None:
-            return False
-        close = text.find(_DS_V3_TAIL, head.end(), stop)
-        if close == -1 or text.find(_DS_CALL_END, head.end(), close) != -1:
-            return False
+            head = _DS_V31_HEAD.match(text, pos, stop)
+            tail = _DS_CALL_END  # V3.1: the object runs up to the call's end token
+            if head is None:
+                return False
         name = head.group(1).strip()
+        # The object is read in place (no copy of its text) and must end right
+        # at the tail, with no end token inside it: then the tail after it is
+        # the first one, where the general scan cuts the call. Blanks around
+        # it go to the general path. Decoding first stops a truncated call at
+        # its end instead of searching the rest of the text for a tail.
+        args_start = head.end()
         try:
-            args = _loads(text[head.end() : close])
-        except (ValueError, RecursionError):
+            args, close = scan_once(text, args_start)
+        except (StopIteration, ValueError, RecursionError):
             return False
-        if type(args) is not dict or not name:
+        if (
+            type(args) is not dict
+            or not name
+            or not text.startswith(tail, close, stop)
+            or text.find(_DS_CALL_END, args_start, close) != -1
+        ):
             return False
-        pos = close + len(_DS_V3_TAIL)
+        pos = close + len(tail)
         calls.append((name, args, text[head.start() : pos]))
     if not calls:
         return False
