@@ -226,8 +226,10 @@ class CodeJudge:
         self._count("compile_cache_misses")
         before = {*prepared.files, tc.source}
         # the sandbox's own stack limit (as large as its memory cap) would size every
-        # compiler thread's stack by it (go build, javac, rustc are multi-threaded)
-        line = f"ulimit -s {_COMPILE_STACK_KB}; {tc.command(tc.compile)}"
+        # compiler thread's stack by it (go build, javac, rustc are multi-threaded); in a
+        # subshell, soft limit only: a shell session keeps ulimit changes, and the run
+        # step after it must still be able to raise its stack to the request's limit
+        line = f"(ulimit -S -s {_COMPILE_STACK_KB}; {tc.command(tc.compile)})"
         res = await self._shell.arun(line, session_id=sid, timeout=compile_timeout)
         result = _from_run(res)
         artifacts: dict[str, bytes] | None = {}
