@@ -236,6 +236,8 @@ class ShellService:
             "command_stack": command_stack,
             # "loopback" reaches nothing outside the session: pip has no index there either
             "offline": config.network != "host",
+            # an image's WorkingDir: where a new session's first command starts
+            "start_dir": start_dir(self.image),
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
         }
@@ -900,6 +902,14 @@ def _has_bash(image: Image) -> bool:
         for layer in image.layers
         for name in ("bin/bash", "usr/bin/bash")
     )
+
+
+def start_dir(image: Image | None) -> str | None:
+    """Where a session on ``image`` starts: its ``WorkingDir``; None (the workspace) when
+    it names none or ``/`` (docker's default, the same as none)."""
+    if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
+        return None
+    return image.working_dir
 
 
 def image_config(config: Any, image: Image) -> Any:
