@@ -59,7 +59,8 @@ class _Layer:
 
     def __init__(self) -> None:
         self.buffer = io.BytesIO()
-        self.tar = tarfile.open(fileobj=self.buffer, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (closed by close())
+        # closed by close(), which returns the bytes
+        self.tar = tarfile.open(fileobj=self.buffer, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self.names: set[str] = set()
 
     def _info(self, name: str, kind: bytes, mode: int, mtime: float = _MTIME) -> tarfile.TarInfo:

@@ -914,12 +914,7 @@ def start_dir(image: Image | None) -> str | None:
 
 def image_config(config: Any, image: Image) -> Any:
     """``config`` with ``image`` as every session's root and its ``Env`` (``PATH`` included)."""
-    env = dict(config.extra_env)
-    for item in image.env:
-        name, sep, value = item.partition("=")
-        if sep and name.replace("_", "a").isalnum() and not name[0].isdigit():
-            env[name] = value
-    env.setdefault("PATH", image.path)
+    env = {**config.extra_env, **image.environment()}
     return dataclasses.replace(config, root_layers=image.lowerdirs, extra_env=env)
 
 
