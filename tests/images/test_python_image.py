@@ -58,6 +58,26 @@ def test_the_root_is_writable_and_private(python: PythonExecutorService) -> None
     assert other.stdout == "0\n", other
 
 
+def test_spawn_with_files_copies_the_root_and_fork_session_is_refused(
+    python: PythonExecutorService,
+) -> None:
+    made = python.execute(
+        "import os\nopen('/repo/new.txt', 'w').write('src')\nopen('ws.txt', 'w').write('w')\n"
+        "print(os.getcwd())",
+        session_id="src",
+    )
+    assert made.stdout == "/workspace\n", made
+    with pytest.raises(UserError, match="use spawn_with_files"):
+        python.fork_session("src", 1)
+    (copy,) = python.spawn_with_files("src", 1)
+    seen = python.execute(
+        "print(open('/repo/new.txt').read(), open('ws.txt').read())", session_id=copy
+    )
+    assert seen.stdout == "src w\n", seen
+    python.execute("open('/repo/new.txt', 'w').write('copy')", session_id=copy)
+    assert python.execute("print(open('/repo/new.txt').read())", session_id="src").stdout == "src\n"
+
+
 def test_the_image_travels_by_name(python: PythonExecutorService) -> None:
     copy = pickle.loads(pickle.dumps(python))  # as Ray rebuilds a replica: pulled again
     try:

@@ -705,6 +705,13 @@ class PythonExecutorService:
         return True
 
     async def _fork_session(self, src: str, n: int) -> list[str]:
+        if self.image is not None:
+            raise UserError(
+                "fork_session copies an interpreter's memory; copies of a session on an image "
+                "would share its root (they cannot have a writable layer of their own): use "
+                "spawn_with_files (a fresh interpreter with a copy of the workspace and of "
+                "what the source changed in its root)"
+            )
         if getattr(self.sandbox, "own_pids", False):  # copies would die with their source
             raise UserError(
                 "fork_session copies an interpreter's memory, which SandboxConfig(own_pids=True) "
@@ -812,8 +819,15 @@ def image_sandbox(config: Any, image: Image) -> Any:
             "has one, or ShellService(image=...) for a shell"
         )
     env = {**config.extra_env, **image.environment()}
+    # as ShellService's sessions: the workspace at one path (/workspace), each session its
+    # own PID namespace; spawn_with_files then copies a session's writable layer too
     return dataclasses.replace(
-        config, root_layers=image.lowerdirs, extra_env=env, root_python=python
+        config,
+        root_layers=image.lowerdirs,
+        extra_env=env,
+        root_python=python,
+        fixed_workspace=True,
+        own_pids=True,
     )
 
 

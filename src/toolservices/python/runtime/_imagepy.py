@@ -15,11 +15,9 @@ uses ``zip(strict=)`` and ``dataclass(slots=)``).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
-import zipfile
 from typing import NoReturn
 
 PACKAGE = "_toolservices_runtime"
@@ -52,6 +50,9 @@ def root_python(state: dict[str, object] | None) -> str:
 
 def runtime_zip() -> int:
     """A memfd holding this runtime as a zip archive with a ``__main__``."""
+    import io
+    import zipfile  # only here: it imports threading, which no fork server may hold
+
     here = os.path.dirname(os.path.abspath(__file__))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
