@@ -6,6 +6,7 @@ The image is the demo's (built here from this machine's bash, base Python and py
 
 from __future__ import annotations
 
+import os
 import pickle
 import tarfile
 from collections.abc import Iterator
@@ -49,6 +50,26 @@ def test_sessions_run_the_images_python_and_packages(python: PythonExecutorServi
     ), result
     assert python.execute("print(x + 1)", session_id="a").stdout == "42\n"
     assert python.execute("import sys; print(sys.executable)").stdout == "/usr/local/bin/python3\n"
+
+
+def test_the_runtime_archive_is_sealed_and_not_left_open(python: PythonExecutorService) -> None:
+    """Every image session is started from one memfd: none keeps it, none could change it."""
+    probe = python.execute(
+        "import os\nlinks = []\nfor n in os.listdir('/proc/self/fd'):\n"
+        "    try:\n        links.append(os.readlink('/proc/self/fd/' + n))\n"
+        "    except OSError:\n        pass  # the listing's own descriptor\n"
+        "print([x for x in links if 'toolservices-runtime' in x], len(links) > 2)",
+        session_id="fds",
+    )
+    assert probe.stdout == "[] True\n", probe
+    from toolservices.python.runtime import _imagepy
+
+    fd = _imagepy.runtime_zip()
+    try:
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+    finally:
+        os.close(fd)
 
 
 def test_the_root_is_writable_and_private(python: PythonExecutorService) -> None:

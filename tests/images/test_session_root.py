@@ -173,6 +173,10 @@ def test_an_image_root_needs_session_namespaces() -> None:
         SandboxConfig(root_layers=("/cache/layers/a",), session_namespaces=False)
     with pytest.raises(UserError, match="must be absolute"):
         SandboxConfig(root_layers=("layers/a",))
+    with pytest.raises(UserError, match="root_python must be an absolute path in an image"):
+        SandboxConfig(root_python="/usr/bin/python3")
+    with pytest.raises(UserError, match="root_python must be an absolute path in an image"):
+        SandboxConfig(root_layers=("/cache/layers/a",), root_python="python3")
 
 
 def test_an_image_without_bash_is_refused(tmp_path: Path) -> None:

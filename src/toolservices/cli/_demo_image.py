@@ -11,8 +11,9 @@ holds them at their paths, in three layers a task image would have too:
    in the interpreter's own site-packages: the image's ``python3 -m pytest``;
 3. the task: a repository in ``/repo`` (its ``WorkingDir``) whose test fails.
 
-Layers are uncompressed tars with fixed times and owners: the same machine
-builds the same layers, byte for byte.
+Layers are uncompressed tars; owners are root's, times the host files' own
+(the compiled files check them) or fixed: the same machine builds the same
+layers, byte for byte.
 """
 
 from __future__ import annotations
@@ -138,12 +139,12 @@ def _interpreter() -> dict[str, str]:
 
 def _stdlib_files(roots: Iterable[str]) -> list[str]:
     files: list[str] = []
+    tag = f".{sys.implementation.cache_tag}.pyc"
     for root in dict.fromkeys(roots):
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_STDLIB)
             if os.path.relpath(dirpath, root).startswith("config-"):
                 continue
-            tag = f".{sys.implementation.cache_tag}.pyc"
             files += [
                 os.path.join(dirpath, f)
                 for f in sorted(filenames)

@@ -9,6 +9,7 @@ with ``str_replace``, runs pytest again (1 passed) and answers.
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 import time
 from typing import TextIO
@@ -47,7 +48,8 @@ async def run_image_demo(out: TextIO) -> bool:
     with tempfile.TemporaryDirectory(prefix="toolservices-demo-") as tmp:
         try:
             reference = build_image(f"{tmp}/image")
-        except (OSError, ValueError) as exc:  # no ldd, no pytest, an unreadable file
+        # no ldd, no pytest (or a package it needs), an unreadable file, a broken interpreter
+        except (OSError, ValueError, ImportError, subprocess.SubprocessError) as exc:
             print(f"  skipped: cannot build the demo's image here ({exc})", file=out)
             return True
         built = time.perf_counter() - started

@@ -15,6 +15,7 @@ uses ``zip(strict=)`` and ``dataclass(slots=)``).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -60,10 +61,13 @@ def runtime_zip() -> int:
         for name in sorted(os.listdir(here)):
             if name.endswith(".py"):
                 archive.write(os.path.join(here, name), f"{PACKAGE}/{name}")
-    fd = os.memfd_create("toolservices-runtime", os.MFD_CLOEXEC)
+    fd = os.memfd_create("toolservices-runtime", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     view = memoryview(buffer.getvalue())
     while view:
         view = view[os.write(fd, view) :]
+    # every image session gets this one file: sealed, none of them can change it for the next
+    seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     return fd
 
 
