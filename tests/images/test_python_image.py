@@ -99,6 +99,16 @@ def test_spawn_with_files_copies_the_root_and_fork_session_is_refused(
     assert python.execute("print(open('/repo/new.txt').read())", session_id="src").stdout == "src\n"
 
 
+def test_a_timeout_kills_and_the_next_call_restarts_on_the_image(
+    python: PythonExecutorService,
+) -> None:
+    python.execute("y = 1", session_id="t")
+    stuck = python.execute("while True:\n    pass", session_id="t", timeout=1.0)
+    assert stuck.timed_out and stuck.restarted and not stuck.success, stuck
+    after = python.execute("import sys\nprint('y' in dir(), sys.executable)", session_id="t")
+    assert after.stdout == "False /usr/local/bin/python3\n", after  # a fresh one
+
+
 def test_the_image_travels_by_name(python: PythonExecutorService) -> None:
     copy = pickle.loads(pickle.dumps(python))  # as Ray rebuilds a replica: pulled again
     try:
