@@ -54,7 +54,8 @@ def task_layer() -> Layer:
 
 
 @pytest.fixture(scope="module")
-def debian(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShellService]:
+def debian_image(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The Debian image with the task's layer: its reference and the cache it is pulled to."""
     if not os.path.exists(ROOTFS):
         pytest.skip(
             f"no Debian rootfs at {ROOTFS}: .ci/run makes it with mmdebstrap "
@@ -62,12 +63,18 @@ def debian(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShellService]:
         )
     root = tmp_path_factory.mktemp("debian")
     oci_layout_from_rootfs(str(root / "oci"), ROOTFS, [task_layer()])
+    return f"oci:{root}/oci", str(root / "cache")
+
+
+@pytest.fixture(scope="module")
+def debian(debian_image: tuple[str, str]) -> Iterator[ShellService]:
+    reference, cache = debian_image
     with ShellService(
         pool_size=2,
         timeout=50.0,
         max_sessions=8,
-        image=f"oci:{root}/oci",
-        image_cache=str(root / "cache"),
+        image=reference,
+        image_cache=cache,
         disk_quota=256 << 20,
     ) as shell:
         yield shell
@@ -104,3 +111,39 @@ def test_fix_install_and_test_a_repository_shipped_in_the_image(debian: ShellSer
         "cd /repo && python3 -m pytest -q; python3 -c 'import mathx'", session_id="other"
     )
     assert "1 failed" in other.stdout and "ModuleNotFoundError" in other.stderr, other
+
+
+def test_python_sessions_run_on_the_image_python(debian_image: tuple[str, str]) -> None:
+    """PythonExecutorService(image=...): Debian's own python3 (not the host's), its
+    packages importable, the image's root writable and private to each session."""
+    import sys
+
+    from toolservices.python import PythonExecutorService
+
+    reference, cache = debian_image
+    with PythonExecutorService(pool_size=2, image=reference, image_cache=cache) as python:
+        first = python.execute(
+            "import os, sys, pytest, pip\n"
+            "print(sys.executable, sys.version.split()[0], os.getuid())\n"
+            "print(pytest.__file__)\n"
+            "print(open('/etc/os-release').readline().strip())\n"
+            "open('/usr/lib/python3/dist-packages/mine.py', 'w').write('X = 5\\n')\n"
+            "import mine; print(mine.X)",
+            session_id="a",
+        )
+        assert first.success, first
+        exe, version, uid = first.stdout.split("\n")[0].split()
+        assert exe == "/usr/bin/python3" and uid == "0", first.stdout
+        assert version != sys.version.split()[0] or sys.executable != exe  # not the host's
+        assert first.stdout.split("\n")[1:4] == [
+            "/usr/lib/python3/dist-packages/pytest/__init__.py",
+            'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"',
+            "5",
+        ], first.stdout
+        assert python.execute("print(mine.X * 2)", session_id="a").stdout == "10\n"
+        other = python.execute(
+            "import importlib.util as u; print(u.find_spec('mine'))", session_id="b"
+        )
+        assert other.stdout == "None\n", other  # the other session's root never changed
+        fresh = python.execute("import sys; print(sys.executable)")  # a fresh interpreter
+        assert fresh.stdout == "/usr/bin/python3\n", fresh

@@ -47,12 +47,56 @@ def test_the_session_is_root_of_its_image(image_shell: ShellService) -> None:
         "ID=testbox",
         "rm-ok",
         "install-ok",
-        "/workspace",
+        "/repo",  # the image's WorkingDir
         "",
     ], result
     assert image_shell.read_file("/repo/task.txt", session_id="a") == "fixed\n"
     image_shell.write_file("/etc/new.conf", "x=1\n", session_id="a")
     assert image_shell.run("cat /etc/new.conf", session_id="a").stdout == "x=1\n"
+
+
+def test_sessions_start_in_the_working_dir_and_keep_the_workspace(
+    image_shell: ShellService,
+) -> None:
+    image_shell.write_file("notes.txt", "rel\n", session_id="wd")  # relative: the workspace
+    first = image_shell.run("pwd; cat task.txt; cat /workspace/notes.txt; cd /etc", session_id="wd")
+    assert first.stdout == "/repo\nfix me\nrel\n", first
+    assert image_shell.workspace("wd") == "/workspace"
+    assert image_shell.run("pwd", session_id="wd").stdout == "/etc\n"  # where it left off
+
+
+@pytest.mark.parametrize(("workdir", "start"), [("/repo/app", "/repo/app"), ("/srv", "/workspace")])
+def test_a_working_dir_the_image_lacks(tmp_path: Path, workdir: str, start: str) -> None:
+    """Made where the session may write (under the image's top-level directories, as
+    docker would); a new top-level directory cannot be: the session starts in the workspace."""
+    root = tmp_path / "oci"
+    oci_layout(str(root), [busybox_layer("gzip"), bash_layer("zstd")], workdir=workdir)
+    with ShellService(
+        pool_size=1, image=f"oci:{root}", image_cache=str(tmp_path / "cache")
+    ) as shell:
+        if not shell.isolation_report()["layers"]["session_namespaces"]["active"]:
+            pytest.skip("no session namespaces here")
+        assert shell.run("pwd", session_id="s").stdout == start + "\n"
+
+
+def test_no_working_dir_means_the_workspace() -> None:
+    from toolservices.images import Image
+    from toolservices.shell._service import start_dir
+
+    def image(working_dir: str) -> Image:
+        return Image(
+            reference="dir:/x",
+            digest="dir:/x",
+            layers=("/x",),
+            env=(),
+            working_dir=working_dir,
+            size=0,
+        )
+
+    assert start_dir(None) is None
+    assert start_dir(image("/")) is None and start_dir(image("")) is None
+    assert start_dir(image("relative")) is None
+    assert start_dir(image("/testbed")) == "/testbed"
 
 
 def test_the_writable_layer_is_hidden_from_the_session(image_shell: ShellService) -> None:
@@ -129,6 +173,10 @@ def test_an_image_root_needs_session_namespaces() -> None:
         SandboxConfig(root_layers=("/cache/layers/a",), session_namespaces=False)
     with pytest.raises(UserError, match="must be absolute"):
         SandboxConfig(root_layers=("layers/a",))
+    with pytest.raises(UserError, match="root_python must be an absolute path in an image"):
+        SandboxConfig(root_python="/usr/bin/python3")
+    with pytest.raises(UserError, match="root_python must be an absolute path in an image"):
+        SandboxConfig(root_layers=("/cache/layers/a",), root_python="python3")
 
 
 def test_an_image_without_bash_is_refused(tmp_path: Path) -> None:

@@ -13,13 +13,13 @@ from typing import Any, TextIO
 
 from toolservices.env import Episode, shell_tools
 
-__all__ = ["run_shell_demo"]
+__all__ = ["hermes_calls", "play", "run_shell_demo"]
 
 PROGRAM = "def add(a, b):\n    return a - b\n"
 TEST = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('tests passed')\n"
 
 
-def _calls(*calls: tuple[str, dict[str, Any]]) -> str:
+def hermes_calls(*calls: tuple[str, dict[str, Any]]) -> str:
     return "\n".join(
         f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
         for name, args in calls
@@ -29,14 +29,14 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> str:
 #: The model's turns; the last one answers.
 TURNS = [
     "I'll write the function and a test for it.\n"
-    + _calls(
+    + hermes_calls(
         ("write_file", {"path": "calc.py", "content": PROGRAM}),
         ("write_file", {"path": "test_calc.py", "content": TEST}),
     ),
-    _calls(("bash", {"command": "python3 test_calc.py"})),
+    hermes_calls(("bash", {"command": "python3 test_calc.py"})),
     "The test fails: add subtracts. Fixing it.\n"
-    + _calls(("str_replace", {"path": "calc.py", "old_str": "a - b", "new_str": "a + b"})),
-    _calls(("bash", {"command": "python3 test_calc.py"})),
+    + hermes_calls(("str_replace", {"path": "calc.py", "old_str": "a - b", "new_str": "a + b"})),
+    hermes_calls(("bash", {"command": "python3 test_calc.py"})),
     "add() now adds, and its test passes.",
 ]
 #: What the tool results of turns 2 and 4 must show: the failing run, then the passing one.
@@ -56,38 +56,44 @@ async def run_shell_demo(out: TextIO) -> bool:
     except SandboxUnavailableError as exc:
         print(f"  skipped: the sandbox is unavailable here ({exc})", file=out)
         return True
-    problems: list[str] = []
     try:
-        async with Episode(shell_tools(shell), parser="hermes", max_turns=len(TURNS)) as ep:
-            for turn, text in enumerate(TURNS):
-                replies = await ep.astep(text)
-                calls = ep.messages[-len(replies) - 1].get("tool_calls", []) if replies else []
-                for number, (call, reply) in enumerate(zip(calls, replies, strict=True)):
-                    function = call["function"]
-                    args = json.loads(function["arguments"])
-                    target = args.get("command") or args.get("path", "")
-                    label = f"turn {turn + 1}" if number == 0 else ""
-                    head = _head(function["name"], str(reply["content"]))
-                    what = f"{function['name']} {target}"
-                    print(f"  {label:<7} {what:<28} -> {head}", file=out)
-                want = EXPECT.get(turn)
-                if want and not any(want in str(r["content"]) for r in replies):
-                    problems.append(f"turn {turn + 1} lacks {want!r}")
-            metrics, reason = ep.metrics, ep.reason
+        problems, summary = await play(shell, TURNS, EXPECT, out)
     finally:
         await shell.aclose()
+    wall = time.perf_counter() - started
+    status = "ok" if not problems else "FAILED: " + "; ".join(problems)
+    print(f"shell episode: {status} ({summary}, {wall:.2f} s with the service's start)", file=out)
+    return not problems
+
+
+async def play(
+    shell: Any, turns: list[str], expect: dict[int, str], out: TextIO
+) -> tuple[list[str], str]:
+    """One Hermes-format episode of ``turns`` on ``shell``'s tools, each call printed with
+    the head of its result; what went otherwise than scripted (``expect``: a turn's index
+    and what one of its results must hold) and a summary of the episode."""
+    problems: list[str] = []
+    async with Episode(shell_tools(shell), parser="hermes", max_turns=len(turns)) as ep:
+        for turn, text in enumerate(turns):
+            replies = await ep.astep(text)
+            calls = ep.messages[-len(replies) - 1].get("tool_calls", []) if replies else []
+            for number, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+                function = call["function"]
+                args = json.loads(function["arguments"])
+                target = args.get("command") or args.get("path", "")
+                label = f"turn {turn + 1}" if number == 0 else ""
+                head = _head(function["name"], str(reply["content"]))
+                what = f"{function['name']} {target}"
+                print(f"  {label:<7} {what:<28} -> {head}", file=out)
+            want = expect.get(turn)
+            if want and not any(want in str(r["content"]) for r in replies):
+                problems.append(f"turn {turn + 1} lacks {want!r}")
+        metrics, reason = ep.metrics, ep.reason
     if reason != "answered":
         problems.append(f"ended with {reason!r} instead of an answer")
     if metrics.failed_calls:
         problems.append(f"{metrics.failed_calls} call(s) failed")
-    wall = time.perf_counter() - started
-    status = "ok" if not problems else "FAILED: " + "; ".join(problems)
-    print(
-        f"shell episode: {status} ({reason} after {metrics.turns} turns, "
-        f"{metrics.calls} calls, {wall:.2f} s with the service's start)",
-        file=out,
-    )
-    return not problems
+    return problems, f"{reason} after {metrics.turns} turns, {metrics.calls} calls"
 
 
 def _head(tool: str, text: str, width: int = 60) -> str:

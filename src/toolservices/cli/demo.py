@@ -1,10 +1,12 @@
 """``toolservices demo``: a batch of tool-using episodes in eight model formats,
-then one shell episode.
+then one shell episode, then one episode on a task image.
 
 Each format gets its own :class:`~toolservices.env.ToolEnv`; all of them step
 concurrently, so the wall time shows how calls of different items overlap.
 The shell scenario (:mod:`toolservices.cli._demo_shell`) writes a program,
-runs its test, fixes it with ``str_replace`` and runs the test again. The
+runs its test, fixes it with ``str_replace`` and runs the test again; the image
+scenario (:mod:`toolservices.cli._demo_task`) does the same in a repository an
+image ships, with the image's pytest. The
 run fails (non-zero exit) when any episode does not end as scripted.
 """
 
@@ -18,6 +20,7 @@ import anyio
 
 from toolservices.cli._demo_data import FORMAT_TURNS, SCENARIOS, Scenario
 from toolservices.cli._demo_shell import run_shell_demo
+from toolservices.cli._demo_task import run_image_demo
 from toolservices.cli._demo_tools import DEMO_TOOLS
 from toolservices.dispatch import EpisodeMetrics, StepMetrics
 from toolservices.env import ToolEnv
@@ -142,4 +145,5 @@ def run_demo(*, repeats: int = 1, out: TextIO) -> int:
     else:
         print("all episodes ended as scripted", file=out)
     shell_ok = anyio.run(run_shell_demo, out)
-    return 0 if shell_ok and not failed else 1
+    image_ok = anyio.run(run_image_demo, out)
+    return 0 if shell_ok and image_ok and not failed else 1

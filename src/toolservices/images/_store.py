@@ -74,6 +74,26 @@ class Image:
                 return item[5:]
         return _DEFAULT_PATH
 
+    def environment(self) -> dict[str, str]:
+        """The image's Env as a mapping (malformed names left out), ``PATH`` always set."""
+        env: dict[str, str] = {}
+        for item in self.env:
+            name, sep, value = item.partition("=")
+            if sep and name.replace("_", "a").isalnum() and not name[0].isdigit():
+                env[name] = value
+        env.setdefault("PATH", self.path)
+        return env
+
+    def which(self, name: str) -> str | None:
+        """Where ``name`` is on the image's ``PATH`` (a path in its root), or None: the first
+        directory some layer lays it in (a file or a link to one)."""
+        for directory in self.path.split(":"):
+            if directory.startswith("/"):
+                path = os.path.join(directory, name)
+                if any(os.path.lexists(layer + path) for layer in self.layers):
+                    return path
+        return None
+
 
 class ImageStore:
     """A layer cache on disk, shared by every session and process of the user.

@@ -236,6 +236,8 @@ class ShellService:
             "command_stack": command_stack,
             # "loopback" reaches nothing outside the session: pip has no index there either
             "offline": config.network != "host",
+            # an image's WorkingDir: where a new session's first command starts
+            "start_dir": start_dir(self.image),
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
         }
@@ -902,14 +904,17 @@ def _has_bash(image: Image) -> bool:
     )
 
 
+def start_dir(image: Image | None) -> str | None:
+    """Where a session on ``image`` starts: its ``WorkingDir``; None (the workspace) when
+    it names none or ``/`` (docker's default, the same as none)."""
+    if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
+        return None
+    return image.working_dir
+
+
 def image_config(config: Any, image: Image) -> Any:
     """``config`` with ``image`` as every session's root and its ``Env`` (``PATH`` included)."""
-    env = dict(config.extra_env)
-    for item in image.env:
-        name, sep, value = item.partition("=")
-        if sep and name.replace("_", "a").isalnum() and not name[0].isdigit():
-            env[name] = value
-    env.setdefault("PATH", image.path)
+    env = {**config.extra_env, **image.environment()}
     return dataclasses.replace(config, root_layers=image.lowerdirs, extra_env=env)
 
 

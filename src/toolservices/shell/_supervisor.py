@@ -126,6 +126,15 @@ def _quote(text: str) -> bytes:
     return bytes(out)
 
 
+def _start_state(directory: str) -> str:
+    """A shell state that only changes directory: to ``directory``, made if missing."""
+    word = _quote(directory).decode()
+    return (
+        f"builtin cd -- {word} 2>/dev/null || "
+        f"{{ mkdir -p -- {word} && builtin cd -- {word}; }} 2>/dev/null\n{_STATE_END}\n"
+    )
+
+
 class _Spare:
     """A bash started ahead of need, blocked reading its state, then its command."""
 
@@ -173,6 +182,7 @@ class Shell:
         max_file: int,
         command_stack: int | None = None,
         offline: bool = True,
+        start_dir: str | None = None,
     ) -> None:
         _terminal.command_limits(command_stack)  # inherited by the spawner, so by every bash
         self.workspace = workspace
@@ -180,7 +190,10 @@ class Shell:
         self.offline = offline
         self.max_output = max_output
         self.max_file = max_file
-        self.state = ""
+        # the first command's bash starts in the workspace, or in ``start_dir`` (an
+        # image's WorkingDir, made if the image lacks it, as docker does); later ones
+        # where the previous command left off (the saved state's ``cd``)
+        self.state = "" if not start_dir else _start_state(start_dir)
         # bumped at each change of ``state``: a spare primed with another generation is stale
         self.generation = 0
         self.pid = os.getpid()
@@ -943,6 +956,7 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
             max_file=config["max_file"],
             command_stack=config.get("command_stack"),
             offline=config.get("offline", True),
+            start_dir=config.get("start_dir"),
         )
     shell = _shell
     if op == "run":

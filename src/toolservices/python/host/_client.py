@@ -390,8 +390,15 @@ class SessionHandle:
         except BaseException as exc:
             await handle.kill()
             if isinstance(exc, (ProtocolViolation, TimeoutError)):
+                python = getattr(server.sandbox, "root_python", "")
+                hint = (
+                    f" (the image's {python} ended before serving it: the session runs "
+                    "the image's own Python, which must be CPython 3.10 or newer)"
+                    if python
+                    else ""
+                )
                 raise InfrastructureError(
-                    f"a Python session failed to start: {exc}", retryable=True
+                    f"a Python session failed to start: {exc}{hint}", retryable=True
                 ) from None
             raise
         return handle

@@ -35,7 +35,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -49,6 +49,9 @@ from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
 from toolservices.python.host._sizing import default_max_sessions, raise_fd_limit
 from toolservices.python.sandbox import check_config, default_config, with_network
+
+if TYPE_CHECKING:
+    from toolservices.images import Image
 
 __all__ = ["PythonExecutorService"]
 
@@ -109,6 +112,11 @@ class PythonExecutorService:
       namespace with only ``lo`` up), ``"none"`` (no sockets but unix ones) or
       ``"host"`` (the host's network); None keeps ``sandbox.network``
       (``"loopback"`` when ``sandbox`` is None). See docs/sandbox.md.
+    * ``image``: a container image reference (``oci:PATH``, ``docker://...``; see
+      docs/images.md): every session's root is that image, with a private
+      writable layer, and runs the image's own ``python3`` (3.10 or newer), so
+      code imports the image's packages. ``image_cache`` and
+      ``insecure_registries`` as on ``ShellService``.
     * ``max_output``: bytes kept of stdout and of stderr per call.
     * ``max_queue``: calls allowed to wait; beyond it :class:`ExecutorBusyError`.
       By default 4,096 or ``max_sessions`` if larger: every live session can
@@ -139,6 +147,9 @@ class PythonExecutorService:
         busy_poll: float = DEFAULT_BUSY_POLL,
         warmup: str = "pass",
         network: str | None = None,
+        image: str | None = None,
+        image_cache: str | None = None,
+        insecure_registries: tuple[str, ...] | list[str] = (),
     ) -> None:
         if pool_size < 1:
             raise UserError(f"pool_size must be at least 1, got {pool_size}")
@@ -171,6 +182,19 @@ class PythonExecutorService:
         self._layers: ModuleType = _sandbox
         config = default_config() if sandbox is None else check_config(sandbox)
         self.sandbox = with_network(config, network)
+        self._image_args = {
+            "image": image,
+            "image_cache": image_cache,
+            "insecure_registries": tuple(insecure_registries),
+        }
+        self.image: Image | None = None
+        if image is not None:
+            from toolservices.images import ImageStore  # (urllib and tarfile: only for images)
+
+            self.image = ImageStore(image_cache).pull(
+                image, insecure_registries=tuple(insecure_registries)
+            )
+            self.sandbox = image_sandbox(self.sandbox, self.image)
         self._start_lock = threading.Lock()
         self._server: ForkServerClient | None = None
         self._starting: anyio.Event | None = None
@@ -211,7 +235,11 @@ class PythonExecutorService:
             "timeout": self.timeout,
             "max_sessions": self._max_sessions_arg,
             "preload": self.preload,
-            "sandbox": self.sandbox,
+            # the image travels by name: a replica pulls it into its own node's cache
+            "sandbox": dataclasses.replace(self.sandbox, root_layers=(), root_python="")
+            if self.image is not None
+            else self.sandbox,
+            **(self._image_args if self.image is not None else {}),
             "max_output": self.max_output,
             "max_queue": self._max_queue_arg,
             "spares": self.spares,
@@ -677,6 +705,13 @@ class PythonExecutorService:
         return True
 
     async def _fork_session(self, src: str, n: int) -> list[str]:
+        if self.image is not None:
+            raise UserError(
+                "fork_session copies an interpreter's memory; copies of a session on an image "
+                "would share its root (they cannot have a writable layer of their own): use "
+                "spawn_with_files (a fresh interpreter with a copy of the workspace and of "
+                "what the source changed in its root)"
+            )
         if getattr(self.sandbox, "own_pids", False):  # copies would die with their source
             raise UserError(
                 "fork_session copies an interpreter's memory, which SandboxConfig(own_pids=True) "
@@ -771,6 +806,28 @@ def _check_session_id(value: object) -> str:
         return value
     raise UserError(
         f"session_id must be a non-empty str (or None for a fresh interpreter), got {value!r}"
+    )
+
+
+def image_sandbox(config: Any, image: Image) -> Any:
+    """``config`` with ``image`` as every session's root, its ``Env`` and its ``python3``."""
+    python = image.which("python3")
+    if python is None:
+        raise UserError(
+            f"image {image.reference!r} has no python3 on its PATH ({image.path}): "
+            "PythonExecutorService(image=...) runs the image's own Python; use an image that "
+            "has one, or ShellService(image=...) for a shell"
+        )
+    env = {**config.extra_env, **image.environment()}
+    # as ShellService's sessions: the workspace at one path (/workspace), each session its
+    # own PID namespace; spawn_with_files then copies a session's writable layer too
+    return dataclasses.replace(
+        config,
+        root_layers=image.lowerdirs,
+        extra_env=env,
+        root_python=python,
+        fixed_workspace=True,
+        own_pids=True,
     )
 
 

@@ -34,6 +34,7 @@ if __name__ == "__main__" and not __package__:  # started by path (the only way 
 import argparse
 import gc
 import importlib
+import json
 import os
 import selectors
 import signal
@@ -41,7 +42,8 @@ import socket
 import sys
 import traceback
 
-from ._confine import fork_confined, remove_tree
+from ._confine import _load_state, fork_confined, remove_tree
+from ._imagepy import exec_image_python, root_python, runtime_zip
 from ._linux import set_subreaper
 from ._memcg import MemoryGroups, join
 from ._protocol import (
@@ -158,6 +160,9 @@ class ForkServer:
         #: one memory cgroup per lineage (a session and its fork_session copies) when the
         #: launch plan delegated a group to us; removed with the lineage's directory
         self.memcg = MemoryGroups.from_environ()
+        #: sessions on an image's own Python exec it with the runtime from this zip
+        self.image_python = root_python(_load_state())
+        self.runtime_zip = runtime_zip() if self.image_python else -1
 
     # --- process bookkeeping -------------------------------------------------------------
 
@@ -309,6 +314,19 @@ class ForkServer:
             send_message(chan, Error(message), 0)
 
         pid = fork_confined(workdir, lineage=lineage, prepare=prepare, failed=failed, seed=seed)
+        if pid == 0 and self.image_python:
+            try:
+                exec_image_python(
+                    self.image_python,
+                    self.runtime_zip,
+                    chan_fd,
+                    max_output=self.max_output,
+                    busy_poll=self.busy_poll,
+                    state=json.dumps(_load_state()),
+                )
+            except OSError as exc:
+                failed(OSError(exc.errno, f"cannot run the image's {self.image_python}: {exc}"))
+                os._exit(71)
         if pid == 0:
             serve_session(chan, max_output=self.max_output, busy_poll=self.busy_poll)
         chan.detach()  # the descriptor is closed by the caller

@@ -124,6 +124,9 @@ class SandboxConfig:
     #: an image's layer directories, top first (``ShellService(image=...)`` sets it): each
     #: session's root is then that image with a private writable layer (docs/images.md)
     root_layers: tuple[str, ...] = ()
+    #: with ``root_layers``: the image's own Python (a path in its root), which each session
+    #: then runs instead of the host's (``PythonExecutorService(image=...)``, docs/python.md)
+    root_python: str = ""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -203,6 +206,8 @@ class SandboxConfig:
         problems += [
             f"root_layers entry {p!r} must be absolute" for p in layers if not os.path.isabs(p)
         ]
+        if self.root_python and (not layers or not self.root_python.startswith("/")):
+            problems.append("root_python must be an absolute path in an image's root_layers")
         if layers and not self.session_namespaces:
             problems.append("root_layers (an image as the root) needs session_namespaces=True")
         if problems:

@@ -164,6 +164,7 @@ def session_state(
             # each session its own network namespace with only lo up (docs/sandbox.md)
             "loopback": config.network == "loopback",
             "root": list(getattr(config, "root_layers", ())),
+            "python": getattr(config, "root_python", ""),
         }
         if session_ns
         else None,
