@@ -21,7 +21,15 @@ from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.judge._cache import CompileCache
 from toolservices.judge._fastpy import wrap
-from toolservices.judge._languages import LANGUAGES, STACK_MB, Toolchain, discover, java_flags
+from toolservices.judge._languages import (
+    LANGUAGES,
+    PROBE,
+    STACK_MB,
+    ImageTools,
+    Toolchain,
+    discover,
+    java_flags,
+)
 from toolservices.judge._results import (
     code_response,
     jupyter_response,
@@ -102,6 +110,10 @@ class CodeJudge:
     * ``cache_bytes``: the compile cache's size (artifacts of compiled submissions).
     * ``disk_quota``: bytes a submission's workspace may hold.
     * ``sandbox``: a :class:`~toolservices.python.SandboxConfig` to start from.
+    * ``image``: a container image reference (``docs/images.md``): every submission
+      runs on its root, with its toolchains (found once, by a probe in one of its
+      sessions) instead of the server's; ``image_cache``/``insecure_registries`` as
+      for :class:`~toolservices.shell.ShellService`.
     """
 
     def __init__(
@@ -114,6 +126,9 @@ class CodeJudge:
         disk_quota: int = 512 * _MiB,
         sandbox: SandboxConfig | None = None,
         spares: int | None = None,
+        image: str | None = None,
+        image_cache: str | None = None,
+        insecure_registries: Sequence[str] = (),
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
@@ -125,8 +140,11 @@ class CodeJudge:
             raise UserError(f"memory_limit_mb must be an int >= 64, got {memory_limit_mb!r}")
         self.concurrency = concurrency
         self.memory_limit_mb = memory_limit_mb
-        self.toolchains: dict[str, Toolchain] = {lang: discover(lang) for lang in LANGUAGES}
-        binds = sorted({b for t in self.toolchains.values() for b in t.binds})
+        # on the host, toolchains outside the sandbox's view are bound into it; an image
+        # brings its own, found once its first session can look
+        if image is None:
+            self.toolchains: dict[str, Toolchain] = {lang: discover(lang) for lang in LANGUAGES}
+        binds = sorted({b for t in self.toolchains.values() for b in t.binds}) if image is None else []
         config = sandbox if sandbox is not None else SandboxConfig()
         config = dataclasses.replace(
             config,
@@ -135,6 +153,7 @@ class CodeJudge:
             extra_ro_paths=tuple(dict.fromkeys((*config.extra_ro_paths, *binds))),
         )
         self.bound = tuple(binds)
+        shell_spares = concurrency if image is not None else max(1, concurrency // 2)
         self._shell = ShellService(
             pool_size=concurrency,
             timeout=60.0,
@@ -143,20 +162,50 @@ class CodeJudge:
             max_file_size=64 * _MiB,
             disk_quota=disk_quota,
             sandbox=config,
-            spares=max(1, concurrency // 2) if spares is None else spares,
+            spares=shell_spares if spares is None else spares,
+            image=image,
+            image_cache=image_cache,
+            insecure_registries=tuple(insecure_registries),
         )
-        # Python programs that fetch no files run without a shell (_fastpy.py)
-        self._python = PythonExecutorService(
-            pool_size=concurrency,
-            timeout=60.0,
-            max_sessions=max(64, 4 * concurrency),
-            max_output=max_output,
-            sandbox=dataclasses.replace(config, disk_quota=disk_quota),
-            spares=concurrency if spares is None else spares,
-        )
+        # Python programs that fetch no files run without a shell (_fastpy.py), on the
+        # host's interpreter: with an image, python runs in its shell sessions like the rest
+        self._python: PythonExecutorService | None = None
+        try:
+            if image is not None:
+                self.toolchains = self._probe_image()
+            else:
+                self._python = PythonExecutorService(
+                    pool_size=concurrency,
+                    timeout=60.0,
+                    max_sessions=max(64, 4 * concurrency),
+                    max_output=max_output,
+                    sandbox=dataclasses.replace(config, disk_quota=disk_quota),
+                    spares=concurrency if spares is None else spares,
+                )
+        except BaseException:
+            self._shell.close()
+            raise
         self._cache = CompileCache(max_bytes=cache_bytes)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+
+    def _probe_image(self) -> dict[str, Toolchain]:
+        """Each language's toolchain inside the image, found by one session's probe."""
+        image = self._shell.image
+        assert image is not None
+        sid = self._session()
+        try:
+            res = self._shell.run(PROBE, session_id=sid, timeout=30.0)
+        finally:
+            self._shell.close_session(sid)
+        if res.timed_out or res.returncode != 0:
+            raise InfrastructureError(
+                f"could not list the toolchains of image {image.reference!r}: the probe "
+                f"{'timed out' if res.timed_out else f'exited {res.returncode}'}: "
+                f"{res.stderr[-500:]}"
+            )
+        found = ImageTools.parse(res.stdout, reference=image.reference, digest=image.digest)
+        return {lang: discover(lang, image=found) for lang in LANGUAGES}
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -251,6 +300,7 @@ class CodeJudge:
     async def _fast(
         self, prepared: _Prepared, stdin: str | None, run_timeout: float, memory_limit_mb: int
     ) -> dict[str, Any]:
+        assert self._python is not None
         limit = self._limit_mb(memory_limit_mb) * _MiB
         code = wrap(prepared.code, stdin, prepared.files, limit, limit)
         return _from_run(await self._python.aexecute(code, timeout=run_timeout))
@@ -294,7 +344,7 @@ class CodeJudge:
         except _Refused as exc:
             self._count("sandbox_errors")
             return code_response("SandboxError", str(exc))
-        if language == "python" and not fetch_files:
+        if language == "python" and not fetch_files and self._python is not None:
             try:
                 run = await self._fast(prepared, stdin, run_timeout, memory_limit_MB)
             except InfrastructureError as exc:
@@ -487,7 +537,7 @@ class CodeJudge:
         tc = prepared.toolchain
         limit = int(case.get("memory_limit_MB", memory_limit_mb))
         timeout = _check_number("run_timeout", case.get("run_timeout", run_timeout))
-        if tc.language == "python":
+        if tc.language == "python" and self._python is not None:
             try:
                 run = await self._fast(prepared, case.get("stdin"), timeout, limit)
             except InfrastructureError as exc:
@@ -564,7 +614,8 @@ class CodeJudge:
             out: dict[str, Any] = dict(self._counts)
         out.update(self._cache.stats())
         out.update(self._shell.stats())
-        out.update({f"python_{k}": v for k, v in self._python.stats().items()})
+        if self._python is not None:
+            out.update({f"python_{k}": v for k, v in self._python.stats().items()})
         return out
 
     async def astats(self) -> dict[str, Any]:
@@ -580,14 +631,16 @@ class CodeJudge:
         try:
             await self._shell.aclose()
         finally:
-            await self._python.aclose()
+            if self._python is not None:
+                await self._python.aclose()
 
     def close(self) -> None:
         """Sync :meth:`aclose`."""
         try:
             self._shell.close()
         finally:
-            self._python.close()
+            if self._python is not None:
+                self._python.close()
 
     def __enter__(self) -> CodeJudge:
         return self
