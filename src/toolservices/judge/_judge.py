@@ -49,10 +49,24 @@ _COMPILE_STACK_KB = 64 * 1024
 _DRIVER = (Path(__file__).parent / "_jupyter_driver.py").read_text("utf-8")
 
 
-def _from_run(res: ShellResult | ExecResult) -> dict[str, Any]:
+def _head(text: str, cap: int) -> str:
+    """The first ``cap`` bytes of a stream, as SandboxFusion reads them.
+
+    The services keep a longer stream's head (and the shell its tail) around a marker
+    line; the head they kept is at least ``cap`` bytes once re-encoded (a replaced
+    invalid byte only grows), so the cut never reaches the marker.
+    """
+    if len(text) <= cap // 4:
+        return text
+    data = text.encode()
+    return text if len(data) <= cap else data[:cap].decode("utf-8", "ignore")
+
+
+def _from_run(res: ShellResult | ExecResult, cap: int) -> dict[str, Any]:
     """A SandboxFusion step result from a shell command's or an interpreter's result."""
     status = "TimeLimitExceeded" if res.timed_out else "Finished"
-    return step(status, time=res.duration, rc=res.returncode, out=res.stdout, err=res.stderr)
+    out, err = _head(res.stdout, cap), _head(res.stderr, cap)
+    return step(status, time=res.duration, rc=res.returncode, out=out, err=err)
 
 
 def _retryable(exc: Exception) -> bool:
@@ -140,6 +154,7 @@ class CodeJudge:
             raise UserError(f"memory_limit_mb must be an int >= 64, got {memory_limit_mb!r}")
         self.concurrency = concurrency
         self.memory_limit_mb = memory_limit_mb
+        self.max_output = max_output
         # on the host, toolchains outside the sandbox's view are bound into it; an image
         # brings its own, found once its first session can look
         if image is None:
@@ -158,7 +173,9 @@ class CodeJudge:
             pool_size=concurrency,
             timeout=60.0,
             max_sessions=max(64, 4 * concurrency),
-            max_output=max_output,
+            # the shell keeps a long stream's first and last halves: its first half is then
+            # the stream's first max_output bytes, what SandboxFusion answers (_head)
+            max_output=2 * max_output,
             max_file_size=64 * _MiB,
             disk_quota=disk_quota,
             sandbox=config,
@@ -275,10 +292,12 @@ class CodeJudge:
         self._count("compile_cache_misses")
         before = {*prepared.files, tc.source}
         # the sandbox's own stack limit (as large as its memory cap) would size every
-        # compiler thread's stack by it (go build, javac, rustc are multi-threaded)
-        line = f"ulimit -s {_COMPILE_STACK_KB}; {tc.command(tc.compile)}"
+        # compiler thread's stack by it (go build, javac, rustc are multi-threaded); in a
+        # subshell: the session's shell keeps its limits between commands, and the run
+        # step must still be able to raise the stack to the request's limit
+        line = f"(ulimit -s {_COMPILE_STACK_KB}; exec {tc.command(tc.compile)})"
         res = await self._shell.arun(line, session_id=sid, timeout=compile_timeout)
-        result = _from_run(res)
+        result = _from_run(res, self.max_output)
         artifacts: dict[str, bytes] | None = {}
         if result["status"] == "Finished" and result["return_code"] == 0:
             artifacts = await self._artifacts(sid, before)
@@ -303,7 +322,7 @@ class CodeJudge:
         assert self._python is not None
         limit = self._limit_mb(memory_limit_mb) * _MiB
         code = wrap(prepared.code, stdin, prepared.files, limit, limit)
-        return _from_run(await self._python.aexecute(code, timeout=run_timeout))
+        return _from_run(await self._python.aexecute(code, timeout=run_timeout), self.max_output)
 
     def _session(self) -> str:
         return f"judge-{uuid.uuid4().hex}"
@@ -365,7 +384,7 @@ class CodeJudge:
             ):
                 line = self._run_line(tc, self._limit_mb(memory_limit_MB), artifacts)
                 res = await self._shell.arun(line, session_id=sid, timeout=run_timeout, stdin=stdin)
-                run_result = _from_run(res)
+                run_result = _from_run(res, self.max_output)
             fetched = await self._fetch(sid, fetch_files)
         except (InfrastructureError, ShellFileError) as exc:
             if _retryable(exc):
@@ -417,7 +436,7 @@ class CodeJudge:
             await self._write(sid, prepared)
             line = self._run_line(tc, self._limit_mb(memory_limit_MB), ())
             res = await self._shell.arun(line, session_id=sid, timeout=float(total_timeout) + 10)
-            driver = _from_run(res)
+            driver = _from_run(res, self.max_output)
             if driver["status"] != "Finished":
                 return jupyter_response("Failed", driver=driver)
             fetched = await self._fetch(sid, [*fetch_files, out_name])
@@ -566,7 +585,7 @@ class CodeJudge:
             return {"verdict": "sandbox_error", "run_result": step("Error", err=str(exc))}
         finally:
             await self._shell.aclose_session(sid)
-        run = _from_run(res)
+        run = _from_run(res, self.max_output)
         return {"verdict": verdict(run, case.get("expected_stdout"), tolerance), "run_result": run}
 
     def run_tests(
