@@ -188,8 +188,9 @@ def test_python_limits_files_and_failures_on_the_image(debian: CodeJudge) -> Non
         fetch_files=["out.txt"],
     )
     assert base64.b64decode(files["files"]["out.txt"]) == b"abab", files
+    reference = debian.isolation_report()["image"]["reference"]
     assert debian.run_code("int main(){}", "cpp")["message"].endswith(
-        "missing 'g++' on the PATH of image " + repr(debian.isolation_report()["image"]["reference"])
+        f"missing 'g++' on the PATH of image {reference!r}"
     )
 
 

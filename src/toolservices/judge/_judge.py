@@ -157,9 +157,10 @@ class CodeJudge:
         self.max_output = max_output
         # on the host, toolchains outside the sandbox's view are bound into it; an image
         # brings its own, found once its first session can look
+        binds: list[str] = []
         if image is None:
             self.toolchains: dict[str, Toolchain] = {lang: discover(lang) for lang in LANGUAGES}
-        binds = sorted({b for t in self.toolchains.values() for b in t.binds}) if image is None else []
+            binds = sorted({b for t in self.toolchains.values() for b in t.binds})
         config = sandbox if sandbox is not None else SandboxConfig()
         config = dataclasses.replace(
             config,

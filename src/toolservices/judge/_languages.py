@@ -261,12 +261,12 @@ PROBE = (
     f"for t in {' '.join(_NEEDED)}; do\n"
     "  case $t in\n"
     "    python) p=$py ;;\n"
-    "    pytest) p=; [ -n \"$py\" ] && \"$py\" -c 'import pytest' 2>/dev/null && p=$py ;;\n"
+    '    pytest) p=; [ -n "$py" ] && "$py" -c \'import pytest\' 2>/dev/null && p=$py ;;\n'
     "    rustc) p=$(command -v rustc) ;;\n"
-    "    *) p=$(command -v \"$t\") && q=$(readlink -f \"$p\" 2>/dev/null) && p=${q:-$p} ;;\n"
+    '    *) p=$(command -v "$t") && q=$(readlink -f "$p" 2>/dev/null) && p=${q:-$p} ;;\n'
     "  esac\n"
-    "  case $p in /*) printf '%s\\t%s\\t%s\\n' \"$t\" \"$p\" "
-    "\"$(stat -L -c '%s:%Y' \"$p\" 2>/dev/null)\" ;; esac\n"
+    '  case $p in /*) printf \'%s\\t%s\\t%s\\n\' "$t" "$p" '
+    '"$(stat -L -c \'%s:%Y\' "$p" 2>/dev/null)" ;; esac\n'
     "done\n"
     "exit 0\n"
 )
