@@ -279,6 +279,16 @@ def test_python_runs_as_a_script(judge: CodeJudge) -> None:
     assert r["run_result"]["stdout"] == "__main__ ['main.py'] main.py b'in' F\n['os', 'sys']\n"
 
 
+def test_python_text_and_bytes_arrive_exactly(judge: CodeJudge) -> None:
+    # the program, its stdin and files travel into the interpreter as literals: quotes,
+    # backslashes, non-ASCII text and binary bytes must arrive as sent
+    code = "s = r'''\\ \"' é'''\nprint(s, input(), open('d/b.bin', 'rb').read())\n"
+    files = {"d/b.bin": base64.b64encode(b"\x00\xff'\"\\").decode()}
+    r = judge.run_code(code, "python", stdin="漢字 \\n'\n", files=files)
+    expected = "\\ \"' é 漢字 \\n' " + repr(b"\x00\xff'\"\\") + "\n"
+    assert r["run_result"]["stdout"] == expected, r
+
+
 def test_python_exit_statuses_and_traceback(judge: CodeJudge) -> None:
     assert judge.run_code("import os; os._exit(4)", "python")["run_result"]["return_code"] == 4
     r = judge.run_code("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "python")
