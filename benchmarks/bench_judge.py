@@ -152,7 +152,7 @@ def side_by_side(servers: dict[str, str], args: argparse.Namespace) -> dict[str,
             add(name, "python_rps", rps)
             add(name, "python_p50", p50)
             assert wrong == 0, f"{name}: {wrong} wrong answers"
-        for name, base in servers.items():
+        for name, base in servers.items() if not args.python_only else ():
             add(name, "cpp_p50", cpp_p50(base, args.cpp, repeated=False))
             add(name, "cpp_repeat_p50", cpp_p50(base, args.cpp, repeated=True))
             add(name, "cases_run_code", cases_20(base, tests_endpoint=False))
@@ -172,6 +172,7 @@ def main() -> None:
     parser.add_argument("--cpp", type=int, default=15)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the servers")
+    parser.add_argument("--python-only", action="store_true", help="only the Python measures")
     args = parser.parse_args()
     print(f"# load average {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
     with judge_server("--concurrency", str(args.concurrency)) as base:
@@ -182,12 +183,16 @@ def main() -> None:
     print(f"# load average {os.getloadavg()}", flush=True)
     if len(rows) == 2:
         us, sf = rows["toolservices"], rows["SandboxFusion"]
-        print(
+        line = (
             f"# python rps x{us['python_rps'] / sf['python_rps']:.1f}, "
-            f"python CPU per request x{sf['python_cpu_ms'] / us['python_cpu_ms']:.1f}, "
-            f"cpp p50 x{sf['cpp_p50'] / us['cpp_p50']:.2f}, "
-            f"cpp repeated p50 x{sf['cpp_repeat_p50'] / us['cpp_repeat_p50']:.1f}"
+            f"python CPU per request x{sf['python_cpu_ms'] / us['python_cpu_ms']:.1f}"
         )
+        if not args.python_only:
+            line += (
+                f", cpp p50 x{sf['cpp_p50'] / us['cpp_p50']:.2f}, "
+                f"cpp repeated p50 x{sf['cpp_repeat_p50'] / us['cpp_repeat_p50']:.1f}"
+            )
+        print(line)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,32 @@ def test_requests_reach_a_replica(namespace: str) -> None:
         assert "toolservices_judge_status_Success" in text
     again = ray_judge(None, namespace=namespace, concurrency=2, memory_limit_mb=2048)
     assert again.replicas == 1  # the same replicas, not new ones
+
+
+def test_replicas_run_on_an_image(namespace: str, tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "images"))
+    from _build import BUSYBOX, bash_layer, busybox_layer, oci_layout
+
+    sys.path.pop(0)
+    if not Path(BUSYBOX).exists():
+        pytest.skip(f"{BUSYBOX} is missing (Debian package busybox-static)")
+    oci_layout(str(tmp_path / "oci"), [busybox_layer("gzip"), bash_layer("zstd")])
+    images = f"{namespace}-image"
+    try:
+        # the reference travels to the replica, which pulls it into its node's cache
+        judge = ray_judge(
+            None,
+            namespace=images,
+            concurrency=1,
+            memory_limit_mb=1024,
+            image=f"oci:{tmp_path}/oci",
+            image_cache=str(tmp_path / "cache"),
+        )
+        with app_server(judge) as base:
+            req = {"code": "cat /etc/os-release", "language": "bash"}
+            status, body = call(base, "/run_code", req)
+            assert status == 200 and body["run_result"]["stdout"] == "ID=testbox\n", body
+            status, body = call(base, "/run_code", {"code": "print(1)", "language": "python"})
+            assert body["status"] == "SandboxError" and "in image" in body["message"], body
+    finally:
+        get_services("ray", namespace=images).reset()

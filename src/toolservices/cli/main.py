@@ -88,6 +88,25 @@ def _build_parser() -> argparse.ArgumentParser:
         help="--sandbox-fusion: the most memory (RLIMIT_AS) and stack a program gets "
         "(default 4096); a request's memory_limit_MB lowers it",
     )
+    serve.add_argument(
+        "--image",
+        metavar="REF",
+        help="--sandbox-fusion: run every submission on this container image's root, with "
+        "its toolchains (oci:, oci-archive:, docker-archive:, docker://, dir:; docs/images.md)",
+    )
+    serve.add_argument(
+        "--image-cache",
+        metavar="DIR",
+        help="--sandbox-fusion --image: the layer cache (default: $TOOLSERVICES_IMAGE_CACHE or "
+        "~/.cache/toolservices/images)",
+    )
+    serve.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="--sandbox-fusion --image: a registry reached over plain HTTP (repeatable)",
+    )
     serve.add_argument("--path", default="/mcp", help="HTTP endpoint path")
     serve.add_argument("--pool-size", type=int, default=4, help="Python calls running at once")
     serve.add_argument(
@@ -209,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory_limit_mb=args.memory_limit_mb,
             ray=args.ray,
             ray_namespace=args.ray_namespace,
+            image=args.image,
+            image_cache=args.image_cache,
+            insecure_registries=tuple(args.insecure_registry),
         )
     if args.command == "serve":
         from toolservices.mcp import serve_main

@@ -21,7 +21,15 @@ from toolservices._portal import run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.judge._cache import CompileCache
 from toolservices.judge._fastpy import wrap
-from toolservices.judge._languages import LANGUAGES, STACK_MB, Toolchain, discover, java_flags
+from toolservices.judge._languages import (
+    LANGUAGES,
+    PROBE,
+    STACK_MB,
+    ImageTools,
+    Toolchain,
+    discover,
+    java_flags,
+)
 from toolservices.judge._results import (
     code_response,
     jupyter_response,
@@ -41,10 +49,24 @@ _COMPILE_STACK_KB = 64 * 1024
 _DRIVER = (Path(__file__).parent / "_jupyter_driver.py").read_text("utf-8")
 
 
-def _from_run(res: ShellResult | ExecResult) -> dict[str, Any]:
+def _head(text: str, cap: int) -> str:
+    """The first ``cap`` bytes of a stream, as SandboxFusion reads them.
+
+    The services keep a longer stream's head (and the shell its tail) around a marker
+    line; the head they kept is at least ``cap`` bytes once re-encoded (a replaced
+    invalid byte only grows), so the cut never reaches the marker.
+    """
+    if len(text) <= cap // 4:
+        return text
+    data = text.encode()
+    return text if len(data) <= cap else data[:cap].decode("utf-8", "ignore")
+
+
+def _from_run(res: ShellResult | ExecResult, cap: int) -> dict[str, Any]:
     """A SandboxFusion step result from a shell command's or an interpreter's result."""
     status = "TimeLimitExceeded" if res.timed_out else "Finished"
-    return step(status, time=res.duration, rc=res.returncode, out=res.stdout, err=res.stderr)
+    out, err = _head(res.stdout, cap), _head(res.stderr, cap)
+    return step(status, time=res.duration, rc=res.returncode, out=out, err=err)
 
 
 def _retryable(exc: Exception) -> bool:
@@ -102,6 +124,10 @@ class CodeJudge:
     * ``cache_bytes``: the compile cache's size (artifacts of compiled submissions).
     * ``disk_quota``: bytes a submission's workspace may hold.
     * ``sandbox``: a :class:`~toolservices.python.SandboxConfig` to start from.
+    * ``image``: a container image reference (``docs/images.md``): every submission
+      runs on its root, with its toolchains (found once, by a probe in one of its
+      sessions) instead of the server's; ``image_cache``/``insecure_registries`` as
+      for :class:`~toolservices.shell.ShellService`.
     """
 
     def __init__(
@@ -114,6 +140,9 @@ class CodeJudge:
         disk_quota: int = 512 * _MiB,
         sandbox: SandboxConfig | None = None,
         spares: int | None = None,
+        image: str | None = None,
+        image_cache: str | None = None,
+        insecure_registries: Sequence[str] = (),
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
@@ -125,8 +154,13 @@ class CodeJudge:
             raise UserError(f"memory_limit_mb must be an int >= 64, got {memory_limit_mb!r}")
         self.concurrency = concurrency
         self.memory_limit_mb = memory_limit_mb
-        self.toolchains: dict[str, Toolchain] = {lang: discover(lang) for lang in LANGUAGES}
-        binds = sorted({b for t in self.toolchains.values() for b in t.binds})
+        self.max_output = max_output
+        # on the host, toolchains outside the sandbox's view are bound into it; an image
+        # brings its own, found once its first session can look
+        binds: list[str] = []
+        if image is None:
+            self.toolchains: dict[str, Toolchain] = {lang: discover(lang) for lang in LANGUAGES}
+            binds = sorted({b for t in self.toolchains.values() for b in t.binds})
         config = sandbox if sandbox is not None else SandboxConfig()
         config = dataclasses.replace(
             config,
@@ -135,28 +169,61 @@ class CodeJudge:
             extra_ro_paths=tuple(dict.fromkeys((*config.extra_ro_paths, *binds))),
         )
         self.bound = tuple(binds)
+        shell_spares = concurrency if image is not None else max(1, concurrency // 2)
         self._shell = ShellService(
             pool_size=concurrency,
             timeout=60.0,
             max_sessions=max(64, 4 * concurrency),
-            max_output=max_output,
+            # the shell keeps a long stream's first and last halves: its first half is then
+            # the stream's first max_output bytes, what SandboxFusion answers (_head)
+            max_output=2 * max_output,
             max_file_size=64 * _MiB,
             disk_quota=disk_quota,
             sandbox=config,
-            spares=max(1, concurrency // 2) if spares is None else spares,
+            spares=shell_spares if spares is None else spares,
+            image=image,
+            image_cache=image_cache,
+            insecure_registries=tuple(insecure_registries),
         )
-        # Python programs that fetch no files run without a shell (_fastpy.py)
-        self._python = PythonExecutorService(
-            pool_size=concurrency,
-            timeout=60.0,
-            max_sessions=max(64, 4 * concurrency),
-            max_output=max_output,
-            sandbox=dataclasses.replace(config, disk_quota=disk_quota),
-            spares=concurrency if spares is None else spares,
-        )
+        # Python programs that fetch no files run without a shell (_fastpy.py), on the
+        # host's interpreter: with an image, python runs in its shell sessions like the rest
+        self._python: PythonExecutorService | None = None
+        try:
+            if image is not None:
+                self.toolchains = self._probe_image()
+            else:
+                self._python = PythonExecutorService(
+                    pool_size=concurrency,
+                    timeout=60.0,
+                    max_sessions=max(64, 4 * concurrency),
+                    max_output=max_output,
+                    sandbox=dataclasses.replace(config, disk_quota=disk_quota),
+                    spares=concurrency if spares is None else spares,
+                )
+        except BaseException:
+            self._shell.close()
+            raise
         self._cache = CompileCache(max_bytes=cache_bytes)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+
+    def _probe_image(self) -> dict[str, Toolchain]:
+        """Each language's toolchain inside the image, found by one session's probe."""
+        image = self._shell.image
+        assert image is not None
+        sid = self._session()
+        try:
+            res = self._shell.run(PROBE, session_id=sid, timeout=30.0)
+        finally:
+            self._shell.close_session(sid)
+        if res.timed_out or res.returncode != 0:
+            raise InfrastructureError(
+                f"could not list the toolchains of image {image.reference!r}: the probe "
+                f"{'timed out' if res.timed_out else f'exited {res.returncode}'}: "
+                f"{res.stderr[-500:]}"
+            )
+        found = ImageTools.parse(res.stdout, reference=image.reference, digest=image.digest)
+        return {lang: discover(lang, image=found) for lang in LANGUAGES}
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -227,11 +294,11 @@ class CodeJudge:
         before = {*prepared.files, tc.source}
         # the sandbox's own stack limit (as large as its memory cap) would size every
         # compiler thread's stack by it (go build, javac, rustc are multi-threaded); in a
-        # subshell, soft limit only: a shell session keeps ulimit changes, and the run
-        # step after it must still be able to raise its stack to the request's limit
-        line = f"(ulimit -S -s {_COMPILE_STACK_KB}; {tc.command(tc.compile)})"
+        # subshell: the session's shell keeps its limits between commands, and the run
+        # step must still be able to raise the stack to the request's limit
+        line = f"(ulimit -s {_COMPILE_STACK_KB}; exec {tc.command(tc.compile)})"
         res = await self._shell.arun(line, session_id=sid, timeout=compile_timeout)
-        result = _from_run(res)
+        result = _from_run(res, self.max_output)
         artifacts: dict[str, bytes] | None = {}
         if result["status"] == "Finished" and result["return_code"] == 0:
             artifacts = await self._artifacts(sid, before)
@@ -253,9 +320,10 @@ class CodeJudge:
     async def _fast(
         self, prepared: _Prepared, stdin: str | None, run_timeout: float, memory_limit_mb: int
     ) -> dict[str, Any]:
+        assert self._python is not None
         limit = self._limit_mb(memory_limit_mb) * _MiB
         code = wrap(prepared.code, stdin, prepared.files, limit, limit)
-        return _from_run(await self._python.aexecute(code, timeout=run_timeout))
+        return _from_run(await self._python.aexecute(code, timeout=run_timeout), self.max_output)
 
     def _session(self) -> str:
         return f"judge-{uuid.uuid4().hex}"
@@ -296,7 +364,7 @@ class CodeJudge:
         except _Refused as exc:
             self._count("sandbox_errors")
             return code_response("SandboxError", str(exc))
-        if language == "python" and not fetch_files:
+        if language == "python" and not fetch_files and self._python is not None:
             try:
                 run = await self._fast(prepared, stdin, run_timeout, memory_limit_MB)
             except InfrastructureError as exc:
@@ -317,7 +385,7 @@ class CodeJudge:
             ):
                 line = self._run_line(tc, self._limit_mb(memory_limit_MB), artifacts)
                 res = await self._shell.arun(line, session_id=sid, timeout=run_timeout, stdin=stdin)
-                run_result = _from_run(res)
+                run_result = _from_run(res, self.max_output)
             fetched = await self._fetch(sid, fetch_files)
         except (InfrastructureError, ShellFileError) as exc:
             if _retryable(exc):
@@ -369,7 +437,7 @@ class CodeJudge:
             await self._write(sid, prepared)
             line = self._run_line(tc, self._limit_mb(memory_limit_MB), ())
             res = await self._shell.arun(line, session_id=sid, timeout=float(total_timeout) + 10)
-            driver = _from_run(res)
+            driver = _from_run(res, self.max_output)
             if driver["status"] != "Finished":
                 return jupyter_response("Failed", driver=driver)
             fetched = await self._fetch(sid, [*fetch_files, out_name])
@@ -489,7 +557,7 @@ class CodeJudge:
         tc = prepared.toolchain
         limit = int(case.get("memory_limit_MB", memory_limit_mb))
         timeout = _check_number("run_timeout", case.get("run_timeout", run_timeout))
-        if tc.language == "python":
+        if tc.language == "python" and self._python is not None:
             try:
                 run = await self._fast(prepared, case.get("stdin"), timeout, limit)
             except InfrastructureError as exc:
@@ -518,7 +586,7 @@ class CodeJudge:
             return {"verdict": "sandbox_error", "run_result": step("Error", err=str(exc))}
         finally:
             await self._shell.aclose_session(sid)
-        run = _from_run(res)
+        run = _from_run(res, self.max_output)
         return {"verdict": verdict(run, case.get("expected_stdout"), tolerance), "run_result": run}
 
     def run_tests(
@@ -566,7 +634,8 @@ class CodeJudge:
             out: dict[str, Any] = dict(self._counts)
         out.update(self._cache.stats())
         out.update(self._shell.stats())
-        out.update({f"python_{k}": v for k, v in self._python.stats().items()})
+        if self._python is not None:
+            out.update({f"python_{k}": v for k, v in self._python.stats().items()})
         return out
 
     async def astats(self) -> dict[str, Any]:
@@ -582,14 +651,16 @@ class CodeJudge:
         try:
             await self._shell.aclose()
         finally:
-            await self._python.aclose()
+            if self._python is not None:
+                await self._python.aclose()
 
     def close(self) -> None:
         """Sync :meth:`aclose`."""
         try:
             self._shell.close()
         finally:
-            self._python.close()
+            if self._python is not None:
+                self._python.close()
 
     def __enter__(self) -> CodeJudge:
         return self

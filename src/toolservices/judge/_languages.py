@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["LANGUAGES", "STACK_MB", "Toolchain", "discover", "java_flags"]
+__all__ = ["LANGUAGES", "PROBE", "STACK_MB", "ImageTools", "Toolchain", "discover", "java_flags"]
 
 #: every language name of SandboxFusion's API (and so of verl's client), in its order
 LANGUAGES = (
@@ -209,40 +209,126 @@ def _identity(paths: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def discover(language: str) -> Toolchain:
-    """The toolchain of ``language`` on this server (``missing`` says what is not here)."""
+#: what no server of ours has, whatever its PATH or image
+_UNAVAILABLE = {
+    "gpu": "a GPU (this server runs CPU sandboxes only)",
+    "junit": "the JUnit console launcher jar",
+    "jest": "a jest project (node_modules)",
+}
+
+
+def _needed() -> tuple[str, ...]:
+    """Every tool some language needs (what a probe of an image looks for)."""
+    names = {n for spec in _SPECS.values() for n in spec[3] if n not in _UNAVAILABLE}
+    return tuple(sorted(names | {"cc"}))
+
+
+@dataclass(frozen=True)
+class ImageTools:
+    """The tools found inside an image by :data:`PROBE` (run in one of its sessions).
+
+    ``paths``: tool name -> absolute path in the image; ``stamps``: tool -> its
+    size and modification time there (with the image's digest, the compile cache's key).
+    """
+
+    reference: str
+    digest: str
+    paths: dict[str, str]
+    stamps: dict[str, str]
+
+    @classmethod
+    def parse(cls, text: str, *, reference: str, digest: str) -> ImageTools:
+        """Read :data:`PROBE`'s output: one ``name<TAB>path<TAB>stamp`` line per tool found."""
+        paths: dict[str, str] = {}
+        stamps: dict[str, str] = {}
+        for line in text.splitlines():
+            name, _, rest = line.partition("\t")
+            path, _, stamp = rest.partition("\t")
+            if name in _NEEDED and path.startswith("/"):
+                paths[name] = path
+                stamps[name] = stamp
+        return cls(reference=reference, digest=digest, paths=paths, stamps=stamps)
+
+
+_NEEDED = _needed()
+
+#: bash run once in a session of the image: where each tool is (python: ``python3`` or
+#: ``python``, which must import pytest for ``pytest``; the rest resolved through their
+#: links, but rustup's proxies, which choose by the name called, and python, whose venv is
+#: found from the name called), with its size and modification time
+PROBE = (
+    "py=$(command -v python3 || command -v python)\n"
+    f"for t in {' '.join(_NEEDED)}; do\n"
+    "  case $t in\n"
+    "    python) p=$py ;;\n"
+    '    pytest) p=; [ -n "$py" ] && "$py" -c \'import pytest\' 2>/dev/null && p=$py ;;\n'
+    "    rustc) p=$(command -v rustc) ;;\n"
+    '    *) p=$(command -v "$t") && q=$(readlink -f "$p" 2>/dev/null) && p=${q:-$p} ;;\n'
+    "  esac\n"
+    '  case $p in /*) printf \'%s\\t%s\\t%s\\n\' "$t" "$p" '
+    '"$(stat -L -c \'%s:%Y\' "$p" 2>/dev/null)" ;; esac\n'
+    "done\n"
+    "exit 0\n"
+)
+
+
+def _host_tool(name: str, binds: list[str]) -> str | None:
+    """A tool on the server's PATH (binding it into the sandbox's view when outside it)."""
+    path = _which(name)
+    if name == "rustc" and path is not None:
+        sysroot = _rust_sysroot(path)
+        path = os.path.join(sysroot, "bin", "rustc") if sysroot else None
+        if sysroot and not _visible(sysroot):
+            binds.append(sysroot)
+    if path is None:
+        return None
+    if not _visible(path):
+        binds.append(_bind_for(path))
+    binds += _outside_links(_root(path))
+    return path
+
+
+def _image_missing(name: str, image: ImageTools) -> str:
+    where = f"in image {image.reference!r}"
+    if name == "python":
+        return f"'python3' (or 'python') {where}"
+    if name == "pytest":
+        return f"pytest (importable by the image's python3) {where}"
+    return f"{name!r} on the PATH of image {image.reference!r}"
+
+
+def discover(language: str, *, image: ImageTools | None = None) -> Toolchain:
+    """The toolchain of ``language`` on this server, or in ``image`` when one is given
+    (``missing`` says what is not there)."""
     source, compile_, run, needed = _SPECS[language]
     tools: dict[str, str] = {}
     missing: list[str] = []
     binds: list[str] = []
     for name in needed:
-        if name in ("gpu", "junit", "jest"):
+        if name in _UNAVAILABLE:
+            missing.append(_UNAVAILABLE[name])
+            continue
+        path = _host_tool(name, binds) if image is None else image.paths.get(name)
+        if path is None:
             missing.append(
-                {
-                    "gpu": "a GPU (this server runs CPU sandboxes only)",
-                    "junit": "the JUnit console launcher jar",
-                    "jest": "a jest project (node_modules)",
-                }[name]
+                f"{name!r} on the server's PATH" if image is None else _image_missing(name, image)
             )
             continue
-        path = _which(name)
-        if name == "rustc" and path is not None:
-            sysroot = _rust_sysroot(path)
-            path = os.path.join(sysroot, "bin", "rustc") if sysroot else None
-            if sysroot and not _visible(sysroot):
-                binds.append(sysroot)
-        if path is None:
-            missing.append(f"{name!r} on the server's PATH")
-            continue
-        if not _visible(path):
-            binds.append(_bind_for(path))
-        binds += _outside_links(_root(path))
         tools[name.replace("+", "x").replace("-", "_")] = path
     java_vm, javac_vm = java_flags(1024)
     tools.setdefault("java_flags", java_vm)
     tools.setdefault("javac_flags", javac_vm)
-    if language == "rust" and "rustc" in tools and shutil.which("cc") is None:
-        missing.append("'cc' (rustc's linker) on the server's PATH")
+    if language == "rust" and "rustc" in tools:
+        if image is None and shutil.which("cc") is None:
+            missing.append("'cc' (rustc's linker) on the server's PATH")
+        elif image is not None and "cc" not in image.paths:
+            missing.append(f"'cc' (rustc's linker) on the PATH of image {image.reference!r}")
+    found = [n for n in needed if n.replace("+", "x").replace("-", "_") in tools]
+    if image is None:
+        identity = _identity([p for k, p in tools.items() if not k.endswith("_flags")])
+    else:
+        stamps = "".join(f"{image.paths[n]}\0{image.stamps.get(n, '')}\0" for n in found)
+        identity = hashlib.sha256(f"{image.digest}\0{stamps}".encode()).hexdigest()[:16]
     return Toolchain(
         language=language,
         source=source,
@@ -251,5 +337,5 @@ def discover(language: str) -> Toolchain:
         tools=tools,
         missing=tuple(missing),
         binds=tuple(dict.fromkeys(binds)),
-        identity=_identity([p for k, p in tools.items() if not k.endswith("_flags")]),
+        identity=identity,
     )

@@ -72,12 +72,14 @@ def ray_judge(
     namespace: str,
     concurrency: int,
     memory_limit_mb: int,
+    **options: Any,
 ) -> RemoteJudge:
     """Connect to the Ray cluster at ``address`` and get (or create) the judge's replicas.
 
     One replica per alive node, spread by Ray (``SPREAD``); a server started later with
     the same ``namespace`` uses the same replicas. They stay until the namespace is
-    reset (``get_services("ray", namespace=...).reset()``).
+    reset (``get_services("ray", namespace=...).reset()``). ``options``: more of
+    :class:`CodeJudge`'s (``image``...: each replica pulls the image on its own node).
     """
     init = {"address": address} if address else {}
     services = get_services("ray", namespace=namespace, ray_init_config=init)
@@ -91,5 +93,6 @@ def ray_judge(
         concurrency=concurrency,
         memory_limit_mb=memory_limit_mb,
         num_replicas=max(1, nodes),
+        **options,
     )
     return RemoteJudge(services, SERVICE, concurrency=concurrency)

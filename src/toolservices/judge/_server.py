@@ -272,24 +272,34 @@ def serve_judge(
     memory_limit_mb: int = 4096,
     ray: str | None = None,
     ray_namespace: str = "toolservices-judge",
+    image: str | None = None,
+    image_cache: str | None = None,
+    insecure_registries: tuple[str, ...] = (),
 ) -> int:
     """Serve until SIGINT/SIGTERM; the judge's sessions are closed on the way out.
 
     Prints ``toolservices judge ready: http://HOST:PORT`` on stderr once it listens
     (``port=0`` picks a free port). With ``ray`` (a cluster address), the requests go
-    to judge replicas on the cluster, one per node (``_remote.py``). Returns the exit
-    status.
+    to judge replicas on the cluster, one per node (``_remote.py``). With ``image``, every
+    submission runs on that image's root (each replica pulls it). Returns the exit status.
     """
     judge: Judge
     local: CodeJudge | None = None
+    options: dict[str, Any] = {"concurrency": concurrency, "memory_limit_mb": memory_limit_mb}
+    if image is not None:
+        options.update(
+            image=image, image_cache=image_cache, insecure_registries=insecure_registries
+        )
     if ray is not None:
         from toolservices.judge._remote import ray_judge
 
-        judge = ray_judge(
-            ray, namespace=ray_namespace, concurrency=concurrency, memory_limit_mb=memory_limit_mb
-        )
+        judge = ray_judge(ray, namespace=ray_namespace, **options)
     else:
-        judge = local = CodeJudge(concurrency=concurrency, memory_limit_mb=memory_limit_mb)
+        try:
+            judge = local = CodeJudge(**options)
+        except (UserError, InfrastructureError) as exc:
+            print(f"toolservices serve: {exc}", file=sys.stderr)
+            return 2
     try:
         app = build_app(judge, max_queue=max_queue, max_wait=max_wait)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
