@@ -365,7 +365,8 @@ async def test_finalize_details_reach_verls_reward_function(tmp_path, tiny, exec
     assert executor.stats()["sessions"] == 0
 
 
-def test_two_rewards_for_one_trajectory_are_refused(tiny, executor):
+@pytest.mark.anyio
+async def test_two_rewards_for_one_trajectory_are_refused(tiny, executor):
     first = ToolservicesTool({**python_tool_config(), "finalize": hooks.score}, None)
     second = ToolservicesTool(
         {**python_tool_config(), "name": "python2", "finalize": hooks.report}, None

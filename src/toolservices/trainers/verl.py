@@ -370,9 +370,10 @@ class ToolservicesAgentLoop(ToolAgentLoop):
     raises or is cancelled.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._hooked = _hooked_tools(self.tools.values())
+    def __init__(self, *args: Any, tools: Any = None, **kwargs: Any) -> None:
+        # checked first: a refused configuration leaves nothing half-built
+        self._hooked = _hooked_tools(getattr(tools, "tools", None) or [])
+        super().__init__(*args, tools=tools, **kwargs)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         trajectory = _Trajectory()
