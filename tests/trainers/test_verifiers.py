@@ -33,8 +33,8 @@ from pydantic import ValidationError  # noqa: E402
 from verifiers.v1.clients import EvalClientConfig  # noqa: E402
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
 
-from toolservices.rollout.testing import Raw, ScriptedChatServer  # noqa: E402
 from toolservices.errors import UserError  # noqa: E402
+from toolservices.rollout.testing import Raw, ScriptedChatServer  # noqa: E402
 from toolservices.trainers.verifiers import (  # noqa: E402
     TOOLS,
     ToolservicesState,

@@ -335,7 +335,9 @@ async def test_setup_seeds_each_trajectory_and_finalize_is_its_reward(
 
 
 @pytest.mark.anyio
-async def test_a_failed_setup_is_reported_and_scores_zero(tmp_path, tiny, executor, hooks_importable):
+async def test_a_failed_setup_is_reported_and_scores_zero(
+    tmp_path, tiny, executor, hooks_importable
+):
     path = hooked_yaml(tmp_path, setup="_hooks:broken", finalize="_hooks:score")
     (tool,) = initialize_tools_from_config(str(path))
     out = await make_loop("toolservices_agent", tiny, [tool]).run({}, **row(1))
@@ -347,7 +349,9 @@ async def test_a_failed_setup_is_reported_and_scores_zero(tmp_path, tiny, execut
 
 
 @pytest.mark.anyio
-async def test_finalize_details_reach_verls_reward_function(tmp_path, tiny, executor, hooks_importable):
+async def test_finalize_details_reach_verls_reward_function(
+    tmp_path, tiny, executor, hooks_importable
+):
     """A mapping with a "score" is the reward; one without is left to verl's reward
     function, which reads it from extra_fields (extra_info["toolservices"])."""
     (scored,) = initialize_tools_from_config(

@@ -326,9 +326,9 @@ async def _report(episode: Episode) -> None:
                 )
                 return
             state.update({_OUTCOME: outcome, "toolservices_error": error})
-            put = await client.put(url, content=json.dumps(state), headers={
-                "Content-Type": "application/json"
-            })
+            put = await client.put(
+                url, content=json.dumps(state), headers={"Content-Type": "application/json"}
+            )
             put.raise_for_status()
     except httpx.HTTPError as exc:
         _LOG.warning("finalize's value did not reach the rollout's state: %s", exc)
