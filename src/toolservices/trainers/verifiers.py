@@ -24,6 +24,12 @@ server's SIGTERM handler makes that so: uvicorn re-raises the signal once
 it has stopped serving, which would otherwise end the process before the
 toolset's exit stack runs.)
 
+Episode hooks (``setup``/``finalize`` in the config): setup runs with the
+rollout's task data as the episode's state; finalize's value goes to the
+rollout's ``trace.state`` (:class:`ToolservicesState`) through verifiers'
+state channel before the task is scored, and :func:`finalize_reward` makes
+it a reward.
+
 Subclasses defined in your own module must end it with
 ``if __name__ == "__main__": MyToolset.run()``: verifiers starts a server
 as ``python -m <the class's module>``.
