@@ -336,7 +336,7 @@ async def _report(episode: Episode) -> None:
                 url, content=json.dumps(state), headers={"Content-Type": "application/json"}
             )
             put.raise_for_status()
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a body that is not JSON
         _LOG.warning("finalize's value did not reach the rollout's state: %s", exc)
 
 
