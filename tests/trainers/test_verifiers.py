@@ -94,6 +94,7 @@ SCRIPT: dict[str, list[Any]] = {
     "url-peek": [call("python_execute", code="print(x)", session_id="s"), "done"],
     "seeded": [call("python", code=COUNT), "done"],
     "unseeded": [call("python", code=COUNT), "done"],
+    "plain": [call("python", code=COUNT), "done"],
 }
 
 
@@ -243,6 +244,17 @@ def hooked_task(prompt: str, start: int, **hooks: str) -> Any:
     return HookedTask(SeededData(idx=0, prompt=prompt, start=start), vf.TaskConfig(rewards=rewards))
 
 
+def plain_task(prompt: str, **hooks: str) -> Any:
+    """A task with verifiers' own State (no field for finalize's value)."""
+
+    class PlainTask(vf.Task[SeededData]):
+        @classmethod
+        def toolsets(cls, config: Any) -> list[Any]:
+            return [LoggedToolset(ToolservicesToolsetConfig(tools=["python"], **hooks))]
+
+    return PlainTask(SeededData(idx=0, prompt=prompt, start=3))
+
+
 async def test_setup_seeds_from_the_task_and_finalize_is_the_reward(model, lifecycle):
     """setup gets the rollout's task data as the episode's state and seeds the
     session; finalize reads the final session when the toolset ends, its value
@@ -256,6 +268,8 @@ async def test_setup_seeds_from_the_task_and_finalize_is_the_reward(model, lifec
         broken = await solver.run(
             hooked_task("unseeded", 1, setup="_hooks:broken", finalize="_hooks:score")
         )
+        # a task whose state has no room for the value: the rollout is unharmed
+        plain = await solver.run(plain_task("plain", setup="_hooks:seed", finalize="_hooks:score"))
     assert seeded.stop_condition == "agent_completed" and not seeded.errors
     assert tool_texts(model, "seeded") == ["41\n"]
     assert seeded.state.toolservices_outcome == 41.0 and seeded.state.toolservices_error is None
@@ -264,6 +278,9 @@ async def test_setup_seeds_from_the_task_and_finalize_is_the_reward(model, lifec
     assert "could not be set up" in refusal
     assert broken.state.toolservices_error == "setup failed: RuntimeError: no repository to seed"
     assert broken.rewards["tests"].score == 0.0 and broken.reward == 0.0
+    assert plain.stop_condition == "agent_completed" and not plain.errors
+    assert tool_texts(model, "plain") == ["4\n"]
+    assert not hasattr(plain.state, "toolservices_outcome")
     assert_all_gone(lifecycle)
 
 
