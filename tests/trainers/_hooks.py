@@ -38,3 +38,16 @@ async def details(episode: Any) -> dict[str, Any]:
 
 def broken(episode: Any) -> None:
     raise RuntimeError("no repository to seed")
+
+
+async def seed_repo(episode: Any) -> None:
+    """Write the task's buggy file into the episode's shell session."""
+    text = "def add(a, b):\n    return a - b\n"
+    await episode.shell.awrite_file("calc.py", text, session_id=episode.shell_session)
+
+
+async def hidden_tests(episode: Any) -> float:
+    """1.0 when the final workspace's calc.py adds."""
+    check = "python3 -c 'from calc import add; assert add(2, 3) == 5'"
+    result = await episode.shell.arun(check, session_id=episode.shell_session)
+    return 1.0 if result["success"] else 0.0

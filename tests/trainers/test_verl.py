@@ -27,6 +27,8 @@ with warnings.catch_warnings():  # verl imports Ray's deprecated state API
     import hydra
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopMetrics,
+        AgentLoopOutput,
         DictConfigWrap,
         ToolListWrap,
         _agent_loop_registry,
@@ -391,3 +393,57 @@ async def test_under_verls_own_loop_calc_reward_is_finalize(executor):
     assert await tool.calc_reward(instance) == 6.0
     await tool.release(instance)
     assert executor.stats()["sessions"] == 0
+
+
+@pytest.mark.anyio
+async def test_shell_hooks_seed_and_score_the_groups_one_session(tmp_path, hooks_importable):
+    """Hooks named on bash serve the worker's shell tools' one episode: setup seeds the
+    repository before the first turn, write_file (no hooks of its own) fixes it, and
+    finalize's hidden test on the final workspace is the reward."""
+    hooks = {"setup": "_hooks:seed_repo", "finalize": "_hooks:hidden_tests"}
+    shell = {"pool_size": 1, "timeout": 10}
+    tools = [
+        {"class_name": CLASS, "config": {"type": "native", "tool": "write_file", "shell": shell}},
+        {
+            "class_name": CLASS,
+            "config": {"type": "native", "tool": "bash", "shell": shell, **hooks},
+        },
+    ]
+    path = tmp_path / "tools.yaml"
+    path.write_text(OmegaConf.to_yaml({"tools": tools}))
+    write, bash = initialize_tools_from_config(str(path))
+    assert verl_adapter._hooked_tools([write, bash]) == [bash]
+
+    class Request:
+        request_id = "r1"
+
+    trajectory = verl_adapter._Trajectory()
+    token = verl_adapter._TRAJECTORY.set(trajectory)
+    try:
+        await trajectory.start([bash], {})
+        instance, _ = await bash.create()
+        seeded, _, _ = await bash.execute(
+            instance, {"command": "cat calc.py"}, agent_data=Request()
+        )
+        await bash.release(instance)
+        assert "return a - b" in seeded.text  # setup ran before the first call
+        instance, _ = await write.create()
+        fixed = "def add(a, b):\n    return a + b\n"
+        args = {"path": "calc.py", "content": fixed}
+        await write.execute(instance, args, agent_data=Request())
+        await write.release(instance)
+        output = AgentLoopOutput(
+            prompt_ids=[1], response_ids=[2], response_mask=[1], metrics=AgentLoopMetrics()
+        )
+        await trajectory.score(output)
+    finally:
+        verl_adapter._TRAJECTORY.reset(token)
+        await trajectory.aclose()
+    assert output.reward_score == 1.0
+    assert shared_shell(**shell).stats()["sessions"] == 0
+
+    other = ToolservicesTool(
+        {"type": "native", "tool": "write_file", "shell": shell, "setup": hooks["finalize"]}, None
+    )
+    with pytest.raises(UserError, match="share one shell session"):
+        verl_adapter._hooked_tools([bash, other])
