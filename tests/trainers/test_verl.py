@@ -346,8 +346,9 @@ async def test_a_failed_setup_is_reported_and_scores_zero(
     # the refusal's words are not in the tiny vocabulary: no count, the code never ran
     assert tool_results(tiny[1], out) == ["", ""]
     assert out.reward_score == 0.0
-    (error,) = out.extra_fields["toolservices"]["errors"].values()
-    assert error == "setup failed: RuntimeError: no repository to seed"
+    assert out.extra_fields["toolservices"]["errors"] == {
+        "python": "setup failed: RuntimeError: no repository to seed"
+    }
 
 
 @pytest.mark.anyio

@@ -102,12 +102,14 @@ class _Trajectory:
 
     def __init__(self) -> None:
         self.episodes: dict[str, Episode] = {}
+        self._names: dict[str, str] = {}  # group -> the name of the tool with its hooks
 
     async def start(self, tools: list[ToolservicesTool], tools_kwargs: Mapping[str, Any]) -> None:
         """Open the episodes of the tools with hooks and run their ``setup``, concurrently."""
         for tool in tools:
             kwargs = tools_kwargs.get(tool.name) or {}
             state = kwargs.get("create_kwargs") if isinstance(kwargs, Mapping) else None
+            self._names[tool.group] = tool.name
             self.episodes[tool.group] = tool.new_episode(
                 state=state if isinstance(state, Mapping) else None
             )
@@ -121,7 +123,7 @@ class _Trajectory:
         scored = next((e for e in self.episodes.values() if e.finalize is not None), None)
         if scored is not None:
             await scored.afinalize()
-        errors = {group: e.error for group, e in self.episodes.items() if e.error}
+        errors = {self._names.get(g, g): e.error for g, e in self.episodes.items() if e.error}
         if scored is None and not errors:
             return
         outcome = None if scored is None else scored.outcome
