@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import verifiers.v1 as vf
 from verifiers.v1.harnesses.null.harness import NullHarness
 
 from toolservices.trainers.verifiers import ToolservicesToolset
@@ -42,6 +43,13 @@ class LocalNullHarness(NullHarness):
 
         runtime.prepare_uv_script = local_program  # this rollout's runtime only
         return await super().launch(ctx, trace, runtime, *args, **kwargs)
+
+
+class SeededData(vf.TaskData):
+    """Task data with where the counter starts (``_hooks.seed`` reads it from the episode's
+    state); here so that the tool server, which loads the task by class path, can import it."""
+
+    start: int = 0
 
 
 def _log(event: str, **data: Any) -> None:

@@ -33,17 +33,20 @@ from pydantic import ValidationError  # noqa: E402
 from verifiers.v1.clients import EvalClientConfig  # noqa: E402
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
 
+from toolservices.errors import UserError  # noqa: E402
 from toolservices.rollout.testing import Raw, ScriptedChatServer  # noqa: E402
 from toolservices.trainers.verifiers import (  # noqa: E402
     TOOLS,
+    ToolservicesState,
     ToolservicesToolset,
     ToolservicesToolsetConfig,
+    finalize_reward,
     mcp_rollout_url,
 )
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from _vf_support import LOG_ENV, LocalNullHarness, LoggedToolset  # noqa: E402
+from _vf_support import LOG_ENV, LocalNullHarness, LoggedToolset, SeededData  # noqa: E402
 
 sys.path.pop(0)
 
@@ -89,6 +92,9 @@ SCRIPT: dict[str, list[Any]] = {
         "done",
     ],
     "url-peek": [call("python_execute", code="print(x)", session_id="s"), "done"],
+    "seeded": [call("python", code=COUNT), "done"],
+    "unseeded": [call("python", code=COUNT), "done"],
+    "plain": [call("python", code=COUNT), "done"],
 }
 
 
@@ -223,6 +229,74 @@ async def test_a_rollout_that_fails_still_closes_its_sessions(model, lifecycle):
     calls = [e for e in events(lifecycle) if e["event"] == "call"]
     assert [c["tool"] for c in calls] == ["python"] and calls[0]["pids"]
     assert_all_gone(lifecycle)
+
+
+def hooked_task(prompt: str, start: int, **hooks: str) -> Any:
+    """A task declaring ToolservicesState, with finalize_reward plugged as its reward
+    (the way a config does it) and a python toolset with ``hooks``."""
+
+    class HookedTask(vf.Task[SeededData, ToolservicesState]):
+        @classmethod
+        def toolsets(cls, config: Any) -> list[Any]:
+            return [LoggedToolset(ToolservicesToolsetConfig(tools=["python"], **hooks))]
+
+    rewards = {"tests": {"fn": "toolservices.trainers.verifiers:finalize_reward"}}
+    return HookedTask(SeededData(idx=0, prompt=prompt, start=start), vf.TaskConfig(rewards=rewards))
+
+
+def plain_task(prompt: str, **hooks: str) -> Any:
+    """A task with verifiers' own State (no field for finalize's value)."""
+
+    class PlainTask(vf.Task[SeededData]):
+        @classmethod
+        def toolsets(cls, config: Any) -> list[Any]:
+            return [LoggedToolset(ToolservicesToolsetConfig(tools=["python"], **hooks))]
+
+    return PlainTask(SeededData(idx=0, prompt=prompt, start=3))
+
+
+async def test_setup_seeds_from_the_task_and_finalize_is_the_reward(model, lifecycle):
+    """setup gets the rollout's task data as the episode's state and seeds the
+    session; finalize reads the final session when the toolset ends, its value
+    reaches trace.state through verifiers' state channel, and the task's
+    plugged reward scores the rollout with it. A failed setup: the tools say
+    so, the error is in the state, the reward is 0.0."""
+    async with agent(model) as solver:
+        seeded = await solver.run(
+            hooked_task("seeded", 40, setup="_hooks:seed", finalize="_hooks:score")
+        )
+        broken = await solver.run(
+            hooked_task("unseeded", 1, setup="_hooks:broken", finalize="_hooks:score")
+        )
+        # a task whose state has no room for the value: the rollout is unharmed
+        plain = await solver.run(plain_task("plain", setup="_hooks:seed", finalize="_hooks:score"))
+    assert seeded.stop_condition == "agent_completed" and not seeded.errors
+    assert tool_texts(model, "seeded") == ["41\n"]
+    assert seeded.state.toolservices_outcome == 41.0 and seeded.state.toolservices_error is None
+    assert seeded.rewards["tests"].score == 41.0 and seeded.reward == 41.0
+    (refusal,) = tool_texts(model, "unseeded")
+    assert "could not be set up" in refusal
+    assert broken.state.toolservices_error == "setup failed: RuntimeError: no repository to seed"
+    assert broken.rewards["tests"].score == 0.0 and broken.reward == 0.0
+    assert plain.stop_condition == "agent_completed" and not plain.errors
+    assert tool_texts(model, "plain") == ["4\n"]
+    assert not hasattr(plain.state, "toolservices_outcome")
+    assert_all_gone(lifecycle)
+
+
+async def test_finalize_reward_takes_numbers_and_scores_and_names_the_fix():
+    class Trace:  # finalize_reward reads the trace's state only
+        def __init__(self, state: Any) -> None:
+            self.state = state
+
+    assert await finalize_reward(Trace(ToolservicesState(toolservices_outcome=True))) == 1.0
+    report = ToolservicesState(toolservices_outcome={"score": 0.5, "passed": 1})
+    assert await finalize_reward(Trace(report)) == 0.5
+    assert await finalize_reward(Trace(ToolservicesState())) == 0.0
+    with pytest.raises(UserError, match="without a numeric 'score'"):
+        await finalize_reward(Trace(ToolservicesState(toolservices_outcome={"passed": 1})))
+    with pytest.raises(UserError, match="ToolservicesState"):
+        await finalize_reward(Trace(vf.State()))
 
 
 def test_the_config_names_the_valid_tools():

@@ -27,6 +27,8 @@ with warnings.catch_warnings():  # verl imports Ray's deprecated state API
     import hydra
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopMetrics,
+        AgentLoopOutput,
         DictConfigWrap,
         ToolListWrap,
         _agent_loop_registry,
@@ -34,6 +36,7 @@ with warnings.catch_warnings():  # verl imports Ray's deprecated state API
     from verl.tools.tool_registry import initialize_tools_from_config
     from verl.workers.rollout.replica import TokenOutput
 
+    from toolservices.errors import UserError
     from toolservices.trainers import verl as verl_adapter
     from toolservices.trainers.verl import (
         ToolservicesAgentLoop,
@@ -43,11 +46,13 @@ with warnings.catch_warnings():  # verl imports Ray's deprecated state API
     )
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _hooks as hooks  # noqa: E402
 from _tiny_lm import HERMES_TEMPLATE, build  # noqa: E402
 
 sys.path.pop(0)
 
 EXECUTOR = {"pool_size": 2, "timeout": 2.0}
+CLASS = "toolservices.trainers.verl.ToolservicesTool"
 
 
 class LocalModelServer:
@@ -271,15 +276,175 @@ async def test_shell_tools_share_one_session_per_trajectory(tmp_path):
         await tool.release(instance)
         return str(response.text)
 
-    trajectory = verl_adapter._Trajectory()  # what ToolservicesAgentLoop.run sets up
+    one, two = verl_adapter._Trajectory(), verl_adapter._Trajectory()  # two loop runs
+    try:
+        token = verl_adapter._TRAJECTORY.set(one)  # what ToolservicesAgentLoop.run sets up
+        assert (await run(write, Request("r1"), {"path": "a.txt", "content": "hi"})).startswith(
+            "Wrote"
+        )
+        assert await run(bash, Request("r1"), {"command": "cat a.txt"}) == "hi"
+        verl_adapter._TRAJECTORY.reset(token)
+        token = verl_adapter._TRAJECTORY.set(two)
+        assert "No such file" in await run(bash, Request("r2"), {"command": "cat a.txt"})
+        verl_adapter._TRAJECTORY.reset(token)
+        assert shell.stats()["sessions"] == 2
+    finally:
+        await one.aclose()
+        await two.aclose()
+    assert shell.stats()["sessions"] == 0
+
+
+def hooked_yaml(tmp_path: Path, **hooks: str) -> Path:
+    """A tools.yaml with the python tool and ``hooks`` (``setup=``, ``finalize=``) in its config."""
+    config = {"type": "native", "tool": "python", "executor": EXECUTOR, **hooks}
+    path = tmp_path / "tools.yaml"
+    path.write_text(OmegaConf.to_yaml({"tools": [{"class_name": CLASS, "config": config}]}))
+    return path
+
+
+@pytest.fixture
+def hooks_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # "_hooks:seed" is imported by name
+
+
+def row(start: int) -> dict[str, Any]:
+    """What verl's worker passes a loop for one dataset row."""
+    return {
+        "raw_prompt": [{"role": "user", "content": "count"}],
+        "tools_kwargs": {"python": {"create_kwargs": {"start": start}}},
+    }
+
+
+@pytest.mark.anyio
+async def test_setup_seeds_each_trajectory_and_finalize_is_its_reward(
+    tmp_path, tiny, executor, hooks_importable
+):
+    """setup (from YAML) seeds the trajectory's session from the row's create_kwargs
+    before the first turn; the model's calls count on from there; finalize reads
+    the final session and its value is verl's reward_score (rm_scores at the last
+    token), so verl skips its reward function for the trajectory."""
+    path = hooked_yaml(tmp_path, setup="_hooks:seed", finalize="_hooks:score")
+    (tool,) = initialize_tools_from_config(str(path))
+    first = await make_loop("toolservices_agent", tiny, [tool]).run({}, **row(40))
+    second = await make_loop("toolservices_agent", tiny, [tool]).run({}, **row(7))
+    assert tool_results(tiny[1], first) == ["41", "42"]
+    assert tool_results(tiny[1], second) == ["8", "9"]
+    assert (first.reward_score, second.reward_score) == (42.0, 9.0)
+    assert first.extra_fields["toolservices"] == {"outcome": 42.0, "errors": {}}
+    scores = first.as_dict()["rm_scores"]  # verl's own conversion for its trainer
+    assert scores[-1].item() == 42.0 and scores[:-1].abs().sum().item() == 0.0
+    assert executor.stats()["sessions"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_failed_setup_is_reported_and_scores_zero(
+    tmp_path, tiny, executor, hooks_importable
+):
+    path = hooked_yaml(tmp_path, setup="_hooks:broken", finalize="_hooks:score")
+    (tool,) = initialize_tools_from_config(str(path))
+    out = await make_loop("toolservices_agent", tiny, [tool]).run({}, **row(1))
+    # the refusal's words are not in the tiny vocabulary: no count, the code never ran
+    assert tool_results(tiny[1], out) == ["", ""]
+    assert out.reward_score == 0.0
+    assert out.extra_fields["toolservices"]["errors"] == {
+        "python": "setup failed: RuntimeError: no repository to seed"
+    }
+
+
+@pytest.mark.anyio
+async def test_finalize_details_reach_verls_reward_function(
+    tmp_path, tiny, executor, hooks_importable
+):
+    """A mapping with a "score" is the reward; one without is left to verl's reward
+    function, which reads it from extra_fields (extra_info["toolservices"])."""
+    (scored,) = initialize_tools_from_config(
+        str(hooked_yaml(tmp_path, setup="_hooks:seed", finalize="_hooks:report"))
+    )
+    out = await make_loop("toolservices_agent", tiny, [scored]).run({}, **row(3))
+    assert out.reward_score == 5.0
+    assert out.extra_fields["toolservices"]["outcome"] == {"score": 5.0, "passed": ["counter"]}
+    (unscored,) = initialize_tools_from_config(
+        str(hooked_yaml(tmp_path, finalize="_hooks:details"))
+    )
+    out = await make_loop("toolservices_agent", tiny, [unscored]).run({}, **row(3))
+    assert out.reward_score is None  # verl calls the reward function for this one
+    assert out.extra_fields["toolservices"]["outcome"] == {"counter": 2.0}
+    assert executor.stats()["sessions"] == 0
+
+
+@pytest.mark.anyio
+async def test_two_rewards_for_one_trajectory_are_refused(tiny, executor):
+    first = ToolservicesTool({**python_tool_config(), "finalize": hooks.score}, None)
+    second = ToolservicesTool(
+        {**python_tool_config(), "name": "python2", "finalize": hooks.report}, None
+    )
+    with pytest.raises(hydra.errors.InstantiationException, match="each name a finalize") as info:
+        make_loop("toolservices_agent", tiny, [first, second])  # verl builds loops with hydra
+    assert isinstance(info.value.__cause__, UserError)
+
+
+@pytest.mark.anyio
+async def test_under_verls_own_loop_calc_reward_is_finalize(executor):
+    """verl's stock lifecycle (create, execute, calc_reward, release) on one instance."""
+    config = {**python_tool_config(), "setup": hooks.seed, "finalize": hooks.report}
+    tool = ToolservicesTool(config, None)
+    instance, _ = await tool.create(create_kwargs={"start": 5})
+    response, _, _ = await tool.execute(instance, {"code": "n += 1; print(n)"})
+    assert response.text.strip() == "6"
+    assert await tool.calc_reward(instance) == 6.0
+    await tool.release(instance)
+    assert executor.stats()["sessions"] == 0
+
+
+@pytest.mark.anyio
+async def test_shell_hooks_seed_and_score_the_groups_one_session(tmp_path, hooks_importable):
+    """Hooks named on bash serve the worker's shell tools' one episode: setup seeds the
+    repository before the first turn, write_file (no hooks of its own) fixes it, and
+    finalize's hidden test on the final workspace is the reward."""
+    hooks = {"setup": "_hooks:seed_repo", "finalize": "_hooks:hidden_tests"}
+    shell = {"pool_size": 1, "timeout": 10}
+    tools = [
+        {"class_name": CLASS, "config": {"type": "native", "tool": "write_file", "shell": shell}},
+        {
+            "class_name": CLASS,
+            "config": {"type": "native", "tool": "bash", "shell": shell, **hooks},
+        },
+    ]
+    path = tmp_path / "tools.yaml"
+    path.write_text(OmegaConf.to_yaml({"tools": tools}))
+    write, bash = initialize_tools_from_config(str(path))
+    assert verl_adapter._hooked_tools([write, bash]) == [bash]
+
+    class Request:
+        request_id = "r1"
+
+    trajectory = verl_adapter._Trajectory()
     token = verl_adapter._TRAJECTORY.set(trajectory)
     try:
-        one, two = Request("r1"), Request("r2")
-        assert (await run(write, one, {"path": "a.txt", "content": "hi"})).startswith("Wrote")
-        assert await run(bash, one, {"command": "cat a.txt"}) == "hi"
-        assert "No such file" in await run(bash, two, {"command": "cat a.txt"})
-        assert shell.stats()["sessions"] == 2
+        await trajectory.start([bash], {})
+        instance, _ = await bash.create()
+        seeded, _, _ = await bash.execute(
+            instance, {"command": "cat calc.py"}, agent_data=Request()
+        )
+        await bash.release(instance)
+        assert "return a - b" in seeded.text  # setup ran before the first call
+        instance, _ = await write.create()
+        fixed = "def add(a, b):\n    return a + b\n"
+        args = {"path": "calc.py", "content": fixed}
+        await write.execute(instance, args, agent_data=Request())
+        await write.release(instance)
+        output = AgentLoopOutput(
+            prompt_ids=[1], response_ids=[2], response_mask=[1], metrics=AgentLoopMetrics()
+        )
+        await trajectory.score(output)
     finally:
         verl_adapter._TRAJECTORY.reset(token)
         await trajectory.aclose()
-    assert shell.stats()["sessions"] == 0
+    assert output.reward_score == 1.0
+    assert shared_shell(**shell).stats()["sessions"] == 0
+
+    other = ToolservicesTool(
+        {"type": "native", "tool": "write_file", "shell": shell, "setup": hooks["finalize"]}, None
+    )
+    with pytest.raises(UserError, match="share one shell session"):
+        verl_adapter._hooked_tools([bash, other])

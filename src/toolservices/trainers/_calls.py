@@ -14,6 +14,7 @@ itself: nothing here keeps per-episode state.
 from __future__ import annotations
 
 import importlib
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from toolservices.tools import ToolRegistry
 if TYPE_CHECKING:
     from toolservices.python import PythonExecutorService
 
-__all__ = ["adapter_spec", "run_call"]
+__all__ = ["adapter_spec", "load_hook", "outcome_score", "run_call"]
 
 
 def adapter_spec(
@@ -102,6 +103,21 @@ def load_hook(name: str, ref: object) -> EpisodeHook | None:
     if not callable(obj):
         raise UserError(f"{name} {ref!r} is a {type(obj).__name__}, not a function")
     return obj  # type: ignore[no-any-return]
+
+
+def outcome_score(outcome: object) -> float | None:
+    """``finalize``'s value as a trainer's reward, or None when it is not one.
+
+    A number (a bool counts) is the reward; so is a mapping's numeric
+    ``"score"`` (the form verl's reward functions return, so a hook can
+    return the score with its details). Anything else, None included, is
+    no reward: the adapter keeps the value for the trainer's own reward code.
+    """
+    if isinstance(outcome, Mapping):
+        outcome = outcome.get("score")
+    if isinstance(outcome, numbers.Real):
+        return float(outcome)
+    return None
 
 
 def _ended(episode: Episode, name: str) -> str:

@@ -24,6 +24,12 @@ server's SIGTERM handler makes that so: uvicorn re-raises the signal once
 it has stopped serving, which would otherwise end the process before the
 toolset's exit stack runs.)
 
+Episode hooks (``setup``/``finalize`` in the config): setup runs with the
+rollout's task data as the episode's state; finalize's value goes to the
+rollout's ``trace.state`` (:class:`ToolservicesState`) through verifiers'
+state channel before the task is scored, and :func:`finalize_reward` makes
+it a reward.
+
 Subclasses defined in your own module must end it with
 ``if __name__ == "__main__": MyToolset.run()``: verifiers starts a server
 as ``python -m <the class's module>``.
@@ -36,6 +42,8 @@ verifiers 0.3: ``toolservices[verifiers]`` now installs verifiers 0.4.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import secrets
 import signal
@@ -55,17 +63,22 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"pip install 'toolservices[verifiers]' ({exc})"
     ) from exc
 
-from toolservices.trainers._calls import adapter_spec, load_hook, run_call
+from toolservices.errors import UserError
+from toolservices.trainers._calls import adapter_spec, load_hook, outcome_score, run_call
 
 if TYPE_CHECKING:
     from toolservices.env import Episode
 
 __all__ = [
     "TOOLS",
+    "ToolservicesState",
     "ToolservicesToolset",
     "ToolservicesToolsetConfig",
+    "finalize_reward",
     "mcp_rollout_url",
 ]
+
+_LOG = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: ``@vf.tool`` (marks a method as an MCP tool), typed where verifiers is not installed.
@@ -84,8 +97,11 @@ class ToolservicesToolsetConfig(vf.ToolsetConfig):
       kills the code's process tree and the model reads why).
     * ``setup``/``finalize``: ``"package.module:function"`` episode hooks (see
       :class:`~toolservices.Episode`): setup runs when the rollout's toolset
-      starts, finalize when it ends, before its sessions close; its value is
-      the toolset's ``outcome``.
+      starts, with the rollout's task data as the episode's ``state``;
+      finalize when it ends, before its sessions close. Its value is the
+      toolset's ``outcome`` and goes to the rollout's ``trace.state`` when
+      the task declares :class:`ToolservicesState`, for
+      :func:`finalize_reward`.
     """
 
     tools: list[str] = list(TOOLS)
@@ -162,9 +178,22 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
             finalize=load_hook("finalize", self.config.finalize),
         )
         episode = spec.new_episode(episode_id=f"vf-{uuid.uuid4().hex[:12]}")
-        stack.push_async_callback(episode.aclose)  # first out: sessions before services
+        stack.push_async_callback(_end, episode)  # first out: sessions before services
         self._episode = episode
-        await episode.astart()  # a failure ends the episode: the tools then say so
+
+    async def setup_task(self, task: Any) -> None:
+        """Run the episode's ``setup`` with the rollout's task data as its ``state``.
+
+        verifiers calls this once the server has fetched the rollout's task
+        (right after :meth:`setup`); a failure ends the episode and the tools
+        then say the environment could not be set up.
+        """
+        if self._episode is None:
+            return
+        dump = getattr(task, "model_dump", None)
+        if callable(dump):
+            self._episode.state.update(dump(mode="json"))
+        await self._episode.astart()
 
     @property
     def outcome(self) -> Any:
@@ -213,6 +242,102 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
         whitespace and indentation), with new_str."""
         args = {"path": path, "old_str": old_str, "new_str": new_str}
         return await self._call("str_replace", args)
+
+
+class ToolservicesState(vf.State):
+    """A task's rollout state with room for the toolset's ``finalize`` result.
+
+    Declare the task with it (``class MyTask(vf.Task[vf.TaskData,
+    ToolservicesState])``): when the rollout's toolset ends, it writes
+    finalize's value (JSON) and any hook error here, through verifiers' state
+    channel, before the task is scored; :func:`finalize_reward` reads it.
+    """
+
+    toolservices_outcome: Any = None
+    toolservices_error: str | None = None
+
+
+async def finalize_reward(trace: Any) -> float:
+    """finalize's value as a verifiers reward: plug it into a task's rewards
+    (``TaskConfig(rewards={"tests": {"fn": "toolservices.trainers.verifiers:finalize_reward"}})``)
+    or return it from an ``@vf.reward`` method.
+
+    A number, or a mapping's numeric ``"score"``, is the reward; 0.0 when no
+    value arrived (setup or finalize failed: ``trace.state.toolservices_error``
+    says why). Any other value is refused: read ``trace.state.toolservices_outcome``
+    in your own reward instead.
+    """
+    state = trace.state
+    if not hasattr(state, _OUTCOME):
+        raise UserError(
+            f"the task's state ({type(state).__name__}) has no {_OUTCOME} field: declare the "
+            "task as vf.Task[<its data>, ToolservicesState] (or a subclass of ToolservicesState)"
+        )
+    outcome = getattr(state, _OUTCOME)
+    score = outcome_score(outcome)
+    if score is not None:
+        return score
+    if outcome is None:
+        return 0.0
+    raise UserError(
+        f"finalize returned a {type(outcome).__name__} without a numeric 'score': return a "
+        f"number or {{'score': ...}}, or read trace.state.{_OUTCOME} in your own reward"
+    )
+
+
+_OUTCOME = "toolservices_outcome"
+#: Seconds per request to verifiers' state channel: the server has 5 s after SIGTERM.
+_STATE_TIMEOUT = 2.0
+
+
+async def _end(episode: Episode) -> None:
+    """The rollout's end: finalize, its value to the rollout's state, then the sessions."""
+    try:
+        await episode.afinalize()
+        if episode.finalize is not None or episode.error is not None:
+            await _report(episode)
+    finally:
+        await episode.aclose()
+
+
+async def _report(episode: Episode) -> None:
+    """Write finalize's value and the hooks' error into the rollout's ``trace.state``.
+
+    verifiers replaces the whole state with what a server puts, so this reads
+    the current state and changes only its two fields. Failures are logged
+    (the server's log): the reward then reads no value.
+    """
+    import httpx
+
+    url, secret = os.environ.get("VF_STATE_URL"), os.environ.get("VF_STATE_SECRET", "")
+    if not url:
+        return
+    outcome, error = episode.outcome, episode.error
+    try:
+        json.dumps(outcome)
+    except (TypeError, ValueError) as exc:
+        problem = f"finalize returned a {type(outcome).__name__}, not JSON ({exc})"
+        outcome, error = None, problem if error is None else f"{error}; {problem}"
+    headers = {"Authorization": f"Bearer {secret}"}
+    try:
+        async with httpx.AsyncClient(timeout=_STATE_TIMEOUT, headers=headers) as client:
+            got = await client.get(url)
+            got.raise_for_status()
+            state = got.json()
+            if not isinstance(state, dict) or _OUTCOME not in state:
+                _LOG.warning(
+                    "finalize's value cannot reach the rollout: the task's state has no %s "
+                    "field (declare the task with ToolservicesState)",
+                    _OUTCOME,
+                )
+                return
+            state.update({_OUTCOME: outcome, "toolservices_error": error})
+            put = await client.put(
+                url, content=json.dumps(state), headers={"Content-Type": "application/json"}
+            )
+            put.raise_for_status()
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a body that is not JSON
+        _LOG.warning("finalize's value did not reach the rollout's state: %s", exc)
 
 
 def _unwind(signum: int, frame: FrameType | None) -> None:

@@ -29,6 +29,11 @@ Shell tools: ``tool: bash`` (or ``read_file``, ``write_file``, ``str_replace``),
 shell tools of one worker with the same ``shell`` config share one service and, in a
 trajectory of the agent loop, one shell session (one episode), so a file written with
 ``write_file`` is there for ``bash``.
+
+Episode hooks: ``setup: "package.module:function"`` and ``finalize: ...`` in a
+tool's config. Under ``toolservices_agent`` setup runs before the first turn
+and finalize when the trajectory ends, and finalize's value is the
+trajectory's ``reward_score`` (see :class:`ToolservicesAgentLoop`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,10 @@ from __future__ import annotations
 import contextvars
 import importlib
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+import anyio
 
 try:
     from verl.experimental.agent_loop.agent_loop import register
@@ -53,7 +61,7 @@ from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
 from toolservices.tools import Tool, as_tool
-from toolservices.trainers._calls import adapter_spec, load_hook, run_call
+from toolservices.trainers._calls import adapter_spec, load_hook, outcome_score, run_call
 from toolservices.trainers._executors import SHARED_EXECUTORS
 
 __all__ = [
@@ -89,10 +97,44 @@ def shared_shell(**config: Any) -> Any:
 
 
 class _Trajectory:
-    """The episodes one agent-loop run opened, keyed by (tool name, request id)."""
+    """The episodes one agent-loop run opened, one per tool group (a tool, or a worker's
+    shell tools on one service)."""
 
     def __init__(self) -> None:
-        self.episodes: dict[tuple[str, ...], Episode] = {}
+        self.episodes: dict[str, Episode] = {}
+        self._names: dict[str, str] = {}  # group -> the name of the tool with its hooks
+
+    async def start(self, tools: list[ToolservicesTool], tools_kwargs: Mapping[str, Any]) -> None:
+        """Open the episodes of the tools with hooks and run their ``setup``, concurrently."""
+        for tool in tools:
+            kwargs = tools_kwargs.get(tool.name) or {}
+            state = kwargs.get("create_kwargs") if isinstance(kwargs, Mapping) else None
+            self._names[tool.group] = tool.name
+            self.episodes[tool.group] = tool.new_episode(
+                state=state if isinstance(state, Mapping) else None
+            )
+        async with anyio.create_task_group() as tg:
+            for episode in self.episodes.values():
+                tg.start_soon(episode.astart)  # never raises: a failure is episode.error
+
+    async def score(self, output: Any) -> None:
+        """Run ``finalize`` and hand its value to verl: ``output.reward_score`` and
+        ``output.extra_fields["toolservices"]``."""
+        scored = next((e for e in self.episodes.values() if e.finalize is not None), None)
+        if scored is not None:
+            await scored.afinalize()
+        errors = {self._names.get(g, g): e.error for g, e in self.episodes.items() if e.error}
+        if scored is None and not errors:
+            return
+        outcome = None if scored is None else scored.outcome
+        output.extra_fields["toolservices"] = {"outcome": outcome, "errors": errors}
+        if scored is None:
+            return
+        score = outcome_score(outcome)
+        if score is None and scored.error is not None:
+            score = 0.0  # setup or finalize failed: no reward to give, and verl needs one
+        if score is not None:
+            output.reward_score = score
 
     async def aclose(self) -> None:
         episodes, self.episodes = list(self.episodes.values()), {}
@@ -183,8 +225,10 @@ class ToolservicesTool(BaseTool):
     the shell tools), ``name`` (rename the python tool), ``setup`` and
     ``finalize`` (``"package.module:function"``: episode hooks, see
     :class:`~toolservices.Episode`; the episode's ``state`` is the
-    ``create_kwargs`` verl passes to ``create``). With ``finalize``,
-    ``calc_reward`` runs it on the instance's episode and returns its value.
+    ``create_kwargs`` verl passes to ``create``). Under
+    :class:`ToolservicesAgentLoop` finalize's value becomes the trajectory's
+    ``reward_score``; outside it, ``calc_reward`` runs it on the instance's
+    episode and returns its value.
     """
 
     def __init__(
@@ -194,18 +238,21 @@ class ToolservicesTool(BaseTool):
         setup = load_hook("setup", config.get("setup"))
         finalize = load_hook("finalize", config.get("finalize"))
         self.tool: Tool
-        self._shell_key: str | None = None
+        #: The tools that share one episode per trajectory: a worker's shell tools on
+        #: one service share theirs; any other tool has its own.
+        self.group: str
         if config.get("tool") in _SHELL_TOOLS:
             # all four in the episode: the worker's shell tools share it per trajectory
             shell = shared_shell(**dict(config.get("shell") or {}))
             tools = shell_tools(shell)
             self.tool = next(t for t in tools if t.name == config["tool"])
-            self._shell_key = f"shell-{id(shell)}"
+            self.group = f"shell-{id(shell)}"
             self.spec = adapter_spec(
                 tools, timeout=timeout, max_turns=None, setup=setup, finalize=finalize
             )
         else:
             self.tool, executor = _load_tool(config)
+            self.group = self.tool.name
             self.spec = adapter_spec(
                 [self.tool],
                 python=executor,
@@ -238,12 +285,14 @@ class ToolservicesTool(BaseTool):
         return ToolResponse(text=text), 0.0, {"failed": failed, "timed_out": timed_out}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        """``finalize``'s value on the instance's episode (0.0 without one, or when it failed)."""
+        """``finalize``'s value on the instance's episode, as verl's stock tools give a
+        reward (0.0 without one, when it failed or is not a number: see
+        :func:`~toolservices.trainers._calls.outcome_score`)."""
         episode = self._instances.get(instance_id)
         if episode is None or self.spec.finalize is None:
             return 0.0
-        outcome = await episode.afinalize()
-        return float(outcome) if outcome is not None else 0.0
+        score = outcome_score(await episode.afinalize())
+        return 0.0 if score is None else score
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._states.pop(instance_id, None)
@@ -251,40 +300,91 @@ class ToolservicesTool(BaseTool):
         if episode is not None:
             await episode.aclose()
 
+    @property
+    def has_hooks(self) -> bool:
+        """Whether the config names a ``setup`` or ``finalize`` hook."""
+        return self.spec.setup is not None or self.spec.finalize is not None
+
+    def new_episode(self, *, state: Mapping[str, Any] | None, label: str = "verl") -> Episode:
+        """A fresh episode of this tool's spec (its tools, hooks, time limit)."""
+        return self.spec.new_episode(
+            episode_id=f"{label}-{self.group}-{uuid.uuid4().hex[:6]}", state=state
+        )
+
     def _episode(self, instance_id: str, agent_data: Any) -> Episode:
         trajectory = _TRAJECTORY.get()
-        request_id = getattr(agent_data, "request_id", None)
-        if trajectory is not None and request_id is not None:
-            owner = self._shell_key or self.name
-            key = (owner, str(request_id))
-            episode = trajectory.episodes.get(key)
+        if trajectory is not None:
+            episode = trajectory.episodes.get(self.group)
             if episode is None:
-                episode = trajectory.episodes[key] = self.spec.new_episode(
-                    episode_id=f"{request_id}-{owner}-{uuid.uuid4().hex[:6]}",
-                    state=self._states.get(instance_id),
+                label = str(getattr(agent_data, "request_id", None) or "verl")
+                episode = trajectory.episodes[self.group] = self.new_episode(
+                    state=self._states.get(instance_id), label=label
                 )
             return episode
         episode = self._instances.get(instance_id)
         if episode is None:
-            episode = self._instances[instance_id] = self.spec.new_episode(
+            episode = self._instances[instance_id] = self.new_episode(
                 state=self._states.get(instance_id)
             )
         return episode
+
+
+def _hooked_tools(tools: Iterable[Any]) -> list[ToolservicesTool]:
+    """The tool of each group whose config names hooks; at most one ``finalize`` in all.
+
+    A group's episode takes its hooks from one tool: two tools of a group naming
+    different hooks, or two groups with ``finalize`` (two rewards for one
+    trajectory), are refused.
+    """
+    chosen: dict[str, ToolservicesTool] = {}
+    for tool in tools:
+        if not isinstance(tool, ToolservicesTool) or not tool.has_hooks:
+            continue
+        other = chosen.setdefault(tool.group, tool)
+        hooks = (tool.spec.setup, tool.spec.finalize)
+        if other is not tool and (other.spec.setup, other.spec.finalize) != hooks:
+            raise UserError(
+                f"tools {other.name!r} and {tool.name!r} share one shell session per "
+                "trajectory but name different setup/finalize hooks: name them on one of them"
+            )
+    finalizing = [t.name for t in chosen.values() if t.spec.finalize is not None]
+    if len(finalizing) > 1:
+        raise UserError(
+            f"tools {finalizing} each name a finalize hook: a trajectory has one reward, "
+            "name finalize on one tool (or on one of the shell tools)"
+        )
+    return list(chosen.values())
 
 
 @register("toolservices_agent")
 class ToolservicesAgentLoop(ToolAgentLoop):
     """verl's ``ToolAgentLoop`` with one toolservices episode per tool and trajectory.
 
-    The episodes (and Python sessions) opened while :meth:`run` works on a
-    trajectory are closed when it returns, raises or is cancelled.
+    Tools whose config names hooks get their episode before the first turn,
+    and its ``setup`` runs then (its ``state``: the row's ``create_kwargs``
+    for that tool); the others get theirs at their first call. When the
+    trajectory ends, ``finalize`` runs and its value goes to verl: a number
+    (or a mapping's numeric ``"score"``) is ``reward_score``, which verl uses
+    instead of calling the reward function; 0.0 when setup or finalize failed;
+    the value and the errors are in ``extra_fields["toolservices"]`` (which
+    verl's reward functions read as ``extra_info["toolservices"]``). The
+    episodes (and their sessions) are closed when :meth:`run` returns,
+    raises or is cancelled.
     """
+
+    def __init__(self, *args: Any, tools: Any = None, **kwargs: Any) -> None:
+        # checked first: a refused configuration leaves nothing half-built
+        self._hooked = _hooked_tools(getattr(tools, "tools", None) or [])
+        super().__init__(*args, tools=tools, **kwargs)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         trajectory = _Trajectory()
         token = _TRAJECTORY.set(trajectory)
         try:
-            return await super().run(sampling_params, **kwargs)
+            await trajectory.start(self._hooked, kwargs.get("tools_kwargs") or {})
+            output = await super().run(sampling_params, **kwargs)
+            await trajectory.score(output)
+            return output
         finally:
             _TRAJECTORY.reset(token)
             await trajectory.aclose()
