@@ -285,3 +285,17 @@ def test_setup_seeds_from_the_row_and_finalize_is_the_reward():
         finally:
             Env.close_all()
         assert shell.stats()["sessions"] == 0
+
+
+def test_a_score_mapping_is_the_reward_and_other_values_say_so():
+    outcomes = iter([{"score": 0.5, "passed": 3}, "three tests passed"])
+    Env = trl_environment([lookup], finalize=lambda episode: next(outcomes))
+    env = Env()
+    try:
+        env.reset()
+        assert env.get_reward() == 0.5  # verl's form: the score, with its details beside it
+        env.reset()
+        with pytest.raises(UserError, match="no reward: return a number or a mapping"):
+            env.get_reward()
+    finally:
+        Env.close_all()

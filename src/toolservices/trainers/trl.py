@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from toolservices import _portal
 from toolservices.errors import UserError
-from toolservices.trainers._calls import adapter_spec, run_call
+from toolservices.trainers._calls import adapter_spec, outcome_score, run_call
 from toolservices.trainers._signature import make_method
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ class TRLEnvironment:
         """
         self._end_episode()
         episode = self._episode = self._spec.new_episode(state=row)
-        if self._spec.setup is not None:
+        if self._spec.setup is not None or self._spec.finalize is not None:
+            # started now, so finalize scores a rollout whose model never called a tool too
             _portal.run_sync(episode.astart)
         return None
 
@@ -100,14 +101,24 @@ class TRLEnvironment:
 
 def _get_reward(self: TRLEnvironment) -> float:
     """The rollout's reward: ``finalize`` runs first (once), then ``reward(episode)``,
-    or, without ``reward``, ``finalize``'s return value (0.0 when it failed)."""
+    or, without ``reward``, ``finalize``'s return value: a number, or a mapping's
+    numeric ``"score"`` as verl's reward functions return (0.0 when it failed)."""
     episode = self.episode
     if self._spec.finalize is not None:
         _portal.run_sync(episode.afinalize)
     reward = type(self)._reward
     if reward is not None:
         return float(reward(episode))
-    return float(episode.outcome) if episode.outcome is not None else 0.0
+    if episode.outcome is None:
+        return 0.0
+    score = outcome_score(episode.outcome)
+    if score is None:
+        raise UserError(
+            f"finalize returned {type(episode.outcome).__name__} {episode.outcome!r:.80}, which "
+            "is no reward: return a number or a mapping with a numeric 'score', or pass "
+            "reward=... to trl_environment to compute the reward from the episode"
+        )
+    return score
 
 
 def trl_environment(
