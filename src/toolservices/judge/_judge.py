@@ -236,6 +236,17 @@ class CodeJudge:
             raise UserError(f"language must be one of {', '.join(LANGUAGES)}; got {language!r}")
         return self.toolchains[str(language)]
 
+    @staticmethod
+    def _prepare(tc: Toolchain, code: str, files: Mapping[str, str | None] | None) -> _Prepared:
+        """The submission made ready for ``tc``; :class:`_Refused` (a SandboxError) when the
+        server lacks the language's toolchain or a file is not base64."""
+        if tc.missing:
+            raise _Refused(
+                f"language {tc.language!r} is not available on this server: missing "
+                + ", ".join(tc.missing)
+            )
+        return _Prepared(tc, code, files)
+
     def available(self) -> dict[str, str]:
         """Each language: ``"ok"``, or what this server lacks to run it."""
         return {
@@ -355,12 +366,7 @@ class CodeJudge:
         run_timeout = _check_number("run_timeout", run_timeout)
         self._count(f"run_code_{language}")
         try:
-            if tc.missing:
-                raise _Refused(
-                    f"language {language!r} is not available on this server: missing "
-                    + ", ".join(tc.missing)
-                )
-            prepared = _Prepared(tc, code, files)
+            prepared = self._prepare(tc, code, files)
         except _Refused as exc:
             self._count("sandbox_errors")
             return code_response("SandboxError", str(exc))
@@ -484,12 +490,7 @@ class CodeJudge:
         run_timeout = _check_number("run_timeout", run_timeout)
         self._count("run_tests")
         try:
-            if tc.missing:
-                raise _Refused(
-                    f"language {language!r} is not available on this server: missing "
-                    + ", ".join(tc.missing)
-                )
-            prepared = _Prepared(tc, code, files)
+            prepared = self._prepare(tc, code, files)
         except _Refused as exc:
             return tests_response("SandboxError", str(exc), None, [])
         sid = self._session()
