@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,24 @@ def test_a_working_dir_the_image_lacks(tmp_path: Path, workdir: str, start: str)
         if not shell.isolation_report()["layers"]["session_namespaces"]["active"]:
             pytest.skip("no session namespaces here")
         assert shell.run("pwd", session_id="s").stdout == start + "\n"
+
+
+def test_image_workdir_false_starts_in_the_workspace(tmp_path: Path) -> None:
+    """For a harness that writes files and runs them by relative path (the code judge)."""
+    root = tmp_path / "oci"
+    oci_layout(str(root), [busybox_layer("gzip"), bash_layer("zstd")], workdir="/repo")
+    with ShellService(
+        pool_size=1, image=f"oci:{root}", image_cache=str(tmp_path / "cache"), image_workdir=False
+    ) as shell:
+        if not shell.isolation_report()["layers"]["session_namespaces"]["active"]:
+            pytest.skip("no session namespaces here")
+        shell.write_file("main.sh", "echo ran\n", session_id="s")
+        assert shell.run("pwd; bash main.sh", session_id="s").stdout == "/workspace\nran\n"
+        copy = pickle.loads(pickle.dumps(shell))  # as a Ray replica gets it
+        try:
+            assert copy.image_workdir is False
+        finally:
+            copy.close()
 
 
 def test_no_working_dir_means_the_workspace() -> None:

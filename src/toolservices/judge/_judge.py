@@ -184,6 +184,9 @@ class CodeJudge:
             image=image,
             image_cache=image_cache,
             insecure_registries=tuple(insecure_registries),
+            # a submission's files are written into the workspace and run there, whatever
+            # the image's WorkingDir (SandboxFusion runs each one in its own directory)
+            image_workdir=False,
         )
         # Python programs that fetch no files run without a shell (_fastpy.py), on the
         # host's interpreter: with an image, python runs in its shell sessions like the rest

@@ -165,6 +165,10 @@ class ShellService:
     * ``network``: ``"loopback"`` (default: each session its own ``lo``; a server
       and its client in one session talk over 127.0.0.1, nothing else is
       reachable), ``"none"`` or ``"host"``; None keeps ``sandbox.network``.
+    * ``image_workdir``: whether a new session on an image starts in the image's
+      ``WorkingDir`` (the default, as ``docker run``) or, False, in its workspace
+      (where relative paths of the file tools land: a harness that writes files
+      and then runs them, like the code judge).
     """
 
     def __init__(
@@ -185,6 +189,7 @@ class ShellService:
         image: str | None = None,
         image_cache: str | None = None,
         insecure_registries: tuple[str, ...] | list[str] = (),
+        image_workdir: bool = True,
     ) -> None:
         self.timeout = _check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -227,6 +232,7 @@ class ShellService:
         ):
             raise UserError(f"command_stack must be a positive int or None, got {command_stack!r}")
         self.command_stack = command_stack
+        self.image_workdir = bool(image_workdir)
         # the shell state travels to fork_session copies in parts of this many characters:
         # in the reply's JSON a character takes up to 12 bytes (an escaped surrogate pair)
         self._state_part = max(4096, reply // 12)
@@ -237,7 +243,7 @@ class ShellService:
             # "loopback" reaches nothing outside the session: pip has no index there either
             "offline": config.network != "host",
             # an image's WorkingDir: where a new session's first command starts
-            "start_dir": start_dir(self.image),
+            "start_dir": start_dir(self.image) if image_workdir else None,
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
         }
@@ -866,6 +872,7 @@ class ShellService:
             "disk_quota": None,
             "spares": self._python.spares,
             "command_stack": self.command_stack,
+            "image_workdir": self.image_workdir,
         }
 
 
