@@ -23,7 +23,7 @@ from toolservices._portal import run_sync
 from toolservices.dispatch import Dispatcher, EpisodeMetrics, ItemResult, StepMetrics
 from toolservices.env._hooks import EpisodeHook
 from toolservices.env._spec import EpisodeSpec
-from toolservices.env.episode import Episode, Message, ResultFormat, aclose_all
+from toolservices.env.episode import Episode, Message, ResultFormat, aclose_all, afinalize_all
 from toolservices.errors import UserError
 from toolservices.parsing import ParseResult, ParserLike
 from toolservices.tools import ToolRegistry
@@ -211,9 +211,7 @@ class ToolEnv:
 
     async def afinalize(self) -> list[Any]:
         """Run every episode's ``finalize`` now (sessions stay open); the outcomes."""
-        async with anyio.create_task_group() as tg:
-            for episode in self.episodes:
-                tg.start_soon(episode.afinalize)
+        await afinalize_all(self.episodes)
         return self.outcomes
 
     def step(self, responses: Sequence[str | Mapping[str, Any] | None]) -> EnvStep:

@@ -56,6 +56,7 @@ __all__ = [
     "Message",
     "ResultFormat",
     "aclose_all",
+    "afinalize_all",
     "check_limits",
     "on_dispatcher",
     "render_messages",
@@ -525,6 +526,11 @@ class Episode:
         """Synchronous :meth:`afinalize`."""
         return _portal.run_sync(self.afinalize)
 
+    @property
+    def finalized(self) -> bool:
+        """Whether :meth:`afinalize` has run (its :attr:`outcome` is then final)."""
+        return self._finalized
+
     async def afinalize(self) -> Any:
         """Run ``finalize`` (once) on the final workspace; its return value (:attr:`outcome`).
 
@@ -613,6 +619,13 @@ class Episode:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def afinalize_all(episodes: Iterable[Episode]) -> None:
+    """Run every episode's ``finalize`` concurrently (each records its own failure)."""
+    async with anyio.create_task_group() as tg:
+        for episode in episodes:
+            tg.start_soon(episode.afinalize)
 
 
 async def aclose_all(episodes: Iterable[Episode]) -> None:

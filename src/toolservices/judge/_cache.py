@@ -23,16 +23,13 @@ class CompileCache:
         self._items: OrderedDict[str, tuple[dict[str, Any], dict[str, bytes], int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._hits = self._misses = 0
 
     def get(self, key: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
         with self._lock:
             item = self._items.get(key)
             if item is None:
-                self._misses += 1
                 return None
             self._items.move_to_end(key)
-            self._hits += 1
             return item[0], item[1]
 
     def put(self, key: str, result: Mapping[str, Any], artifacts: Mapping[str, bytes]) -> None:

@@ -291,11 +291,13 @@ class CodeJudge:
 
     async def _compile(
         self, sid: str, prepared: _Prepared, compile_timeout: float
-    ) -> tuple[dict[str, Any] | None, list[str]]:
-        """The compile step (or its cached outcome): its result and the artifacts' names."""
+    ) -> tuple[dict[str, Any] | None, list[str], dict[str, bytes] | None]:
+        """The compile step (or its cached outcome): its result, the names of the artifacts
+        it wrote from the cache (none when it compiled here), and the artifacts as the cache
+        holds them (None: too large to keep, each later run compiles again)."""
         tc = prepared.toolchain
         if tc.compile is None:
-            return None, []
+            return None, [], {}
         key = prepared.cache_key()
         hit = self._cache.get(key)
         if hit is not None:
@@ -303,7 +305,7 @@ class CodeJudge:
             cached_result, cached = hit
             for name, data in cached.items():
                 await self._shell.awrite_file(name, data, session_id=sid)
-            return dict(cached_result), list(cached)
+            return dict(cached_result), list(cached), cached
         self._count("compile_cache_misses")
         before = {*prepared.files, tc.source}
         # the sandbox's own stack limit (as large as its memory cap) would size every
@@ -318,7 +320,7 @@ class CodeJudge:
             artifacts = await self._artifacts(sid, before)
         if artifacts is not None and result["status"] == "Finished":
             self._cache.put(key, result, artifacts)
-        return result, []
+        return result, [], artifacts
 
     async def _fetch(self, sid: str, names: Sequence[str]) -> dict[str, str]:
         files: dict[str, str] = {}
@@ -387,7 +389,7 @@ class CodeJudge:
         sid = self._session()
         try:
             await self._write(sid, prepared)
-            compile_result, artifacts = await self._compile(sid, prepared, compile_timeout)
+            compile_result, artifacts, _ = await self._compile(sid, prepared, compile_timeout)
             run_result = None
             if compile_result is None or (
                 compile_result["status"] == "Finished" and compile_result["return_code"] == 0
@@ -496,22 +498,24 @@ class CodeJudge:
             prepared = self._prepare(tc, code, files)
         except _Refused as exc:
             return tests_response("SandboxError", str(exc), None, [])
-        sid = self._session()
-        try:
-            await self._write(sid, prepared)
-            compile_result, _ = await self._compile(sid, prepared, compile_timeout)
-        except (InfrastructureError, ShellFileError) as exc:
-            return tests_response("SandboxError", f"the sandbox failed: {exc}", None, [])
-        finally:
-            await self._shell.aclose_session(sid)
+        compile_result: dict[str, Any] | None = None
+        artifacts: dict[str, bytes] | None = {}
+        if tc.compile is not None:  # compiled once, in a session of its own
+            sid = self._session()
+            try:
+                await self._write(sid, prepared)
+                compile_result, _, artifacts = await self._compile(sid, prepared, compile_timeout)
+            except (InfrastructureError, ShellFileError) as exc:
+                return tests_response("SandboxError", f"the sandbox failed: {exc}", None, [])
+            finally:
+                await self._shell.aclose_session(sid)
         if compile_result is not None and (
             compile_result["status"] != "Finished" or compile_result["return_code"] != 0
         ):
             verdicts = [{"verdict": "compile_error", "run_result": None} for _ in cases]
             return tests_response("Failed", "", compile_result, verdicts)
-        artifacts = self._cache.get(prepared.cache_key()) if tc.compile else None
         # not cacheable (too large): each case compiles on its own
-        built = dict(artifacts[1]) if artifacts is not None else {}
+        built = dict(artifacts) if artifacts is not None else {}
 
         async def one(case: Mapping[str, Any]) -> dict[str, Any]:
             return await self._case(
@@ -575,7 +579,7 @@ class CodeJudge:
             await self._write(sid, prepared)
             names = list(built)
             if tc.compile and not built:
-                compile_result, names = await self._compile(sid, prepared, compile_timeout)
+                compile_result, names, _ = await self._compile(sid, prepared, compile_timeout)
                 if compile_result is None or compile_result["return_code"] != 0:
                     return {"verdict": "compile_error", "run_result": None}
             for name, data in built.items():

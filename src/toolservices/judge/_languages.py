@@ -303,6 +303,7 @@ def discover(language: str, *, image: ImageTools | None = None) -> Toolchain:
     source, compile_, run, needed = _SPECS[language]
     tools: dict[str, str] = {}
     missing: list[str] = []
+    found: list[str] = []  # the names of ``needed`` that are there
     binds: list[str] = []
     for name in needed:
         if name in _UNAVAILABLE:
@@ -315,6 +316,7 @@ def discover(language: str, *, image: ImageTools | None = None) -> Toolchain:
             )
             continue
         tools[name.replace("+", "x").replace("-", "_")] = path
+        found.append(name)
     java_vm, javac_vm = java_flags(1024)
     tools.setdefault("java_flags", java_vm)
     tools.setdefault("javac_flags", javac_vm)
@@ -323,7 +325,6 @@ def discover(language: str, *, image: ImageTools | None = None) -> Toolchain:
             missing.append("'cc' (rustc's linker) on the server's PATH")
         elif image is not None and "cc" not in image.paths:
             missing.append(f"'cc' (rustc's linker) on the PATH of image {image.reference!r}")
-    found = [n for n in needed if n.replace("+", "x").replace("-", "_") in tools]
     if image is None:
         identity = _identity([p for k, p in tools.items() if not k.endswith("_flags")])
     else:

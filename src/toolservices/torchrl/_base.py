@@ -33,7 +33,7 @@ from torchrl.envs.transforms import Transform
 from toolservices._portal import run_sync
 from toolservices.dispatch import ItemResult, StepMetrics
 from toolservices.env import EpisodeHook, check_hook
-from toolservices.env.episode import Episode, aclose_all
+from toolservices.env.episode import Episode, aclose_all, afinalize_all
 from toolservices.errors import UserError
 from toolservices.tools import ToolRegistry
 from toolservices.torchrl._history import ToolMessage, append_tool_messages
@@ -339,7 +339,7 @@ class ToolTransformBase(Transform):
             run_sync(_end_all, ending, close)
         for episode in episodes:
             index = episode.context.get("batch_index")
-            if isinstance(index, int) and episode.finalize is not None and episode._finalized:
+            if isinstance(index, int) and episode.finalize is not None and episode.finalized:
                 grow = index + 1 - len(self.outcomes)
                 self.outcomes += [None] * grow
                 self.errors += [None] * grow
@@ -396,6 +396,5 @@ def _this_turn(history: Any, size: int, policy_role: str, stop_roles: set[str]) 
 async def _end_all(episodes: Sequence[Episode], close: bool) -> None:
     if close:
         await aclose_all(episodes)  # each runs its finalize first
-        return
-    for episode in episodes:
-        await episode.afinalize()
+    else:
+        await afinalize_all(episodes)
