@@ -3,7 +3,7 @@ trajectory, :class:`ToolEnv` for batches stepped in lockstep, and the
 :class:`EpisodeSpec` every driver (ToolEnv, rollouts, trainer adapters)
 makes its episodes from."""
 
-from toolservices.env._clip import clip_middle, omitted_marker
+from toolservices._clip import clip_middle, omitted_marker
 from toolservices.env._hooks import EpisodeHook, check_hook
 from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
 from toolservices.env._shell_tools import (

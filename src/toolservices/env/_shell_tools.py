@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from toolservices.env._clip import clip_middle
+from toolservices._clip import clip_middle
 from toolservices.errors import ToolError, ToolTimeoutError, UserError
 from toolservices.tools import Tool
 

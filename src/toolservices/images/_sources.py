@@ -179,8 +179,7 @@ class _Blobs:
         return data
 
     def blob(self, digest: str) -> Callable[[], contextlib.AbstractContextManager[IO[bytes]]]:
-        algorithm, _, hexd = digest.partition(":")
-        return lambda: self.open(f"blobs/{algorithm}/{hexd}")
+        return lambda: self.open(_blob_name(digest))
 
 
 @contextlib.contextmanager

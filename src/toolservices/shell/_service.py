@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from toolservices._clip import omitted_marker
 from toolservices._portal import run_sync
-from toolservices.env import omitted_marker
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
@@ -25,6 +25,7 @@ from toolservices.python.sandbox import (
     SandboxConfig,
     check_config,
     default_config,
+    image_config,
     with_network,
 )
 from toolservices.shell._checks import (
@@ -247,6 +248,7 @@ class ShellService:
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
         }
+        self._config_text = repr(self._config)  # in every request's source: written once
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
             max_sessions = default_max_sessions(
@@ -262,7 +264,7 @@ class ShellService:
             spares=spares,
             # spare interpreters load the supervisor and start the first bash ahead of need:
             # a new session's first command then finds them ready
-            warmup=_BOOTSTRAP + f"{_ENTRY}('warm', {{}}, {self._config!r})\n",
+            warmup=_BOOTSTRAP + f"{_ENTRY}('warm', {{}}, {self._config_text})\n",
         )
         self.pool_size = pool_size
         self.max_sessions = max_sessions
@@ -280,7 +282,9 @@ class ShellService:
     # --- requests ------------------------------------------------------------------
 
     def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
-        call = f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config!r})"
+        call = (
+            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config_text})"
+        )
         if boot:
             return f"{_BOOTSTRAP}{call}\n"
         # a session without the supervisor says so (no exception: not a failed call)
@@ -917,12 +921,6 @@ def start_dir(image: Image | None) -> str | None:
     if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
         return None
     return image.working_dir
-
-
-def image_config(config: Any, image: Image) -> Any:
-    """``config`` with ``image`` as every session's root and its ``Env`` (``PATH`` included)."""
-    env = {**config.extra_env, **image.environment()}
-    return dataclasses.replace(config, root_layers=image.lowerdirs, extra_env=env)
 
 
 def _rebuild(kwargs: dict[str, Any]) -> ShellService:

@@ -48,7 +48,12 @@ from toolservices.python.host._forking import fork_handles, seeded_handles
 from toolservices.python.host._gate import Gate
 from toolservices.python.host._result import ExecResult
 from toolservices.python.host._sizing import default_max_sessions, raise_fd_limit
-from toolservices.python.sandbox import check_config, default_config, with_network
+from toolservices.python.sandbox import (
+    check_config,
+    default_config,
+    image_config,
+    with_network,
+)
 
 if TYPE_CHECKING:
     from toolservices.images import Image
@@ -239,7 +244,7 @@ class PythonExecutorService:
             "sandbox": dataclasses.replace(self.sandbox, root_layers=(), root_python="")
             if self.image is not None
             else self.sandbox,
-            **(self._image_args if self.image is not None else {}),
+            **self._image_args,
             "max_output": self.max_output,
             "max_queue": self._max_queue_arg,
             "spares": self.spares,
@@ -818,13 +823,10 @@ def image_sandbox(config: Any, image: Image) -> Any:
             "PythonExecutorService(image=...) runs the image's own Python; use an image that "
             "has one, or ShellService(image=...) for a shell"
         )
-    env = {**config.extra_env, **image.environment()}
     # as ShellService's sessions: the workspace at one path (/workspace), each session its
     # own PID namespace; spawn_with_files then copies a session's writable layer too
     return dataclasses.replace(
-        config,
-        root_layers=image.lowerdirs,
-        extra_env=env,
+        image_config(config, image),
         root_python=python,
         fixed_workspace=True,
         own_pids=True,

@@ -32,7 +32,6 @@ _MS_REC = 16384
 _MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
-_MS_REMOUNT = 32
 _MNT_DETACH = 2
 # pivot_root has no libc wrapper: its syscall number (asm/unistd.h) by architecture.
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}

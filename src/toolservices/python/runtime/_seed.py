@@ -301,7 +301,7 @@ class _Tree:
     """One copy: the walk's findings, then the files, then links and directory modes."""
 
     def __init__(self, src_root: int, dst_root: int) -> None:
-        self.src_root, self.dst_root = src_root, dst_root
+        self.dst_root = dst_root
         self.src, self.dst = _Opener(src_root), _Opener(dst_root)
         self.files: dict[str, list[tuple[str, int]]] = {}  # name and size, by directory
         self.size = 0

@@ -24,6 +24,7 @@ from toolservices.python.sandbox._config import (
     check_config,
     default_config,
     fast_tmp_dir,
+    image_config,
     with_network,
 )
 from toolservices.python.sandbox._isolation import format_isolation_report, isolation_report
@@ -50,6 +51,7 @@ __all__ = [
     "fast_tmp_dir",
     "format_isolation_report",
     "format_self_test",
+    "image_config",
     "isolation_report",
     "kill_uid",
     "plan_server_launch",

@@ -11,11 +11,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolservices.errors import UserError
 from toolservices.python.runtime import STATE_ENV
 from toolservices.python.sandbox._network import network_mode
+
+if TYPE_CHECKING:
+    from toolservices.images import Image
 
 __all__ = [
     "LEVELS",
@@ -25,6 +28,7 @@ __all__ = [
     "check_config",
     "default_config",
     "fast_tmp_dir",
+    "image_config",
     "with_network",
 ]
 
@@ -275,3 +279,9 @@ def with_network(config: SandboxConfig, network: object) -> SandboxConfig:
     if network is None:
         return config
     return replace(config, network=network_mode(network))
+
+
+def image_config(config: SandboxConfig, image: Image) -> SandboxConfig:
+    """``config`` with ``image`` as every session's root and its ``Env`` (``PATH`` included)."""
+    env = {**config.extra_env, **image.environment()}
+    return replace(config, root_layers=image.lowerdirs, extra_env=env)

@@ -53,9 +53,8 @@ def config_rlimits(config: Any) -> dict[str, int | None]:
     ``address_space`` is resolved by :func:`resolve_address_space` at launch;
     a named mode still here means ``memory_limit``.
     """
-    space = config.address_space
     return {
-        "AS": config.memory_limit if isinstance(space, str) else space,
+        "AS": resolve_address_space(config, memory_cgroup=False),
         "CPU": config.cpu_seconds,
         "FSIZE": config.file_size,
         "NOFILE": config.open_files,
@@ -368,11 +367,7 @@ def _confinement_layers(
         seccomp_on,
         "deny list: namespaces, mount, ptrace, bpf, "
         "perf_event_open, userfaultfd, io_uring, keyctl, TIOCSTI; socket families allowed: "
-        + family_names(
-            allowed_socket_families(
-                config.network if own_ns else effective_mode(config.network, session_ns=False)
-            )
-        )
+        + family_names(allowed_socket_families(effective_mode(config.network, session_ns=own_ns)))
         + " (every other one, AF_VSOCK and AF_PACKET included, fails with EAFNOSUPPORT)",
         skipped.get("seccomp") or "the filter was not in force in the probe",
     )

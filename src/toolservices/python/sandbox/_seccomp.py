@@ -18,7 +18,6 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import socket
 
 from toolservices.python.sandbox._network import allowed_socket_families, network_mode
 
@@ -71,7 +70,6 @@ _DENY_EPERM = (
 
 #: families above every one the kernel knows (AF_MAX is 46 in Linux 6.x): all refused
 _FAMILY_CEILING = 64
-_NETLINK = getattr(socket, "AF_NETLINK", 16)
 
 _CLONE_NEWUSER = 0x10000000
 _TIOCSTI = 0x5412
