@@ -1,6 +1,10 @@
 """The host side: what runs in the caller's process (and on the library's event loop).
 
-* ``_service``: :class:`PythonExecutorService`, the pool of sessions;
+* ``_service``: :class:`PythonExecutorService`: its configuration and its sync and async faces;
+* ``_sessions``: the session table (a call in a session or a fresh interpreter,
+  eviction, closing and copying sessions), a base of the service;
+* ``_pool``: the fork server and the spare interpreters, the base below it;
+* ``_args``: the checks of the arguments; the sandbox of a service on an image;
 * ``_admission``: the queue count and the gates every call passes (both routes);
 * ``_gate``: the thread-safe counting lock behind them;
 * ``_client``: the fork-server process and its control channel, one
