@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from toolservices._clip import omitted_marker
-from toolservices._portal import run_sync
+from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
-from toolservices.images import Image, ImageStore
+from toolservices.images import Image
 from toolservices.python import ExecResult, PythonExecutorService
-from toolservices.python.host import default_max_sessions
+from toolservices.python.host import default_max_sessions, pull_image
 from toolservices.python.sandbox import (
     SandboxConfig,
     check_config,
@@ -202,16 +202,10 @@ class ShellService:
         # (base64) or one file, plus the envelope.
         config = shell_config(sandbox)
         config = with_network(config, network)
-        self._image_args = {
-            "image": image,
-            "image_cache": image_cache,
-            "insecure_registries": tuple(insecure_registries),
-        }
-        self.image: Image | None = None
-        if image is not None:
-            self.image = ImageStore(image_cache).pull(
-                image, insecure_registries=tuple(insecure_registries)
-            )
+        self.image, self._image_args = pull_image(
+            image, image_cache=image_cache, insecure_registries=insecure_registries
+        )
+        if self.image is not None:
             if not _has_bash(self.image):
                 raise UserError(
                     f"image {image!r} has no /bin/bash (or /usr/bin/bash): ShellService runs "
@@ -311,28 +305,24 @@ class ShellService:
                 self._booted.clear()  # forgetting only costs a NameError round trip
             self._booted.add(session_id)
 
-    def _request(
-        self, op: str, args: dict[str, Any], session_id: str | None, limit: float
-    ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id))
-        res = self._python.execute(code, session_id=session_id, timeout=limit)
-        lost = res.restarted
-        if self._needs_boot(res):
-            code = self._code(op, args, True)
-            res = self._python.execute(code, session_id=session_id, timeout=limit)
-            lost = lost or res.restarted
-        self._booted_now(session_id, res)
-        return res, self._note_lost(session_id, res, lost)
+    async def _execute(
+        self, code: str, session_id: str | None, limit: float, inline: bool
+    ) -> ExecResult:
+        """The executor's call: its sync face when ``inline`` (run by :func:`run_inline` in the
+        caller's thread, where a call on an idle session skips the loop), else its async one."""
+        if inline:
+            return self._python.execute(code, session_id=session_id, timeout=limit)
+        return await self._python.aexecute(code, session_id=session_id, timeout=limit)
 
-    async def _arequest(
-        self, op: str, args: dict[str, Any], session_id: str | None, limit: float
+    async def _request(
+        self, op: str, args: dict[str, Any], session_id: str | None, limit: float, inline: bool
     ) -> tuple[ExecResult, bool]:
         code = self._code(op, args, self._booting(session_id))
-        res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
+        res = await self._execute(code, session_id, limit, inline)
         lost = res.restarted
         if self._needs_boot(res):
             code = self._code(op, args, True)
-            res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
+            res = await self._execute(code, session_id, limit, inline)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
         return res, self._note_lost(session_id, res, lost)
@@ -489,12 +479,7 @@ class ShellService:
         raises for what the command does; raises ``ExecutorBusyError`` when
         the queue is full and ``InfrastructureError`` when the machinery fails.
         """
-        args, session, limit = self._run_args(command, session_id, timeout, stdin)
-        refused = self._refused(command, session)
-        if refused is not None:
-            return refused
-        res, lost = self._request("run", args, session, limit)
-        return self._result(res, lost, session)
+        return run_inline(self._run(command, session_id, timeout, stdin, True))
 
     async def arun(
         self,
@@ -504,11 +489,21 @@ class ShellService:
         stdin: str | bytes | None = None,
     ) -> ShellResult:
         """Async :meth:`run`."""
+        return await self._run(command, session_id, timeout, stdin, False)
+
+    async def _run(
+        self,
+        command: str,
+        session_id: str | None,
+        timeout: float | None,  # noqa: ASYNC109 - the command's own limit
+        stdin: str | bytes | None,
+        inline: bool,
+    ) -> ShellResult:
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
         refused = self._refused(command, session)
         if refused is not None:
             return refused
-        res, lost = await self._arequest("run", args, session, limit)
+        res, lost = await self._request("run", args, session, limit, inline)
         return self._result(res, lost, session)
 
     # --- files -----------------------------------------------------------------------
@@ -551,35 +546,36 @@ class ShellService:
 
         Returns the bytes written; missing parent directories are created.
         """
-        args, session = self._write_args(path, data, session_id)
-        res, _ = self._request("write", args, session, self._file_limit())
-        return int(self._file_reply("write_file", path, res, size=int)["size"])
+        return run_inline(self._write_file(path, data, session_id, True))
 
     async def awrite_file(self, path: str, data: str | bytes, *, session_id: str) -> int:
         """Async :meth:`write_file`."""
+        return await self._write_file(path, data, session_id, False)
+
+    async def _write_file(self, path: str, data: str | bytes, session_id: str, inline: bool) -> int:
         args, session = self._write_args(path, data, session_id)
-        res, _ = await self._arequest("write", args, session, self._file_limit())
+        res, _ = await self._request("write", args, session, self._file_limit(), inline)
         return int(self._file_reply("write_file", path, res, size=int)["size"])
 
     def _path_args(self, path: object, session_id: object, op: str) -> str:
         _check_session(session_id, required=True)
         return check_path(path, op)
 
-    def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
-        data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
-        return data if binary else data.decode("utf-8", "replace")
-
     def read_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """The content of ``path`` as the session sees it (text with replacement, or bytes)."""
-        path = self._path_args(path, session_id, "read_file")
-        res, _ = self._request("read", {"path": path}, session_id, self._file_limit())
-        return self._decode_read(path, res, binary)
+        return run_inline(self._read_file(path, session_id, binary, True))
 
     async def aread_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """Async :meth:`read_file`."""
+        return await self._read_file(path, session_id, binary, False)
+
+    async def _read_file(
+        self, path: str, session_id: str, binary: bool, inline: bool
+    ) -> str | bytes:
         path = self._path_args(path, session_id, "read_file")
-        res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
-        return self._decode_read(path, res, binary)
+        res, _ = await self._request("read", {"path": path}, session_id, self._file_limit(), inline)
+        data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
+        return data if binary else data.decode("utf-8", "replace")
 
     def _archive_args(self, path: object, data: object, session_id: object) -> dict[str, Any]:
         path = self._path_args(path, session_id, "put_archive")
@@ -597,30 +593,46 @@ class ShellService:
         """Unpack the tar ``tar`` (bytes or a binary file) into directory ``path``, like
         ``docker cp``: the session's rights, at most ``max_file_size`` bytes of archive,
         nothing written if any entry would leave ``path``. Returns the entries unpacked."""
-        args = self._archive_args(path, tar, session_id)
-        res, _ = self._request("put_archive", args, session_id, self._file_limit())
-        return int(self._file_reply("put_archive", args["path"], res, entries=int)["entries"])
+        return run_inline(self._put_archive(session_id, path, tar, True))
 
     async def aput_archive(self, session_id: str, path: str, tar: bytes | BinaryIO) -> int:
         """Async :meth:`put_archive`."""
+        return await self._put_archive(session_id, path, tar, False)
+
+    async def _put_archive(
+        self, session_id: str, path: str, tar: bytes | BinaryIO, inline: bool
+    ) -> int:
         args = self._archive_args(path, tar, session_id)
-        res, _ = await self._arequest("put_archive", args, session_id, self._file_limit())
+        res, _ = await self._request("put_archive", args, session_id, self._file_limit(), inline)
         return int(self._file_reply("put_archive", args["path"], res, entries=int)["entries"])
 
     def get_archive(self, session_id: str, path: str) -> bytes:
         """A tar of ``path`` (file or directory, links kept as links) as the session sees
         it; at most ``max_file_size`` bytes (else :class:`ShellFileError` EFBIG)."""
-        path = self._path_args(path, session_id, "get_archive")
-        res, _ = self._request("get_archive", {"path": path}, session_id, self._file_limit())
-        return base64.b64decode(self._file_reply("get_archive", path, res, data=str)["data"])
+        return run_inline(self._get_archive(session_id, path, True))
 
     async def aget_archive(self, session_id: str, path: str) -> bytes:
         """Async :meth:`get_archive`."""
+        return await self._get_archive(session_id, path, False)
+
+    async def _get_archive(self, session_id: str, path: str, inline: bool) -> bytes:
         path = self._path_args(path, session_id, "get_archive")
-        res, _ = await self._arequest("get_archive", {"path": path}, session_id, self._file_limit())
+        args = {"path": path}
+        res, _ = await self._request("get_archive", args, session_id, self._file_limit(), inline)
         return base64.b64decode(self._file_reply("get_archive", path, res, data=str)["data"])
 
-    def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
+    def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
+        """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
+        return run_inline(self._list_files(path, session_id, True))
+
+    async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
+        """Async :meth:`list_files`."""
+        return await self._list_files(path, session_id, False)
+
+    async def _list_files(self, path: str, session_id: str, inline: bool) -> list[FileEntry]:
+        path = self._path_args(path, session_id, "list_files")
+        args = {"path": path, "limit": self.max_list}
+        res, _ = await self._request("list", args, session_id, self._file_limit(), inline)
         reply = self._file_reply("list_files", path, res, entries=list)
         try:
             return [entry(str(n), str(k), int(s)) for n, k, s in reply["entries"]]
@@ -629,24 +641,17 @@ class ShellService:
                 "the shell session's supervisor sent a malformed reply (entries)", retryable=True
             ) from None
 
-    def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
-        """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
-        path = self._path_args(path, session_id, "list_files")
-        args = {"path": path, "limit": self.max_list}
-        res, _ = self._request("list", args, session_id, self._file_limit())
-        return self._entries(path, res)
-
-    async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
-        """Async :meth:`list_files`."""
-        path = self._path_args(path, session_id, "list_files")
-        args = {"path": path, "limit": self.max_list}
-        res, _ = await self._arequest("list", args, session_id, self._file_limit())
-        return self._entries(path, res)
-
     def workspace(self, session_id: str) -> str:
         """The absolute path of the session's workspace (its shell's starting directory)."""
-        _check_session(session_id, required=True)
-        res, _ = self._request("workspace", {}, session_id, self._file_limit())
+        return run_inline(self._workspace(session_id, True))
+
+    async def aworkspace(self, session_id: str) -> str:
+        """Async :meth:`workspace`."""
+        return await self._workspace(session_id, False)
+
+    async def _workspace(self, session_id: str, inline: bool) -> str:
+        session = _check_session(session_id, required=True)
+        res, _ = await self._request("workspace", {}, session, self._file_limit(), inline)
         return str(self._reply(res, {"workspace": str})["workspace"])
 
     # --- sessions ----------------------------------------------------------------------
@@ -668,15 +673,15 @@ class ShellService:
         """Create ``session_id`` now, on the service's image (``image``: None, or the same
         reference); a :class:`UserError` if it exists. Sessions are otherwise created on first
         use. Returns the id."""
-        session = self._start_args(session_id, image)
-        self.workspace(session)
-        return session
+        return run_inline(self._start_session(session_id, image, True))
 
     async def astart_session(self, session_id: str, *, image: str | None = None) -> str:
         """Async :meth:`start_session`."""
+        return await self._start_session(session_id, image, False)
+
+    async def _start_session(self, session_id: str, image: str | None, inline: bool) -> str:
         session = self._start_args(session_id, image)
-        res, _ = await self._arequest("workspace", {}, session, self._file_limit())
-        self._reply(res)
+        await self._workspace(session, inline)
         return session
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
@@ -695,7 +700,7 @@ class ShellService:
             args = await self._read_state(src)
             for copy in copies:
                 if args["state"]:
-                    res, lost = await self._arequest("adopt", args, copy, self._file_limit())
+                    res, lost = await self._request("adopt", args, copy, self._file_limit(), False)
                     self._adopted(res, lost)
         except BaseException:
             for copy in copies:
@@ -709,7 +714,7 @@ class ShellService:
         offset, generation, fields = 0, None, {"state": str, "workspace": str, "total": int}
         while True:
             args = {"offset": offset, "limit": self._state_part}
-            res, lost = await self._arequest("state", args, src, self._file_limit())
+            res, lost = await self._request("state", args, src, self._file_limit(), False)
             if lost:  # its files were copied, its state is gone: the copies would mix the two
                 raise InfrastructureError(
                     "fork_session: the source session was restarted during the copy",
@@ -740,7 +745,7 @@ class ShellService:
 
     async def _read_home(self, src: str) -> str:
         """The source's private HOME as one archive (base64; "" when it has none)."""
-        res, lost = await self._arequest("home", {}, src, self._file_limit())
+        res, lost = await self._request("home", {}, src, self._file_limit(), False)
         if lost:
             raise InfrastructureError(
                 "fork_session: the source session was restarted during the copy", retryable=True
@@ -766,16 +771,18 @@ class ShellService:
 
     def close_session(self, session_id: str) -> bool:
         """Kill every process the session started and free its files; False: no such session."""
-        _check_session(session_id, required=True)
-        self._booted.discard(session_id)
-        self._reported_lost(session_id)  # its next use is a new session, not a lost one
-        return self._python.close_session(session_id)
+        return run_inline(self._close_session(session_id, True))
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
+        return await self._close_session(session_id, False)
+
+    async def _close_session(self, session_id: str, inline: bool) -> bool:
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
-        self._reported_lost(session_id)
+        self._reported_lost(session_id)  # its next use is a new session, not a lost one
+        if inline:
+            return self._python.close_session(session_id)
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:

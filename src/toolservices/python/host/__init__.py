@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from toolservices.python.host._args import pull_image
 from toolservices.python.host._persistent import PersistentPythonProcess
 from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
@@ -31,5 +32,6 @@ __all__ = [
     "PythonExecutorService",
     "ResultMapping",
     "default_max_sessions",
+    "pull_image",
     "self_test",
 ]

@@ -1,9 +1,10 @@
-"""The arguments of ``PythonExecutorService`` checked, and the sandbox of a service on an image."""
+"""The checks of ``PythonExecutorService``'s arguments; the image a service runs on, its sandbox."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from toolservices.errors import UserError
@@ -12,7 +13,7 @@ from toolservices.python.sandbox import image_config
 if TYPE_CHECKING:
     from toolservices.images import Image
 
-__all__ = ["check_session_id", "check_timeout", "image_sandbox"]
+__all__ = ["check_session_id", "check_timeout", "image_sandbox", "pull_image"]
 
 
 def check_timeout(value: object) -> float:
@@ -51,3 +52,18 @@ def image_sandbox(config: Any, image: Image) -> Any:
         fixed_workspace=True,
         own_pids=True,
     )
+
+
+def pull_image(
+    image: str | None, *, image_cache: str | None, insecure_registries: Iterable[str]
+) -> tuple[Image | None, dict[str, Any]]:
+    """The image a service's sessions run on (None without one), pulled into ``image_cache``,
+    and the arguments that name it to a replica (an image travels by name: a replica pulls
+    it into its own node's cache). Both services take these three arguments."""
+    registries = tuple(insecure_registries)
+    args = {"image": image, "image_cache": image_cache, "insecure_registries": registries}
+    if image is None:
+        return None, args
+    from toolservices.images import ImageStore  # (urllib and tarfile: only for images)
+
+    return ImageStore(image_cache).pull(image, insecure_registries=registries), args

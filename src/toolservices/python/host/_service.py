@@ -27,22 +27,24 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Coroutine
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
 from toolservices import _portal
 from toolservices.errors import UserError
 from toolservices.python import sandbox as _sandbox
-from toolservices.python.host._args import check_session_id, check_timeout, image_sandbox
+from toolservices.python.host._args import (
+    check_session_id,
+    check_timeout,
+    image_sandbox,
+    pull_image,
+)
 from toolservices.python.host._client import SessionLost
 from toolservices.python.host._result import ExecResult
 from toolservices.python.host._sessions import SessionTable, clock
 from toolservices.python.host._sizing import default_max_sessions, raise_fd_limit
 from toolservices.python.sandbox import check_config, default_config, with_network
-
-if TYPE_CHECKING:
-    from toolservices.images import Image
 
 __all__ = ["PythonExecutorService"]
 
@@ -152,18 +154,10 @@ class PythonExecutorService(SessionTable):
         self._layers: ModuleType = _sandbox
         config = default_config() if sandbox is None else check_config(sandbox)
         self.sandbox = with_network(config, network)
-        self._image_args = {
-            "image": image,
-            "image_cache": image_cache,
-            "insecure_registries": tuple(insecure_registries),
-        }
-        self.image: Image | None = None
-        if image is not None:
-            from toolservices.images import ImageStore  # (urllib and tarfile: only for images)
-
-            self.image = ImageStore(image_cache).pull(
-                image, insecure_registries=tuple(insecure_registries)
-            )
+        self.image, self._image_args = pull_image(
+            image, image_cache=image_cache, insecure_registries=insecure_registries
+        )
+        if self.image is not None:
             self.sandbox = image_sandbox(self.sandbox, self.image)
         self._init_pool()
         self._init_sessions(pool_size=pool_size, max_queue=max_queue)

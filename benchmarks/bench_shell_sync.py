@@ -1,0 +1,118 @@
+"""ShellService's sync faces, two source trees side by side (e.g. main and a branch).
+
+Run: .venv/bin/python benchmarks/bench_shell_sync.py --anchor /path/to/main/src
+     --candidate src [--rounds 15] [--batch 40]
+
+Each tree gets a child process of its own that holds one warm ``ShellService``
+session; the parent asks them for a batch of calls in turn (anchor, candidate,
+anchor, ...), so both see the same machine load. Measured per call, through
+the sync API: ``run("echo hi")`` back to back, ``write_file`` + ``read_file``
+of a small file, and ``run("echo hi")`` after a 20 ms pause. Prints the median
+of the per-batch medians of each, and candidate / anchor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PAUSE = 0.02
+
+CHILD = r"""
+import json, statistics, sys, time
+from toolservices.shell import ShellService
+
+svc = ShellService(pool_size=2, max_sessions=8)
+sid = "bench"
+svc.run("cd /tmp", session_id=sid)
+out = sys.stdout
+
+
+def batch(kind, n):
+    samples = []
+    for _ in range(n):
+        if kind == "echo_paused":
+            time.sleep(0.02)
+        t = time.perf_counter()
+        if kind.startswith("echo"):
+            res = svc.run("echo hi", session_id=sid)
+            assert res.stdout == "hi\n", res
+        else:
+            svc.write_file("f.txt", "hello\n", session_id=sid)
+            assert svc.read_file("f.txt", session_id=sid) == "hello\n"
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    kind, n = line.split()
+    print(json.dumps({"median": batch(kind, int(n))}), flush=True)
+svc.close()
+"""
+
+
+def start(src: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert json.loads(proc.stdout.readline())["ready"]
+    return proc
+
+
+def ask(proc: subprocess.Popen[str], kind: str, n: int) -> float:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(f"{kind} {n}\n")
+    proc.stdin.flush()
+    return float(json.loads(proc.stdout.readline())["median"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--anchor", required=True, help="the src/ directory to compare against")
+    parser.add_argument("--candidate", required=True, help="the src/ directory measured")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=40)
+    args = parser.parse_args()
+    trees = {"anchor": start(args.anchor), "candidate": start(args.candidate)}
+    kinds = ("echo", "write+read", "echo_paused")
+    results: dict[tuple[str, str], list[float]] = {}
+    try:
+        for kind in kinds:  # warm-up batch each, not counted
+            for proc in trees.values():
+                ask(proc, kind, 10)
+        for r in range(args.rounds):
+            order = list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]
+            for kind in kinds:
+                n = args.batch // 4 if kind == "echo_paused" else args.batch
+                for name, proc in order:
+                    results.setdefault((kind, name), []).append(ask(proc, kind, n))
+    finally:
+        for proc in trees.values():
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    print(
+        f"load: {os.getloadavg()[0]:.2f} (1 min)  rounds: {args.rounds}  at {time.strftime('%H:%M')}"
+    )
+    print("| sync call (median of batch medians) | anchor | candidate | candidate / anchor |")
+    print("|---|---|---|---|")
+    for kind in kinds:
+        a = statistics.median(results[(kind, "anchor")])
+        c = statistics.median(results[(kind, "candidate")])
+        print(f"| {kind} | {a * 1e3:.3f} ms | {c * 1e3:.3f} ms | {c / a:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
