@@ -821,14 +821,6 @@ class ShellService:
         }
         # A shell fork_session makes fresh sessions (spawn_with_files), not forks sharing
         # the source's namespaces as the executor's fork_session does: say what is true here.
-        nproc = layers.get("nproc_limit")
-        if nproc and "detail" in nproc:
-            layers["nproc_limit"] = {
-                **nproc,
-                "detail": nproc["detail"].replace(
-                    "its copies from fork_session share it", "each fork_session copy has its own"
-                ),
-            }
         report["not_protected"] = [
             _SHELL_COPIES if entry.startswith("copies made by fork_session") else entry
             for entry in report.get("not_protected", [])

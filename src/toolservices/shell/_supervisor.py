@@ -210,15 +210,13 @@ class Shell:
         """HOME as a base64 tar, for ``fork_session`` (empty when HOME is the workspace)."""
         if self.home == self.workspace or not os.path.isdir(self.home):
             return {"ok": True, "home": ""}
-        data = _terminal.pack_home(self.home, self.max_file)
-        if data is None:
-            return {
-                "ok": False,
-                "errno": "EFBIG",
-                "message": f"HOME ({self.home}) holds more than {self.max_file} bytes: "
-                "too much to copy; remove caches there",
-            }
-        return {"ok": True, "home": base64.b64encode(data).decode()}
+        reply = get_archive(self.home, self.max_file, arcname=".")
+        if reply.get("errno") == "EFBIG":
+            reply["message"] = (
+                f"HOME ({self.home}) holds more than {self.max_file} bytes: "
+                "too much to copy; remove caches there"
+            )
+        return {"ok": True, "home": reply["data"]} if reply["ok"] else reply
 
     def adopt(self, state: str, source: str, home: str = "") -> dict[str, Any]:
         """Take a shell state saved by another session (``fork_session``: a fresh copy).
@@ -233,10 +231,9 @@ class Shell:
         if source != self.workspace:
             state = state.replace(source, self.workspace)
         if home:
-            try:
-                _terminal.unpack_home(home, self.home)
-            except (OSError, ValueError) as exc:  # tarfile errors are ValueErrors or OSErrors
-                return {"ok": False, "errno": "EIO", "message": f"cannot copy HOME: {exc}"}
+            copied = put_archive(self.home, home)
+            if not copied["ok"]:
+                return {**copied, "message": f"cannot copy HOME: {copied['message']}"}
         self.state = state
         self.generation += 1  # a spare primed with the state this session started with is stale
         return {"ok": True}
@@ -623,15 +620,17 @@ class _Capped:
         return len(self.data)
 
 
-def get_archive(path: str, cap: int) -> dict[str, Any]:
-    """A tar of ``path`` (a file or a tree; links kept as links), at most ``cap`` bytes."""
+def get_archive(path: str, cap: int, arcname: str | None = None) -> dict[str, Any]:
+    """A tar of ``path`` (a file or a tree; links kept as links), at most ``cap`` bytes;
+    its top entry is named ``arcname`` (by default ``path``'s name)."""
     import tarfile
 
     out = _Capped(cap)
     try:
         os.lstat(path)
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-            tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".", recursive=True)
+            name = arcname or os.path.basename(path.rstrip("/")) or "."
+            tar.add(path, arcname=name, recursive=True)
     except OverflowError:
         return {"ok": False, "errno": "EFBIG", "message": f"the archive exceeds {cap} bytes"}
     except OSError as exc:
