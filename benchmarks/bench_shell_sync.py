@@ -103,9 +103,8 @@ def main() -> None:
             assert proc.stdin is not None
             proc.stdin.close()
             proc.wait(timeout=30)
-    print(
-        f"load: {os.getloadavg()[0]:.2f} (1 min)  rounds: {args.rounds}  at {time.strftime('%H:%M')}"
-    )
+    load = os.getloadavg()[0]
+    print(f"load: {load:.2f} (1 min)  rounds: {args.rounds}  at {time.strftime('%H:%M')}")
     print("| sync call (median of batch medians) | anchor | candidate | candidate / anchor |")
     print("|---|---|---|---|")
     for kind in kinds:

@@ -4,7 +4,7 @@
 * ``_sessions``: the session table (a call in a session or a fresh interpreter,
   eviction, closing and copying sessions), a base of the service;
 * ``_pool``: the fork server and the spare interpreters, the base below it;
-* ``_args``: the checks of the arguments; the sandbox of a service on an image;
+* ``_args``: the checks of the arguments; the image a service runs on and its sandbox;
 * ``_admission``: the queue count and the gates every call passes (both routes);
 * ``_gate``: the thread-safe counting lock behind them;
 * ``_client``: the fork-server process and its control channel, one
