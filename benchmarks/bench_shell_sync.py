@@ -1,14 +1,14 @@
 """ShellService's sync faces, two source trees side by side (e.g. main and a branch).
 
 Run: .venv/bin/python benchmarks/bench_shell_sync.py --anchor /path/to/main/src
-     --candidate src [--rounds 15] [--batch 40]
+     --candidate src [--rounds 60] [--batch 10]
 
 Each tree gets a child process of its own that holds one warm ``ShellService``
-session; the parent asks them for a batch of calls in turn (anchor, candidate,
-anchor, ...), so both see the same machine load. Measured per call, through
-the sync API: ``run("echo hi")`` back to back, ``write_file`` + ``read_file``
-of a small file, and ``run("echo hi")`` after a 20 ms pause. Prints the median
-of the per-batch medians of each, and candidate / anchor.
+session; the parent asks them for a few calls at a time in turn (anchor,
+candidate, candidate, anchor, ...), so both see the same machine load. Measured
+per call, through the sync API: ``run("echo hi")`` back to back,
+``write_file`` + ``read_file`` of a small file, and ``run("echo hi")`` after a
+20 ms pause. Prints the median of all calls of each, and candidate / anchor.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 PAUSE = 0.02
 
 CHILD = r"""
-import json, statistics, sys, time
+import json, sys, time
 from toolservices.shell import ShellService
 
 svc = ShellService(pool_size=2, max_sessions=8)
@@ -34,7 +34,7 @@ out = sys.stdout
 
 
 def batch(kind, n):
-    samples = []
+    samples = []  # every call's time: the parent takes the median over all batches
     for _ in range(n):
         if kind == "echo_paused":
             time.sleep(0.02)
@@ -46,13 +46,13 @@ def batch(kind, n):
             svc.write_file("f.txt", "hello\n", session_id=sid)
             assert svc.read_file("f.txt", session_id=sid) == "hello\n"
         samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
+    return samples
 
 
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     kind, n = line.split()
-    print(json.dumps({"median": batch(kind, int(n))}), flush=True)
+    print(json.dumps({"samples": batch(kind, int(n))}), flush=True)
 svc.close()
 """
 
@@ -71,19 +71,19 @@ def start(src: str) -> subprocess.Popen[str]:
     return proc
 
 
-def ask(proc: subprocess.Popen[str], kind: str, n: int) -> float:
+def ask(proc: subprocess.Popen[str], kind: str, n: int) -> list[float]:
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(f"{kind} {n}\n")
     proc.stdin.flush()
-    return float(json.loads(proc.stdout.readline())["median"])
+    return [float(x) for x in json.loads(proc.stdout.readline())["samples"]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--anchor", required=True, help="the src/ directory to compare against")
     parser.add_argument("--candidate", required=True, help="the src/ directory measured")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--batch", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=10)
     args = parser.parse_args()
     trees = {"anchor": start(args.anchor), "candidate": start(args.candidate)}
     kinds = ("echo", "write+read", "echo_paused")
@@ -95,9 +95,8 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]
             for kind in kinds:
-                n = args.batch // 4 if kind == "echo_paused" else args.batch
                 for name, proc in order:
-                    results.setdefault((kind, name), []).append(ask(proc, kind, n))
+                    results.setdefault((kind, name), []).extend(ask(proc, kind, args.batch))
     finally:
         for proc in trees.values():
             assert proc.stdin is not None
@@ -105,7 +104,7 @@ def main() -> None:
             proc.wait(timeout=30)
     load = os.getloadavg()[0]
     print(f"load: {load:.2f} (1 min)  rounds: {args.rounds}  at {time.strftime('%H:%M')}")
-    print("| sync call (median of batch medians) | anchor | candidate | candidate / anchor |")
+    print("| sync call, p50 | anchor | candidate | candidate / anchor |")
     print("|---|---|---|---|")
     for kind in kinds:
         a = statistics.median(results[(kind, "anchor")])
