@@ -55,6 +55,7 @@ _TOOLCHAIN_ETC = ("/etc/java-*",)
 
 
 def check_timeout(value: object, name: str = "timeout") -> float:
+    """A limit in seconds as a float; a :class:`UserError` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
     if not math.isfinite(value) or value <= 0:
@@ -63,6 +64,7 @@ def check_timeout(value: object, name: str = "timeout") -> float:
 
 
 def check_session(value: object, *, required: bool = False) -> str | None:
+    """A session id (a non-empty str; None, a fresh shell, where not ``required``)."""
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
