@@ -8,7 +8,8 @@ session; the parent asks them for a few calls at a time in turn (anchor,
 candidate, candidate, anchor, ...), so both see the same machine load. Measured
 per call, through the sync API: ``run("echo hi")`` back to back,
 ``write_file`` + ``read_file`` of a small file, and ``run("echo hi")`` after a
-20 ms pause. Prints the median of all calls of each, and candidate / anchor.
+20 ms pause; and, for comparison, ``await arun("echo hi")`` on a loop of the
+caller's own. Prints the median of all calls of each, and candidate / anchor.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import time
 PAUSE = 0.02
 
 CHILD = r"""
-import json, sys, time
+import asyncio, json, sys, time
 from toolservices.shell import ShellService
 
 svc = ShellService(pool_size=2, max_sessions=8)
 sid = "bench"
 svc.run("cd /tmp", session_id=sid)
-out = sys.stdout
+loop = asyncio.new_event_loop()  # the caller's own loop, as an async harness has
 
 
 def batch(kind, n):
@@ -41,6 +42,9 @@ def batch(kind, n):
         t = time.perf_counter()
         if kind.startswith("echo"):
             res = svc.run("echo hi", session_id=sid)
+            assert res.stdout == "hi\n", res
+        elif kind == "async_echo":
+            res = loop.run_until_complete(svc.arun("echo hi", session_id=sid))
             assert res.stdout == "hi\n", res
         else:
             svc.write_file("f.txt", "hello\n", session_id=sid)
@@ -86,7 +90,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     args = parser.parse_args()
     trees = {"anchor": start(args.anchor), "candidate": start(args.candidate)}
-    kinds = ("echo", "write+read", "echo_paused")
+    kinds = ("echo", "write+read", "echo_paused", "async_echo")
     results: dict[tuple[str, str], list[float]] = {}
     try:
         for kind in kinds:  # warm-up batch each, not counted
