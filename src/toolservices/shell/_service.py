@@ -38,6 +38,7 @@ from toolservices.shell._checks import (
     largest_variable,
     lone_surrogate,
 )
+from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -76,6 +77,7 @@ _CODE = {
     for name, file in (
         ("_toolservices_shell_spawner", "_spawner"),
         ("_toolservices_shell_terminal", "_terminal"),
+        ("_toolservices_shell_python", "_pyworker"),
         ("_toolservices_shell", "_supervisor"),
     )
 }
@@ -247,6 +249,8 @@ class ShellService:
             "start_dir": start_dir(self.image) if image_workdir else None,
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
+            # the Python tool's interpreter: None forks the supervisor, else the image's
+            "python": python_config(self.image),
         }
         self._config_text = repr(self._config)  # in every request's source: written once
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
@@ -511,6 +515,31 @@ class ShellService:
         res, lost = await self._arequest("run", args, session, limit)
         return self._result(res, lost, session)
 
+    # --- python: the Python tool in the session (_pycall, _pyworker) -----------------
+
+    def run_python(
+        self, code: str, session_id: str | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        """Run Python ``code`` in session ``session_id``'s own interpreter (the executor's
+        result): the session's root, workspace, network and processes, so a file the code
+        writes is the one ``bash`` sees (see docs/episodes.md). Started on first use and kept
+        between calls; a timeout kills only it. Without a session: a fresh one, discarded."""
+        return run_sync(self.arun_python, code, session_id, timeout)
+
+    async def arun_python(
+        self,
+        code: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the code's own limit
+    ) -> ExecResult:
+        """Async :meth:`run_python`."""
+        return await arun_python(self, code, session_id, timeout)
+
+    def _python_args(self, session_id: object, timeout: object) -> tuple[str | None, float, float]:
+        """The session, the code's limit and how long the supervisor has to answer."""
+        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        return _check_session(session_id), limit, limit + _GRACE
+
     # --- files -----------------------------------------------------------------------
 
     def _file_limit(self) -> float:
@@ -697,6 +726,7 @@ class ShellService:
                 if args["state"]:
                     res, lost = await self._arequest("adopt", args, copy, self._file_limit())
                     self._adopted(res, lost)
+            await forget_python(self, src, copies)  # a copy's Python starts fresh and says so
         except BaseException:
             for copy in copies:
                 await self.aclose_session(copy)
