@@ -87,9 +87,12 @@ class _Worker:
         return bool(_readable([self.pidfd], 0.0))
 
     def kill(self) -> int | None:
-        """Kill the interpreter and every process below it; its exit status if we reaped it."""
-        if not self.exited():
-            _kill_below(self.pid)
+        """Kill the interpreter and every process below it; its exit status if we reaped it.
+
+        Its processes come back to the supervisor (a subreaper) when it dies: they
+        are reaped here, so none lingers as a zombie the next command would see.
+        """
+        below = [] if self.exited() else _kill_below(self.pid)
         try:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         except OSError:  # gone already
@@ -103,6 +106,7 @@ class _Worker:
         self.chan.close()
         for fd in (self.pidfd, self.out_fd, self.err_fd):
             os.close(fd)
+        _reap(below)
         return status
 
 
@@ -388,12 +392,19 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _kill_below(pid: int) -> None:
+def _kill_below(pid: int) -> list[int]:
     """SIGKILL every process below ``pid`` while it lives (a subreaper: orphans stay below
-    it), until none is left running; then only ``pid`` itself is left to kill."""
+    it), until none is left running; then only ``pid`` itself is left to kill. Returns
+    pidfds of every process seen below it, to reap once ``pid`` is gone."""
+    seen: dict[int, int] = {}
     for _round in range(16):
         victims = []
         for child in _descendants(pid):
+            if child not in seen:
+                try:
+                    seen[child] = os.pidfd_open(child)
+                except OSError:  # gone already
+                    continue
             try:
                 with open(f"/proc/{child}/stat", "rb") as fh:
                     if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
@@ -402,12 +413,26 @@ def _kill_below(pid: int) -> None:
                 continue
             victims.append(child)
         if not victims:
-            return
+            break
         for victim in victims:
             try:
-                os.kill(victim, signal.SIGKILL)
+                signal.pidfd_send_signal(seen[victim], signal.SIGKILL)
             except OSError:
                 continue
+    return list(seen.values())
+
+
+def _reap(pidfds: list[int]) -> None:
+    """Reap the killed processes that came back to us (bounded: SIGKILL ends them at once)."""
+    deadline = time.monotonic() + _EXIT_WAIT
+    for pidfd in pidfds:
+        try:
+            if _readable([pidfd], deadline - time.monotonic()):
+                os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:  # not ours (reaped by its own parent first)
+            pass
+        finally:
+            os.close(pidfd)
 
 
 _interpreter = Interpreter()
