@@ -72,7 +72,10 @@ def test_the_python_tool_runs_the_images_python_in_the_shells_root(debian: Shell
         session_id=sid,
     )
     assert ran.stdout.strip().endswith("0"), ran
-    other = debian.run_python("import os\nprint(os.path.exists('/usr/local/lib/python3.11/dist-packages/fromsh.py'))", session_id="other")
+    other = debian.run_python(
+        "import os\nprint(os.path.exists('/usr/local/lib/python3.11/dist-packages/fromsh.py'))",
+        session_id="other",
+    )
     assert other.stdout == "False\n", other  # another session has its own writable layer
     for session in (sid, "other"):
         debian.close_session(session)
@@ -123,7 +126,10 @@ async def test_an_episode_with_both_tools_on_the_image(debian: ShellService) -> 
         from tests._chat import hermes
 
         await episode.astep(
-            hermes("python", {"code": "import pytest\nopen('/repo/v.txt', 'w').write(pytest.__version__)"})
+            hermes(
+                "python",
+                {"code": "import pytest\nopen('/repo/v.txt', 'w').write(pytest.__version__)"},
+            )
         )
         messages = await episode.astep(hermes("bash", {"command": "cat /repo/v.txt"}))
         version = messages[-1]["content"]
@@ -139,7 +145,9 @@ def _image(tmp_path: Path, extra: list[Entry]) -> str:
 
 
 def test_an_image_without_python_keeps_its_shell(tmp_path: Path) -> None:
-    with ShellService(pool_size=1, image=_image(tmp_path, []), image_cache=str(tmp_path / "c")) as sh:
+    with ShellService(
+        pool_size=1, image=_image(tmp_path, []), image_cache=str(tmp_path / "c")
+    ) as sh:
         res = sh.run_python("print(1)", session_id="a")
         assert not res.success and res.exception is not None, res
         assert res.exception.type == "PythonUnavailable"
@@ -152,7 +160,10 @@ def test_an_unusable_python_is_a_clear_error(tmp_path: Path) -> None:
     fake = Entry(
         "usr/bin/python3", b"#!/bin/bash\necho 'Python 3.8.10 here' >&2\nexit 1\n", mode=0o755
     )
-    folders = [Entry("usr/", kind=tarfile.DIRTYPE, mode=0o755), Entry("usr/bin/", kind=tarfile.DIRTYPE, mode=0o755)]
+    folders = [
+        Entry("usr/", kind=tarfile.DIRTYPE, mode=0o755),
+        Entry("usr/bin/", kind=tarfile.DIRTYPE, mode=0o755),
+    ]
     reference = _image(tmp_path, [*folders, fake])
     with ShellService(pool_size=1, image=reference, image_cache=str(tmp_path / "c")) as sh:
         res = sh.run_python("print(1)", session_id="a")

@@ -79,7 +79,8 @@ def test_both_tools_share_the_sessions_loopback(shell: ShellService, sid: str) -
     )
     assert talk.stdout == "hello from bash\n", talk
     other = shell.run_python(
-        f"import socket\ns = socket.socket(); s.settimeout(5)\nprint(s.connect_ex(('127.0.0.1', {port})))",
+        "import socket\ns = socket.socket(); s.settimeout(5)\n"
+        f"print(s.connect_ex(('127.0.0.1', {port})))",
         session_id=sid + "-other",
     )
     assert other.stdout.strip() != "0", other  # another session has its own loopback
@@ -190,13 +191,20 @@ async def test_an_episode_with_both_tools_shares_one_environment(shell: ShellSer
         messages = await episode.astep(hermes("bash", {"command": "cat answer.txt"}))
         assert messages[-1]["content"] == "42", messages
         messages = await episode.astep(
-            hermes("python", {"code": "import subprocess\nprint(subprocess.run(['ls'], "
-                              "capture_output=True, text=True).stdout, v)"})
+            hermes(
+                "python",
+                {
+                    "code": "import subprocess\nprint(subprocess.run(['ls'], "
+                    "capture_output=True, text=True).stdout, v)"
+                },
+            )
         )
         assert messages[-1]["content"] == "answer.txt\n 1\n", messages
         [twin] = await episode.afork(1)
         async with twin:
-            messages = await twin.astep(hermes("python", {"code": "print(open('answer.txt').read())"}))
+            messages = await twin.astep(
+                hermes("python", {"code": "print(open('answer.txt').read())"})
+            )
             assert "42" in messages[-1]["content"]
             assert "the interpreter was restarted" in messages[-1]["content"]
         session = episode.shell_session
