@@ -1,0 +1,136 @@
+"""Python in a shell session (``ShellService.run_python``) beside the Python executor.
+
+Run (as root or a user with unprivileged user namespaces):
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_oneenv.py [--repeats 30]
+
+All in one process, interleaved per section, p50 of ``--repeats``:
+
+1. A warm call, ``print(1)``: ``ShellService.run_python`` in a session whose interpreter
+   runs, beside ``PythonExecutorService.execute`` in a warm session (the anchor) and the
+   shell's own ``run("echo 1")``.
+2. The first Python call of a session that exists (its bash has run): the interpreter
+   forked from the supervisor, beside a new executor session's first call.
+3. On an image (the demo's, built here: this interpreter's base Python and pytest):
+   the first Python call of an image shell session (the image's python3 started, the
+   runtime zip sent) beside a new ``PythonExecutorService(image=...)`` session's first
+   call; then a warm call in each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _util import fmt_time, measure, median  # noqa: E402
+
+from toolservices.python import PythonExecutorService  # noqa: E402
+from toolservices.shell import ShellService  # noqa: E402
+
+_ids = itertools.count()
+
+
+def _check(result: object) -> None:
+    if not getattr(result, "success", False):
+        raise RuntimeError(f"a benchmark call failed: {result}")
+
+
+def _first_calls(
+    prepare: Callable[[str], None], call: Callable[[str], object], repeats: int
+) -> list[float]:
+    """Seconds of ``call(session)`` right after ``prepare(session)``, for fresh sessions."""
+    import time
+
+    samples = []
+    for _ in range(repeats):
+        session = f"b{next(_ids)}"
+        prepare(session)
+        started = time.perf_counter()
+        _check(call(session))
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def row(name: str, ours: list[float], anchor: list[float], anchor_name: str) -> None:
+    a, b = median(ours), median(anchor)
+    print(f"| {name} | {fmt_time(a)} | {anchor_name} {fmt_time(b)} | {a / b:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--sections", default="123")
+    args = parser.parse_args()
+    n = args.repeats
+    print(f"load average: {os.getloadavg()}")
+    print("| what | ours | anchor | ratio |\n|---|---|---|---|")
+    if "1" in args.sections or "2" in args.sections:
+        with (
+            ShellService(pool_size=2, timeout=30.0) as shell,
+            PythonExecutorService(pool_size=2, timeout=30.0) as python,
+        ):
+            if "1" in args.sections:
+                _check(shell.run_python("pass", session_id="warm"))
+                _check(python.execute("pass", session_id="warm"))
+                ours = measure(
+                    lambda: _check(shell.run_python("print(1)", session_id="warm")), repeats=n
+                )
+                anchor = measure(
+                    lambda: _check(python.execute("print(1)", session_id="warm")), repeats=n
+                )
+                echo = measure(lambda: _check(shell.run("echo 1", session_id="warm")), repeats=n)
+                row("warm call `print(1)`", ours, anchor, "executor")
+                row("(the shell's own `echo 1`)", echo, anchor, "executor")
+            if "2" in args.sections:
+
+                def prepare_shell(session: str) -> None:
+                    _check(shell.run("true", session_id=session))
+
+                ours = _first_calls(
+                    prepare_shell, lambda s: shell.run_python("pass", session_id=s), n
+                )
+                anchor = _first_calls(
+                    lambda s: None, lambda s: python.execute("pass", session_id=s), n
+                )
+                row("first Python call of a session", ours, anchor, "new executor session")
+    if "3" in args.sections:
+        from toolservices.cli._demo_image import build_image
+
+        with tempfile.TemporaryDirectory() as tmp:
+            reference = build_image(os.path.join(tmp, "oci"))
+            cache = os.path.join(tmp, "cache")
+            with (
+                ShellService(pool_size=2, timeout=30.0, image=reference, image_cache=cache) as sh,
+                PythonExecutorService(
+                    pool_size=2, timeout=30.0, image=reference, image_cache=cache
+                ) as py,
+            ):
+
+                def prepare_image_shell(session: str) -> None:
+                    _check(sh.run("true", session_id=session))
+
+                ours = _first_calls(
+                    prepare_image_shell, lambda s: sh.run_python("pass", session_id=s), n
+                )
+                anchor = _first_calls(lambda s: None, lambda s: py.execute("pass", session_id=s), n)
+                row("image: first Python call of a session", ours, anchor, "new executor session")
+                _check(sh.run_python("pass", session_id="warm"))
+                _check(py.execute("pass", session_id="warm"))
+                ours = measure(
+                    lambda: _check(sh.run_python("print(1)", session_id="warm")), repeats=n
+                )
+                anchor = measure(
+                    lambda: _check(py.execute("print(1)", session_id="warm")), repeats=n
+                )
+                row("image: warm call `print(1)`", ours, anchor, "executor")
+    print(f"load average: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
