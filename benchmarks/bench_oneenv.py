@@ -7,7 +7,7 @@ All in one process, interleaved per section, p50 of ``--repeats``:
 
 1. A warm call, ``print(1)``: ``ShellService.run_python`` in a session whose interpreter
    runs, beside ``PythonExecutorService.execute`` in a warm session (the anchor) and the
-   shell's own ``run("echo 1")``.
+   shell's own ``run("echo 1")``; then both async APIs awaited on the library's loop.
 2. The first Python call of a session that exists (its bash has run): the interpreter
    forked from the supervisor, beside a new executor session's first call.
 3. On an image (the demo's, built here: this interpreter's base Python and pytest):
@@ -23,13 +23,15 @@ import itertools
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _util import fmt_time, measure, median  # noqa: E402
 
+from toolservices._portal import run_sync  # noqa: E402
 from toolservices.python import PythonExecutorService  # noqa: E402
 from toolservices.shell import ShellService  # noqa: E402
 
@@ -45,8 +47,6 @@ def _first_calls(
     prepare: Callable[[str], None], call: Callable[[str], object], repeats: int
 ) -> list[float]:
     """Seconds of ``call(session)`` right after ``prepare(session)``, for fresh sessions."""
-    import time
-
     samples = []
     for _ in range(repeats):
         session = f"b{next(_ids)}"
@@ -54,6 +54,17 @@ def _first_calls(
         started = time.perf_counter()
         _check(call(session))
         samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def _on_loop(call: Callable[[], Awaitable[object]], repeats: int) -> list[float]:
+    """Seconds of ``await call()``, on the library's loop (no thread hop per call)."""
+    samples = []
+    for index in range(repeats + 3):
+        started = time.perf_counter()
+        _check(await call())
+        if index >= 3:
+            samples.append(time.perf_counter() - started)
     return samples
 
 
@@ -87,6 +98,13 @@ def main() -> None:
                 echo = measure(lambda: _check(shell.run("echo 1", session_id="warm")), repeats=n)
                 row("warm call `print(1)`", ours, anchor, "executor")
                 row("(the shell's own `echo 1`)", echo, anchor, "executor")
+                ours = run_sync(
+                    _on_loop, lambda: shell.arun_python("print(1)", session_id="warm"), n
+                )
+                anchor = run_sync(
+                    _on_loop, lambda: python.aexecute("print(1)", session_id="warm"), n
+                )
+                row("warm call `print(1)`, async on the loop", ours, anchor, "executor")
             if "2" in args.sections:
 
                 def prepare_shell(session: str) -> None:

@@ -173,3 +173,20 @@ def test_an_unusable_python_is_a_clear_error(tmp_path: Path) -> None:
         assert "Python 3.8.10 here" in res.stderr and "3.10 or newer" in res.stderr, res
         assert sh.run("echo still here", session_id="a").stdout == "still here\n"
         assert not sh.run_python("print(1)", session_id="a").success  # and again, as clearly
+
+
+def test_a_python_that_never_serves_is_bounded_by_the_calls_limit(tmp_path: Path) -> None:
+    """Starting counts against the call's limit: a python3 that hangs (and its child) is
+    killed when it is up, and the shell session goes on."""
+    fake = Entry("usr/bin/python3", b"#!/bin/bash\nsleep 300 &\nwait\n", mode=0o755)
+    folders = [
+        Entry("usr/", kind=tarfile.DIRTYPE, mode=0o755),
+        Entry("usr/bin/", kind=tarfile.DIRTYPE, mode=0o755),
+    ]
+    reference = _image(tmp_path, [*folders, fake])
+    with ShellService(pool_size=1, image=reference, image_cache=str(tmp_path / "c")) as sh:
+        res = sh.run_python("print(1)", session_id="a", timeout=1.0)
+        assert res.exception is not None and res.exception.type == "PythonUnavailable", res
+        assert "did not start within the call's time limit" in res.stderr, res
+        left = sh.run("ps -eo comm | grep -c -x sleep", session_id="a")
+        assert left.stdout == "0\n", left  # the hanging start and its child are gone

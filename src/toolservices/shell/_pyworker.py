@@ -35,6 +35,7 @@ import gc
 import importlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -87,26 +88,11 @@ class _Worker:
         return bool(_readable([self.pidfd], 0.0))
 
     def kill(self) -> int | None:
-        """Kill the interpreter and every process below it; its exit status if we reaped it.
-
-        Its processes come back to the supervisor (a subreaper) when it dies: they
-        are reaped here, so none lingers as a zombie the next command would see.
-        """
-        below = [] if self.exited() else _kill_below(self.pid)
-        try:
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except OSError:  # gone already
-            pass
-        status = None
-        try:
-            _, raw = os.waitpid(self.pid, 0)
-            status = os.waitstatus_to_exitcode(raw)
-        except ChildProcessError:  # the supervisor's reaper collected it first
-            pass
+        """Kill the interpreter and every process below it; its exit status if we reaped it."""
+        status = _end(self.pid, self.pidfd)
         self.chan.close()
-        for fd in (self.pidfd, self.out_fd, self.err_fd):
+        for fd in (self.out_fd, self.err_fd):
             os.close(fd)
-        _reap(below)
         return status
 
 
@@ -123,7 +109,7 @@ class Interpreter:
 
     # --- start --------------------------------------------------------------------
 
-    def _start(self, shell: Any, config: dict[str, Any]) -> _Worker:
+    def _start(self, shell: Any, config: dict[str, Any], begun: float, limit: float) -> _Worker:
         python = config.get("python")  # None: no image (fork ourselves); "": none in the image
         if python == "":
             raise StartError(
@@ -150,14 +136,10 @@ class Interpreter:
         os.close(err_w)
         pidfd = os.pidfd_open(pid)
         try:
-            out_fd, err_fd = _hello(parent, pidfd, err_r, python)
+            wait = min(START_WAIT, max(begun + limit - time.monotonic(), 0.001))
+            out_fd, err_fd = _hello(parent, pidfd, err_r, python, wait)
         except StartError:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-            os.close(pidfd)
+            _end(pid, pidfd)
             parent.close()
             raise
         finally:
@@ -175,8 +157,8 @@ class Interpreter:
             worker.kill()
             worker = self.worker = None
             restarted = True
-        if worker is None:
-            worker = self.worker = self._start(shell, config)
+        if worker is None:  # the call's limit covers starting it (the host waits that long)
+            worker = self.worker = self._start(shell, config, begun, timeout)
         self.lost = False
         cap = int(config["max_output"])
         seq = _runtime("_protocol").new_seq(worker.seq)
@@ -255,6 +237,10 @@ def _child(
                 pass  # the workspace is where we are already
         os.environ.clear()
         os.environ.update(env)
+        # the session's stack, as the executor's interpreters have (the supervisor lowered
+        # the soft limit for the commands: see _terminal.command_limits)
+        hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+        resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
         lib = ctypes.CDLL(None, use_errno=True)
         # its own Landlock domain scoped for signals: it cannot signal the supervisor
         _shell_module("spawner").scope_signals(lib)
@@ -278,12 +264,14 @@ def _child(
             os._exit(71)
 
 
-def _hello(sock: socket.socket, pidfd: int, err_r: int, python: str | None) -> tuple[int, int]:
+def _hello(
+    sock: socket.socket, pidfd: int, err_r: int, python: str | None, wait: float
+) -> tuple[int, int]:
     """Wait for the interpreter's HELLO; its output memfds, or a StartError saying why not."""
     protocol = _runtime("_protocol")
-    ready = _readable([sock.fileno(), pidfd], START_WAIT)
+    ready = _readable([sock.fileno(), pidfd], wait)
     if sock.fileno() in ready:
-        sock.settimeout(START_WAIT)
+        sock.settimeout(wait)
         try:
             frame = protocol.recv_frame(sock, max_body=_MAX_RESULT)
         except (OSError, ValueError, protocol.ProtocolViolation):
@@ -304,7 +292,8 @@ def _hello(sock: socket.socket, pidfd: int, err_r: int, python: str | None) -> t
         said = ""
     what = f"the image's {python}" if python else "the interpreter"
     if not ready:
-        raise StartError(f"{what} did not start within {START_WAIT:g} s")
+        within = "its start-up limit" if wait >= START_WAIT else "the call's time limit"
+        raise StartError(f"{what} did not start within {within}")
     raise StartError(
         f"{what} ended before it could serve the python tool"
         + (f": {said}" if said else "")
@@ -355,6 +344,26 @@ def _exchange(worker: _Worker, seq: int, code: str, deadline: float) -> tuple[st
             return "exit", {}
 
 
+def _end(pid: int, pidfd: int) -> int | None:
+    """Kill ``pid`` and every process below it, reap them all, close ``pidfd``; ``pid``'s
+    exit status if we reaped it. Its processes come back to the supervisor (a subreaper)
+    when it dies: they are reaped here, so none lingers as a zombie a command would see."""
+    below = [] if _readable([pidfd], 0.0) else _kill_below(pid)
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:  # gone already
+        pass
+    status = None
+    try:
+        _, raw = os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(raw)
+    except ChildProcessError:  # the supervisor's reaper collected it first
+        pass
+    os.close(pidfd)
+    _reap(below)
+    return status
+
+
 def _readable(fds: list[int], timeout: float) -> set[int]:
     """Which of ``fds`` are readable (or hung up) within ``timeout`` seconds."""
     poller = select.poll()
@@ -377,18 +386,22 @@ def _describe(status: int | None) -> str:
 
 
 def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (one scan of ``/proc``: the session's own PID namespace)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    parent = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone already
+            children.setdefault(parent, []).append(int(name))
     found: list[int] = []
     pending = [pid]
     while pending:
-        current = pending.pop()
-        try:
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children", "rb") as fh:
-                    kids = [int(p) for p in fh.read().split()]
-                found.extend(kids)
-                pending.extend(kids)
-        except OSError:
-            continue
+        kids = children.get(pending.pop(), [])
+        found.extend(kids)
+        pending.extend(kids)
     return found
 
 
