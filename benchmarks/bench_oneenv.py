@@ -73,6 +73,35 @@ def row(name: str, ours: list[float], anchor: list[float], anchor_name: str) -> 
     print(f"| {name} | {fmt_time(a)} | {anchor_name} {fmt_time(b)} | {a / b:.2f}x |")
 
 
+def first_call(label: str, shell: ShellService, python: PythonExecutorService, n: int) -> None:
+    """The first Python call of a session whose bash ran, beside a new executor session's."""
+
+    def prepare(session: str) -> None:
+        _check(shell.run("true", session_id=session))
+
+    ours = _first_calls(prepare, lambda s: shell.run_python("pass", session_id=s), n)
+    anchor = _first_calls(lambda s: None, lambda s: python.execute("pass", session_id=s), n)
+    row(f"{label}first Python call of a session", ours, anchor, "new executor session")
+
+
+def warm_calls(
+    label: str, shell: ShellService, python: PythonExecutorService, n: int, *, more: bool
+) -> None:
+    """``print(1)`` in warm sessions (sync; with ``more`` also ``echo 1`` and async)."""
+    _check(shell.run_python("pass", session_id="warm"))
+    _check(python.execute("pass", session_id="warm"))
+    ours = measure(lambda: _check(shell.run_python("print(1)", session_id="warm")), repeats=n)
+    anchor = measure(lambda: _check(python.execute("print(1)", session_id="warm")), repeats=n)
+    row(f"{label}warm call `print(1)`", ours, anchor, "executor")
+    if not more:
+        return
+    echo = measure(lambda: _check(shell.run("echo 1", session_id="warm")), repeats=n)
+    row("(the shell's own `echo 1`)", echo, anchor, "executor")
+    ours = run_sync(_on_loop, lambda: shell.arun_python("print(1)", session_id="warm"), n)
+    anchor = run_sync(_on_loop, lambda: python.aexecute("print(1)", session_id="warm"), n)
+    row("warm call `print(1)`, async on the loop", ours, anchor, "executor")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=30)
@@ -87,66 +116,19 @@ def main() -> None:
             PythonExecutorService(pool_size=2, timeout=30.0) as python,
         ):
             if "1" in args.sections:
-                _check(shell.run_python("pass", session_id="warm"))
-                _check(python.execute("pass", session_id="warm"))
-                ours = measure(
-                    lambda: _check(shell.run_python("print(1)", session_id="warm")), repeats=n
-                )
-                anchor = measure(
-                    lambda: _check(python.execute("print(1)", session_id="warm")), repeats=n
-                )
-                echo = measure(lambda: _check(shell.run("echo 1", session_id="warm")), repeats=n)
-                row("warm call `print(1)`", ours, anchor, "executor")
-                row("(the shell's own `echo 1`)", echo, anchor, "executor")
-                ours = run_sync(
-                    _on_loop, lambda: shell.arun_python("print(1)", session_id="warm"), n
-                )
-                anchor = run_sync(
-                    _on_loop, lambda: python.aexecute("print(1)", session_id="warm"), n
-                )
-                row("warm call `print(1)`, async on the loop", ours, anchor, "executor")
+                warm_calls("", shell, python, n, more=True)
             if "2" in args.sections:
-
-                def prepare_shell(session: str) -> None:
-                    _check(shell.run("true", session_id=session))
-
-                ours = _first_calls(
-                    prepare_shell, lambda s: shell.run_python("pass", session_id=s), n
-                )
-                anchor = _first_calls(
-                    lambda s: None, lambda s: python.execute("pass", session_id=s), n
-                )
-                row("first Python call of a session", ours, anchor, "new executor session")
+                first_call("", shell, python, n)
     if "3" in args.sections:
         from toolservices.cli._demo_image import build_image
 
         with tempfile.TemporaryDirectory() as tmp:
             reference = build_image(os.path.join(tmp, "oci"))
-            cache = os.path.join(tmp, "cache")
-            with (
-                ShellService(pool_size=2, timeout=30.0, image=reference, image_cache=cache) as sh,
-                PythonExecutorService(
-                    pool_size=2, timeout=30.0, image=reference, image_cache=cache
-                ) as py,
-            ):
-
-                def prepare_image_shell(session: str) -> None:
-                    _check(sh.run("true", session_id=session))
-
-                ours = _first_calls(
-                    prepare_image_shell, lambda s: sh.run_python("pass", session_id=s), n
-                )
-                anchor = _first_calls(lambda s: None, lambda s: py.execute("pass", session_id=s), n)
-                row("image: first Python call of a session", ours, anchor, "new executor session")
-                _check(sh.run_python("pass", session_id="warm"))
-                _check(py.execute("pass", session_id="warm"))
-                ours = measure(
-                    lambda: _check(sh.run_python("print(1)", session_id="warm")), repeats=n
-                )
-                anchor = measure(
-                    lambda: _check(py.execute("print(1)", session_id="warm")), repeats=n
-                )
-                row("image: warm call `print(1)`", ours, anchor, "executor")
+            options = {"pool_size": 2, "timeout": 30.0, "image": reference}
+            options["image_cache"] = os.path.join(tmp, "cache")
+            with ShellService(**options) as shell, PythonExecutorService(**options) as python:
+                first_call("image: ", shell, python, n)
+                warm_calls("image: ", shell, python, n, more=False)
     print(f"load average: {os.getloadavg()}")
 
 
