@@ -121,7 +121,17 @@ def test_an_interpreter_that_exits_is_reported_and_replaced(shell: ShellService,
     assert shell.run("echo alive", session_id=sid).stdout == "alive\n"
 
 
-def test_python_cannot_signal_the_supervisor(shell: ShellService, sid: str) -> None:
+def test_python_cannot_reach_the_supervisor(shell: ShellService, sid: str) -> None:
+    """Neither its descriptors nor its memory (where its replies go), nor a signal."""
+    reach = shell.run_python(
+        "import os\nfor path in ('fd', 'mem'):\n    try:\n"
+        "        os.listdir(f'/proc/{os.getppid()}/fd') if path == 'fd' else "
+        "open(f'/proc/{os.getppid()}/mem', 'rb')\n"
+        "        print(path, 'open')\n"
+        "    except PermissionError:\n        print(path, 'denied')\n",
+        session_id=sid,
+    )
+    assert reach.stdout == "fd denied\nmem denied\n", reach
     if not shell.isolation_report()["layers"]["command_scope"]["active"]:
         pytest.skip("no Landlock signal scoping on this kernel")
     tried = shell.run_python(
