@@ -230,3 +230,12 @@ def test_the_models_schema_does_not_change(shell: ShellService) -> None:
         assert on_shell.description == on_executor.description
         specs = [json.dumps(ToolRegistry([t]).openai_specs()) for t in (on_shell, on_executor)]
         assert specs[0] == specs[1]
+
+
+def test_a_closed_pipe_is_an_exception_as_in_python(shell: ShellService, sid: str) -> None:
+    res = shell.run_python(
+        "import os\nr, w = os.pipe()\nos.close(r)\ntry:\n    os.write(w, b'x')\n"
+        "except BrokenPipeError:\n    print('BrokenPipeError')",
+        session_id=sid,
+    )
+    assert res.stdout == "BrokenPipeError\n", res

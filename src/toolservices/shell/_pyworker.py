@@ -216,7 +216,7 @@ def _child(
     try:
         gc.freeze()  # the supervisor's objects stay as they are: none is collected here
         os.setpgid(0, 0)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        for signum in (signal.SIGCHLD, signal.SIGTERM):  # SIGPIPE stays ignored, as in Python
             signal.signal(signum, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDWR)
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (null, err_w, chan, zip_fd) if fd >= 0]
