@@ -14,6 +14,8 @@ All in one process, interleaved per section, p50 of ``--repeats``:
    the first Python call of an image shell session (the image's python3 started, the
    runtime zip sent) beside a new ``PythonExecutorService(image=...)`` session's first
    call; then a warm call in each.
+4. Memory: PSS per idle episode that used both tools (``--idle`` of them): one shell
+   session whose interpreter ran, beside a shell session plus an executor session.
 """
 
 from __future__ import annotations
@@ -102,10 +104,44 @@ def warm_calls(
     row("warm call `print(1)`, async on the loop", ours, anchor, "executor")
 
 
+def memory(n: int) -> None:
+    """PSS per episode of ``n`` idle episodes that used both tools: one shell session whose
+    interpreter ran (one environment), beside a shell session plus an executor session."""
+    from bench_images import _tree_pss
+
+    per: dict[str, float] = {}
+    with (
+        ShellService(pool_size=2, timeout=30.0, max_sessions=n + 8) as shell,
+        PythonExecutorService(pool_size=2, timeout=30.0, max_sessions=n + 8) as python,
+    ):
+        _check(shell.run_python("pass", session_id="warm"))
+        _check(python.execute("pass", session_id="warm"))
+        for name in ("one environment", "shell + executor sessions", "shell session alone"):
+            before = _tree_pss()
+            sessions = [f"{name[:3]}-{i}" for i in range(n)]
+            for session in sessions:
+                _check(shell.run("true", session_id=session))
+                if name == "one environment":
+                    _check(shell.run_python("x = 1", session_id=session))
+                elif name == "shell + executor sessions":
+                    _check(python.execute("x = 1", session_id=session))
+            per[name] = (_tree_pss() - before) / n
+            for session in sessions:  # the next kind starts from the same place
+                shell.close_session(session)
+                python.close_session(session)
+    one, two, alone = (per[k] / 2**20 for k in per)
+    print(
+        f"| PSS per idle episode that used both tools, {n} episodes | {one:.2f} MiB "
+        f"(the shell session alone: {alone:.2f} MiB) | shell + executor sessions "
+        f"{two:.2f} MiB | {one / two:.2f}x |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--sections", default="123")
+    parser.add_argument("--sections", default="1234")
+    parser.add_argument("--idle", type=int, default=32, help="episodes for the PSS figure")
     args = parser.parse_args()
     n = args.repeats
     print(f"load average: {os.getloadavg()}")
@@ -129,6 +165,8 @@ def main() -> None:
             with ShellService(**options) as shell, PythonExecutorService(**options) as python:
                 first_call("image: ", shell, python, n)
                 warm_calls("image: ", shell, python, n, more=False)
+    if "4" in args.sections:
+        memory(args.idle)
     print(f"load average: {os.getloadavg()}")
 
 
