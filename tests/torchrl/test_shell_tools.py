@@ -71,8 +71,8 @@ def test_python_on_the_shell_shares_each_items_session(chat: Any, shell: Any) ->
     driver = chat(ExecuteToolsInOrder(tools, "xml_block"), 2)
     driver.step(
         [
-            '<tool name="python">{"code": "open(\'p.txt\', \'w\').write(\'py 0\')"}</tool>',
-            '<tool name="python">{"code": "open(\'p.txt\', \'w\').write(\'py 1\')"}</tool>',
+            "<tool name=\"python\">{\"code\": \"open('p.txt', 'w').write('py 0')\"}</tool>",
+            "<tool name=\"python\">{\"code\": \"open('p.txt', 'w').write('py 1')\"}</tool>",
         ]
     )
     driver.step(['<tool name="bash">{"command": "cat p.txt"}</tool>'] * 2)
