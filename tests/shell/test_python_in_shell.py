@@ -239,3 +239,23 @@ def test_a_closed_pipe_is_an_exception_as_in_python(shell: ShellService, sid: st
         session_id=sid,
     )
     assert res.stdout == "BrokenPipeError\n", res
+
+
+def test_garbage_on_its_channel_restarts_only_the_interpreter(
+    shell: ShellService, sid: str
+) -> None:
+    """Code that writes on its own channel cannot pass for a result: the interpreter is
+    replaced, the call says so, the shell and the next Python call are fine."""
+    shell.run_python("x = 1", session_id=sid)
+    forged = shell.run_python(
+        "import os, socket\nfor fd in range(3, 64):\n    try:\n"
+        "        s = socket.socket(fileno=os.dup(fd))\n    except OSError:\n        continue\n"
+        "    try:\n        s.send(b'\\xff' * 64)\n    except OSError:\n        pass\n"
+        "    s.detach()\nimport time\ntime.sleep(2)",
+        session_id=sid,
+    )
+    assert not forged.success and forged.restarted, forged
+    assert forged.exception is not None and forged.exception.type == "InterpreterExit", forged
+    assert "protocol violation" in forged.stderr, forged
+    assert shell.run_python("print('x' in globals())", session_id=sid).stdout == "False\n"
+    assert shell.run("echo alive", session_id=sid).stdout == "alive\n"
