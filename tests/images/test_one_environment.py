@@ -136,6 +136,26 @@ async def test_an_episode_with_both_tools_on_the_image(debian: ShellService) -> 
         assert version and version[0].isdigit(), messages
 
 
+def test_the_demo_images_python_in_a_shell_session(tmp_path: Path) -> None:
+    """Without the Debian rootfs too: the demo's image (this machine's Python and pytest)."""
+    from toolservices.cli._demo_image import build_image
+
+    reference = build_image(str(tmp_path / "oci"))
+    with ShellService(pool_size=1, image=reference, image_cache=str(tmp_path / "c")) as sh:
+        if not sh.isolation_report()["layers"]["session_namespaces"]["active"]:
+            pytest.skip("no session namespaces here")
+        sh.run("echo 'VALUE = 3' > /repo/fromsh.py", session_id="a")
+        res = sh.run_python(
+            "import os, sys, pytest\n"
+            "print(sys.executable, os.getcwd(), pytest.__file__.startswith(sys.prefix))\n"
+            "try:\n    import fromsh\nexcept ImportError:\n    print('not on sys.path')\n"
+            "sys.path.insert(0, os.getcwd())\nimport fromsh\nprint(fromsh.VALUE)",
+            session_id="a",
+        )
+        # as in the executor's sessions, the working directory is not on sys.path
+        assert res.stdout == "/usr/local/bin/python3 /repo True\nnot on sys.path\n3\n", res
+
+
 def _image(tmp_path: Path, extra: list[Entry]) -> str:
     layers = [busybox_layer("gzip"), bash_layer("gzip")]
     if extra:
