@@ -42,6 +42,7 @@ _CODE = {
     for name, file in (
         ("_toolservices_shell_spawner", "_spawner"),
         ("_toolservices_shell_terminal", "_terminal"),
+        ("_toolservices_shell_python", "_pyworker"),
         ("_toolservices_shell", "_supervisor"),
     )
 }

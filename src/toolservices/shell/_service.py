@@ -26,6 +26,7 @@ from toolservices.shell._config import (
     shell_config,
     start_dir,
 )
+from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
 from toolservices.shell._requests import SupervisorRequests, warmup_code
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
@@ -134,6 +135,8 @@ class ShellService(SupervisorRequests):
                 "start_dir": start_dir(self.image) if image_workdir else None,
                 # every reply carries it: a line the session forged cannot (see _reply)
                 "token": secrets.token_hex(16),
+                # the Python tool's interpreter: None forks the supervisor, else the image's
+                "python": python_config(self.image),
             }
         )
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
@@ -230,6 +233,31 @@ class ShellService(SupervisorRequests):
             return refused
         res, lost = await self._request("run", args, session, limit, inline)
         return self._result(res, lost, session)
+
+    # --- python: the Python tool in the session (_pycall, _pyworker) -----------------
+
+    def run_python(
+        self, code: str, session_id: str | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        """Run Python ``code`` in session ``session_id``'s own interpreter (the executor's
+        result): the session's root, workspace, network and processes, so a file the code
+        writes is the one ``bash`` sees (see docs/episodes.md). Started on first use and kept
+        between calls; a timeout kills only it. Without a session: a fresh one, discarded."""
+        return run_inline(arun_python(self, code, session_id, timeout, True))
+
+    async def arun_python(
+        self,
+        code: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the code's own limit
+    ) -> ExecResult:
+        """Async :meth:`run_python`."""
+        return await arun_python(self, code, session_id, timeout, False)
+
+    def _python_args(self, session_id: object, timeout: object) -> tuple[str | None, float, float]:
+        """The session, the code's limit and how long the supervisor has to answer."""
+        limit = self.timeout if timeout is None else check_timeout(timeout)
+        return check_session(session_id), limit, limit + GRACE
 
     # --- files -----------------------------------------------------------------------
 
@@ -418,6 +446,7 @@ class ShellService(SupervisorRequests):
                 if args["state"]:
                     res, lost = await self._request("adopt", args, copy, self._file_limit(), False)
                     self._adopted(res, lost)
+            await forget_python(self, src, copies)  # a copy's Python starts fresh and says so
         except BaseException:
             for copy in copies:
                 await self.aclose_session(copy)

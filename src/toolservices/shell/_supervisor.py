@@ -40,13 +40,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolservices.shell import _terminal
+    from toolservices.shell import _pyworker, _terminal
     from toolservices.shell._spawner import Spawner
 elif "_toolservices_shell_spawner" in sys.modules:  # in a session: loaded just before this one
     Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
     _terminal = sys.modules["_toolservices_shell_terminal"]
+    _pyworker = sys.modules["_toolservices_shell_python"]
 else:  # on the host (tests)
-    from toolservices.shell import _terminal
+    from toolservices.shell import _pyworker, _terminal
     from toolservices.shell._spawner import Spawner
 
 BASH = "/bin/bash"
@@ -1004,6 +1005,8 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.home_archive()
     elif op == "adopt":
         reply = shell.adopt(args["state"], args["workspace"], args.get("home", ""))
+    elif op.startswith("python"):  # the Python tool's interpreter in this session
+        reply = _pyworker.call(op, args, config, shell)
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
     # the caller's secret, which no process of the session can read (it travels in the
