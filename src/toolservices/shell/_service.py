@@ -38,7 +38,9 @@ from toolservices.shell._checks import (
     largest_variable,
     lone_surrogate,
 )
+from toolservices.shell._images import SessionImages, check_bash, start_dir
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
+from toolservices.shell._supervisor import _start_state
 
 __all__ = ["ShellService"]
 
@@ -208,16 +210,17 @@ class ShellService:
             "insecure_registries": tuple(insecure_registries),
         }
         self.image: Image | None = None
+        store = ImageStore(image_cache)
         if image is not None:
-            self.image = ImageStore(image_cache).pull(
-                image, insecure_registries=tuple(insecure_registries)
-            )
-            if not _has_bash(self.image):
-                raise UserError(
-                    f"image {image!r} has no /bin/bash (or /usr/bin/bash): ShellService runs "
-                    "every command with the image's bash; use an image that has it"
-                )
+            pulled = store.pull(image, insecure_registries=tuple(insecure_registries))
+            self.image = check_bash(pulled, image)
             config = image_config(config, self.image)
+        # sessions on other images (start_session(image=...)) stack layers of this cache
+        self._images = SessionImages(
+            store, default=self.image, insecure_registries=tuple(insecure_registries)
+        )
+        os.makedirs(self._images.layers_dir, 0o755, exist_ok=True)
+        config = dataclasses.replace(config, image_caches=(self._images.layers_dir,))
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
@@ -651,32 +654,60 @@ class ShellService:
 
     # --- sessions ----------------------------------------------------------------------
 
-    def _start_args(self, session_id: object, image: object) -> str:
+    def _start_args(self, session_id: object) -> str:
         session = _check_session(session_id, required=True)
         assert session is not None
-        if image is not None and (self.image is None or image != self.image.reference):
-            raise UserError(
-                f"start_session(image={image!r}): this service's sessions run on "
-                f"{self.image.reference if self.image else 'the host view (no image)'}; "
-                "one image per ShellService for now (make one service per image)"
-            )
-        if self._python.has_session(session):
+        if self._python.has_session(session) or session in self._images.sessions:
             raise UserError(f"session {session!r} exists already; close it first")
         return session
 
+    def _on_image(self, session: str, image: Image | None) -> str | None:
+        """Put ``session`` on ``image`` (None: the service's). Where its shell must start when
+        that differs from the service's sessions: the image's WorkingDir, "" the workspace;
+        None when it does not differ."""
+        if image is None:
+            return None
+        self._images.sessions[session] = image
+        self._python.session_roots[session] = self._images.root(image)
+        here = start_dir(image) if self.image_workdir else None
+        return None if here == self._config["start_dir"] else here or ""
+
+    @staticmethod
+    def _start_state(start: str, workspace: str) -> dict[str, Any]:
+        """The ``adopt`` request that moves a new session's shell to ``start``."""
+        return {"state": _start_state(start or workspace), "workspace": workspace}
+
     def start_session(self, session_id: str, *, image: str | None = None) -> str:
-        """Create ``session_id`` now, on the service's image (``image``: None, or the same
-        reference); a :class:`UserError` if it exists. Sessions are otherwise created on first
-        use. Returns the id."""
-        session = self._start_args(session_id, image)
-        self.workspace(session)
+        """Create ``session_id`` now, on ``image`` (a reference; None: the service's image, or
+        the host view without one), pulled into the service's cache at its first use; a
+        :class:`UserError` if the session exists. Sessions are otherwise created on first
+        use, on the service's image. Returns the id."""
+        session = self._start_args(session_id)
+        start = self._on_image(session, None if image is None else self._images.pull(image))
+        try:
+            where = self.workspace(session)
+            if start is not None:
+                args = self._start_state(start, where)
+                self._adopted(*self._request("adopt", args, session, self._file_limit()))
+        except BaseException:
+            self.close_session(session)
+            raise
         return session
 
     async def astart_session(self, session_id: str, *, image: str | None = None) -> str:
         """Async :meth:`start_session`."""
-        session = self._start_args(session_id, image)
-        res, _ = await self._arequest("workspace", {}, session, self._file_limit())
-        self._reply(res)
+        session = self._start_args(session_id)
+        pulled = None if image is None else await self._images.apull(image)
+        start = self._on_image(session, pulled)
+        try:
+            res, _ = await self._arequest("workspace", {}, session, self._file_limit())
+            where = str(self._reply(res, {"workspace": str})["workspace"])
+            if start is not None:
+                args = self._start_state(start, where)
+                self._adopted(*await self._arequest("adopt", args, session, self._file_limit()))
+        except BaseException:
+            await self.aclose_session(session)
+            raise
         return session
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
@@ -691,6 +722,7 @@ class ShellService:
         """Async :meth:`fork_session` (which waits for this one on the library's loop)."""
         _check_session(src, required=True)
         copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
+        self._images.copied(src, copies)
         try:
             args = await self._read_state(src)
             for copy in copies:
@@ -769,6 +801,7 @@ class ShellService:
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
         self._reported_lost(session_id)  # its next use is a new session, not a lost one
+        self._images.sessions.pop(session_id, None)
         return self._python.close_session(session_id)
 
     async def aclose_session(self, session_id: str) -> bool:
@@ -776,6 +809,7 @@ class ShellService:
         _check_session(session_id, required=True)
         self._booted.discard(session_id)
         self._reported_lost(session_id)
+        self._images.sessions.pop(session_id, None)
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:
@@ -829,6 +863,8 @@ class ShellService:
         report["layers"] = layers
         if self.image is not None:
             report["image"] = {"reference": self.image.reference, "digest": self.image.digest}
+        # the sessions started on another image (start_session(image=...)), by id
+        report["session_images"] = self._images.report()
         return report
 
     def stats(self) -> dict[str, Any]:
@@ -871,7 +907,7 @@ class ShellService:
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
             # the image travels by name: a replica pulls it into its own node's cache
-            "sandbox": dataclasses.replace(self.sandbox, root_layers=()),
+            "sandbox": dataclasses.replace(self.sandbox, root_layers=(), image_caches=()),
             **self._image_args,
             "disk_quota": None,
             "spares": self._python.spares,
@@ -904,23 +940,6 @@ def shell_config(sandbox: object) -> SandboxConfig:
     if extra:
         config = dataclasses.replace(config, extra_ro_paths=(*config.extra_ro_paths, *extra))
     return config
-
-
-def _has_bash(image: Image) -> bool:
-    """Whether some layer lays ``bin/bash`` or ``usr/bin/bash`` (a file or a link to one)."""
-    return any(
-        os.path.lexists(os.path.join(layer, name))
-        for layer in image.layers
-        for name in ("bin/bash", "usr/bin/bash")
-    )
-
-
-def start_dir(image: Image | None) -> str | None:
-    """Where a session on ``image`` starts: its ``WorkingDir``; None (the workspace) when
-    it names none or ``/`` (docker's default, the same as none)."""
-    if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
-        return None
-    return image.working_dir
 
 
 def _rebuild(kwargs: dict[str, Any]) -> ShellService:

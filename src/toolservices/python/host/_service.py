@@ -207,6 +207,10 @@ class PythonExecutorService:
         # mutated on the loop only; the direct path reads it from other threads
         self._slots: dict[str, _Slot] = {}
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        #: sessions on another image than the service's: id -> the SPAWN request's ``root``
+        #: (set before their first call, e.g. by ShellService.start_session); their
+        #: interpreters are spawned on it, never taken from the spares
+        self.session_roots: dict[str, dict[str, Any]] = {}
         self._spares: list[SessionHandle] = []
         self._refilling = False
         self._admission = Admission(pool_size=pool_size, max_queue=max_queue)
@@ -494,18 +498,21 @@ class PythonExecutorService:
         finally:
             self._refilling = False
 
-    async def _spawn(self) -> SessionHandle:
-        """A new interpreter; restarts a fork server found dead on the way (once)."""
+    async def _spawn(self, root: dict[str, Any] | None = None) -> SessionHandle:
+        """A new interpreter (on ``root``'s image: see ``session_roots``); restarts a fork
+        server found dead on the way (once)."""
         server = await self._ensure_started()
         try:
-            return await server.spawn()
+            return await server.spawn(root=root)
         except InfrastructureError:
             if server.alive or self._closed:
                 raise
-        return await (await self._ensure_started()).spawn()
+        return await (await self._ensure_started()).spawn(root=root)
 
-    async def _take_spare(self) -> SessionHandle:
+    async def _take_spare(self, root: dict[str, Any] | None = None) -> SessionHandle:
         """A ready interpreter: a pre-forked spare if there is one (and order another)."""
+        if root is not None:  # spares stand on the service's image
+            return await self._spawn(root)
         return self._spares.pop() if self._spares else await self._spawn()
 
     async def _discard(self, handle: SessionHandle, *, wait: bool = True) -> None:
@@ -646,7 +653,7 @@ class PythonExecutorService:
         self._bump("evictions")
         self._evicted[victim.id] = None
         while len(self._evicted) > EVICTED_MEMORY:
-            self._evicted.popitem(last=False)
+            self.session_roots.pop(self._evicted.popitem(last=False)[0], None)
         if victim.handle is not None:
             self._spawn_background(self._discard(victim.handle))
             victim.handle = None
@@ -674,8 +681,9 @@ class PythonExecutorService:
         # a dead handle still in place was killed under a call that never returned
         # (cancelled, interrupted): that call could not say the state was lost, this one does
         restarted = slot.lost or (slot.handle is not None and slot.handle.dead)
+        root = self.session_roots.get(slot.id)
         if slot.handle is None or slot.handle.dead:
-            slot.handle = await self._take_spare()
+            slot.handle = await self._take_spare(root)
         spin = self.busy_poll if self._admission.busy == 1 else 0.0
         try:
             result = await slot.handle.run(
@@ -683,7 +691,7 @@ class PythonExecutorService:
             )
         except SessionLost:
             await self._discard(slot.handle)
-            slot.handle = await self._spawn()
+            slot.handle = await self._spawn(root)
             restarted = True
             result = await slot.handle.run(
                 code, limit=limit, fresh=False, session_id=slot.id, spin=spin
@@ -699,6 +707,7 @@ class PythonExecutorService:
 
     async def _close_session(self, session_id: str) -> bool:
         self._evicted.pop(session_id, None)  # its next use is a new session, not a lost one
+        self.session_roots.pop(session_id, None)
         slot = self._slots.pop(session_id, None)
         if slot is None:
             return False
@@ -748,7 +757,7 @@ class PythonExecutorService:
                 if slot.closed:
                     raise UserError(f"session {src!r} was closed or evicted")
                 if slot.handle is None or slot.handle.dead:
-                    slot.handle = await self._spawn()
+                    slot.handle = await self._spawn(self.session_roots.get(src))
                     server = await self._ensure_started()
                 for _ in range(n - (self.max_sessions - len(self._slots))):
                     self._evict_one()
@@ -765,6 +774,8 @@ class PythonExecutorService:
         for handle in handles:
             new = _Slot(f"{src}/{uuid.uuid4().hex[:12]}", handle=handle, lost=slot.lost)
             new.last_used = next(_clock)
+            if src in self.session_roots:  # the copy stands on its source's image
+                self.session_roots[new.id] = self.session_roots[src]
             self._slots[new.id] = new
             ids.append(new.id)
         self._bump("forks", n)
