@@ -225,6 +225,58 @@ def _tree_pss() -> int:
     return total
 
 
+# the page cache's part of a file mapping: [0] RSS, [1] PSS, both without its anonymous
+# pages (private copies: relocations, data written; private, their PSS is their RSS)
+_CLEAN = {"Rss:": 0, "Pss:": 1, "Anonymous:": 2}
+
+
+def _mapped_copies(inodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
+    """For each file of ``inodes`` (inode number: name): how many processes of this one's
+    tree map it, the sum of their PSS of its pages in the page cache and the largest RSS of
+    them (bytes). An overlay reports its lower file's inode number; ``sum of PSS ~
+    one RSS`` means one copy in memory, shared (``N x`` it would mean a copy each)."""
+    import psutil
+
+    found: dict[int, list[int]] = {}
+    for proc in psutil.Process().children(recursive=True):
+        mine: dict[int, list[int]] = {}
+        current = None
+        try:
+            with open(f"/proc/{proc.pid}/smaps") as smaps:
+                for line in smaps:
+                    fields = line.split()
+                    if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                        inode = int(fields[4])
+                        current = mine.setdefault(inode, [0, 0, 0]) if inode in inodes else None
+                    elif current is not None and fields[0] in _CLEAN:
+                        current[_CLEAN[fields[0]]] += int(fields[1]) * 1024
+        except OSError:
+            continue
+        for inode, (rss, pss, anon) in mine.items():
+            entry = found.setdefault(inode, [0, 0, 0])
+            entry[0] += 1
+            entry[1] += pss - anon
+            entry[2] = max(entry[2], rss - anon)
+    return {inode: (n, pss, rss) for inode, (n, pss, rss) in found.items()}
+
+
+def _show_copies(image_layers: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """One line per file of the image cache named in ``names``: who maps it, how many copies."""
+    inodes = {}
+    for layer in image_layers:
+        for root, _dirs, files in os.walk(layer):
+            for name in files:
+                path = os.path.join(root, name)
+                if name in names and not os.path.islink(path):
+                    inodes[os.stat(path).st_ino] = os.path.relpath(path, layer)
+    for inode, (procs, pss, rss) in _mapped_copies(inodes).items():
+        print(
+            f"     {inodes[inode]:<36} mapped by {procs:4d} processes: page cache, sum of "
+            f"their PSS {pss / 2**20:5.2f} MiB, one's RSS {rss / 2**20:5.2f} MiB: "
+            f"{pss / rss if rss else 0:4.2f} copies"
+        )
+
+
 def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
     oci = os.path.join(work, "shell-image")
     oci_layout(oci, [busybox_layer("gzip"), bash_layer("gzip")])
@@ -263,6 +315,9 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
             for i in range(idle):
                 shell.run("true", session_id=f"idle-{i}")
             pss[name] = (_tree_pss() - before) / idle
+        assert img.image is not None
+        print(f"\n   {idle} idle image sessions (+ spares): the image cache's files they map")
+        _show_copies(img.image.layers, ("bash", "libc.so.6"))
     print(
         f"\n4. ShellService on an image vs the host root: new session + first command "
         f"(p50 of {repeats}, interleaved), PSS of {idle} idle sessions"
