@@ -65,7 +65,7 @@ from ._protocol import (
     recv_frame,
     send_message,
 )
-from ._rootfs import check_root
+from ._rootfs import check_root, preload_image_modules
 from ._worker import serve_session, set_default_thread_stack
 
 __all__ = ["children_of", "main"]
@@ -467,6 +467,9 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(name)
         except Exception as exc:  # reported to the parent, which raises a UserError
             failed[name] = f"{type(exc).__name__}: {exc}"
+    session_ns = (_load_state() or {}).get("session_ns") or {}
+    if session_ns.get("images"):
+        preload_image_modules()
     gc.collect()
     gc.freeze()  # forked sessions then share these pages instead of copying them on first GC
     set_subreaper(True)

@@ -184,6 +184,18 @@ def upper_of(lineage: str) -> tuple[str, str]:
     return base, os.path.join(base, "upper")
 
 
+def preload_image_modules() -> None:
+    """Import what a session's interpreter needs from the host's standard library once it
+    stands on an image (whose ``/usr`` is its own): in the fork server, so that every
+    session shares these pages instead of importing them itself; in a session when the
+    server did not (no-ops when it did)."""
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:  # an interpreter built without bz2 or lzma
+            continue
+
+
 def enter_session_root(
     lowerdirs: Sequence[str], *, lineage: str, binds: Sequence[str], upper_seed: int | None = None
 ) -> None:
@@ -198,11 +210,7 @@ def enter_session_root(
             copy_layer(upper_seed, dest)
         finally:
             os.close(dest)
-    for name in _PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:  # an interpreter built without bz2 or lzma
-            continue
+    preload_image_modules()
     upper_base = upper_of(lineage)[0]
     os.makedirs(upper_base, 0o700, exist_ok=True)
     enter_image_root(lowerdirs, upper_base=upper_base, binds=("/proc", "/dev", *binds, lineage))
