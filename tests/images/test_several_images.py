@@ -217,9 +217,14 @@ def test_a_debian_session_beside_busybox_ones(shell: ShellService, tmp_path: Pat
 
 
 def test_an_evicted_session_comes_back_on_its_image(images: dict[str, str], tmp_path: Path) -> None:
-    """Its interpreter is gone (max_sessions): the next call makes a new one on its image."""
+    """Its interpreter is gone (max_sessions): the next call makes a new one on its image,
+    whose shell starts in that image's WorkingDir (not the service image's)."""
     with ShellService(
-        pool_size=1, timeout=20.0, max_sessions=2, image_cache=str(tmp_path / "cache")
+        pool_size=1,
+        timeout=20.0,
+        max_sessions=2,
+        image=images["a"],
+        image_cache=str(tmp_path / "cache"),
     ) as service:
         if not service.isolation_report()["layers"]["session_namespaces"]["active"]:
             pytest.skip("no session namespaces here")
@@ -227,6 +232,6 @@ def test_an_evicted_session_comes_back_on_its_image(images: dict[str, str], tmp_
         for other in ("h1", "h2"):
             service.run("true", session_id=other)
         assert not service._python.has_session("x")
-        back = service.run("cat /task/id; echo $FOO", session_id="x")
-        assert back.stdout == "B\nb\n", back
+        back = service.run("cat /task/id; echo $FOO; pwd", session_id="x")
+        assert back.stdout == "B\nb\n/task\n", back
         assert service.isolation_report()["session_images"]["x"]["reference"] == images["b"]

@@ -70,6 +70,8 @@ class SessionImages:
         self._pulling: dict[str, threading.Lock] = {}
         #: sessions on another image than the service's (copies included)
         self.sessions: dict[str, Image] = {}
+        #: their supervisor's configuration (repr), by image digest: its WorkingDir
+        self._configs: dict[str, str] = {}
 
     def pull(self, reference: str) -> Image | None:
         """The image ``reference`` names, pulled into the cache at its first use; None when
@@ -114,6 +116,17 @@ class SessionImages:
             env = dict.fromkeys(self.default.environment())
         env.update(image.environment())
         return {"layers": list(image.lowerdirs), "env": env}
+
+    def put(self, session: str, image: Image, config: dict[str, Any]) -> None:
+        """``session`` stands on ``image``; its supervisor gets ``config`` (its first command
+        starts in that image's WorkingDir, also after the session was restarted)."""
+        self.sessions[session] = image
+        self._configs.setdefault(image.digest, repr(config))
+
+    def config_text(self, session: str | None) -> str | None:
+        """The supervisor configuration of a session on another image; None: the service's."""
+        image = self.sessions.get(session) if session is not None else None
+        return None if image is None else self._configs[image.digest]
 
     def copied(self, src: str, copies: list[str]) -> None:
         """``fork_session`` copies stand on their source's image."""

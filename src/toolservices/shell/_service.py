@@ -40,7 +40,6 @@ from toolservices.shell._checks import (
 )
 from toolservices.shell._images import SessionImages, check_bash, start_dir
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
-from toolservices.shell._supervisor import _start_state
 
 __all__ = ["ShellService"]
 
@@ -284,10 +283,9 @@ class ShellService:
 
     # --- requests ------------------------------------------------------------------
 
-    def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
-        call = (
-            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config_text})"
-        )
+    def _code(self, op: str, args: dict[str, Any], boot: bool, session_id: str | None) -> str:
+        config = self._images.config_text(session_id) or self._config_text
+        call = f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {config})"
         if boot:
             return f"{_BOOTSTRAP}{call}\n"
         # a session without the supervisor says so (no exception: not a failed call)
@@ -317,11 +315,11 @@ class ShellService:
     def _request(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float
     ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id))
+        code = self._code(op, args, self._booting(session_id), session_id)
         res = self._python.execute(code, session_id=session_id, timeout=limit)
         lost = res.restarted
         if self._needs_boot(res):
-            code = self._code(op, args, True)
+            code = self._code(op, args, True, session_id)
             res = self._python.execute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
@@ -330,11 +328,11 @@ class ShellService:
     async def _arequest(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float
     ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id))
+        code = self._code(op, args, self._booting(session_id), session_id)
         res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
         lost = res.restarted
         if self._needs_boot(res):
-            code = self._code(op, args, True)
+            code = self._code(op, args, True, session_id)
             res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
             lost = lost or res.restarted
         self._booted_now(session_id, res)
@@ -661,34 +659,16 @@ class ShellService:
             raise UserError(f"session {session!r} exists already; close it first")
         return session
 
-    def _on_image(self, session: str, image: Image | None) -> str | None:
-        """Put ``session`` on ``image`` (None: the service's). Where its shell must start when
-        that differs from the service's sessions: the image's WorkingDir, "" the workspace;
-        None when it does not differ."""
-        if image is None:
-            return None
-        self._images.sessions[session] = image
-        self._python.session_roots[session] = self._images.root(image)
-        here = start_dir(image) if self.image_workdir else None
-        return None if here == self._config["start_dir"] else here or ""
-
-    @staticmethod
-    def _start_state(start: str, workspace: str) -> dict[str, Any]:
-        """The ``adopt`` request that moves a new session's shell to ``start``."""
-        return {"state": _start_state(start or workspace), "workspace": workspace}
-
     def start_session(self, session_id: str, *, image: str | None = None) -> str:
         """Create ``session_id`` now, on ``image`` (a reference; None: the service's image, or
         the host view without one), pulled into the service's cache at its first use; a
         :class:`UserError` if the session exists. Sessions are otherwise created on first
         use, on the service's image. Returns the id."""
         session = self._start_args(session_id)
-        start = self._on_image(session, None if image is None else self._images.pull(image))
+        if image is not None:
+            self._on_image(session, self._images.pull(image))
         try:
-            where = self.workspace(session)
-            if start is not None:
-                args = self._start_state(start, where)
-                self._adopted(*self._request("adopt", args, session, self._file_limit()))
+            self.workspace(session)
         except BaseException:
             self.close_session(session)
             raise
@@ -697,18 +677,23 @@ class ShellService:
     async def astart_session(self, session_id: str, *, image: str | None = None) -> str:
         """Async :meth:`start_session`."""
         session = self._start_args(session_id)
-        pulled = None if image is None else await self._images.apull(image)
-        start = self._on_image(session, pulled)
+        if image is not None:
+            self._on_image(session, await self._images.apull(image))
         try:
             res, _ = await self._arequest("workspace", {}, session, self._file_limit())
-            where = str(self._reply(res, {"workspace": str})["workspace"])
-            if start is not None:
-                args = self._start_state(start, where)
-                self._adopted(*await self._arequest("adopt", args, session, self._file_limit()))
+            self._reply(res)
         except BaseException:
             await self.aclose_session(session)
             raise
         return session
+
+    def _on_image(self, session: str, image: Image | None) -> None:
+        """Put ``session`` on ``image`` (None: the service's): the executor spawns its
+        interpreters on it, and its requests carry a configuration with its WorkingDir."""
+        if image is not None:
+            here = start_dir(image) if self.image_workdir else None
+            self._images.put(session, image, {**self._config, "start_dir": here})
+            self._python.session_roots[session] = self._images.root(image)
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
     # the same path), seeded with the source's files by the fork server and then given the
