@@ -218,8 +218,11 @@ class ShellService:
         self._images = SessionImages(
             store, default=self.image, insecure_registries=tuple(insecure_registries)
         )
-        os.makedirs(self._images.layers_dir, 0o755, exist_ok=True)
-        config = dataclasses.replace(config, image_caches=(self._images.layers_dir,))
+        try:
+            os.makedirs(self._images.layers_dir, 0o755, exist_ok=True)
+            config = dataclasses.replace(config, image_caches=(self._images.layers_dir,))
+        except OSError:  # an unwritable cache: no pull could fill it either, nor is one needed
+            pass
         if disk_quota is not None:
             if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
                 raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
