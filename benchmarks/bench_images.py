@@ -225,16 +225,17 @@ def _tree_pss() -> int:
     return total
 
 
-# the page cache's part of a file mapping: [0] RSS, [1] PSS, both without its anonymous
-# pages (private copies: relocations, data written; private, their PSS is their RSS)
-_CLEAN = {"Rss:": 0, "Pss:": 1, "Anonymous:": 2}
+# a file mapping's page-cache pages: [0] RSS, [1] those mapped by this process alone
+# (a copy of its own would be private), [2] anonymous ones (private copies: relocations,
+# data written), which are no page cache
+_FIELDS = {"Rss:": 0, "Private_Clean:": 1, "Private_Dirty:": 1, "Anonymous:": 2}
 
 
 def _mapped_copies(inodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
     """For each file of ``inodes`` (inode number: name): how many processes of this one's
-    tree map it, the sum of their PSS of its pages in the page cache and the largest RSS of
-    them (bytes). An overlay reports its lower file's inode number; ``sum of PSS ~
-    one RSS`` means one copy in memory, shared (``N x`` it would mean a copy each)."""
+    tree map it, the largest RSS of its page-cache pages in one of them, and the bytes of
+    them mapped by one process alone, summed over the processes (an overlay reports its
+    lower file's inode number). Private 0 with many processes: one copy, shared by all."""
     import psutil
 
     found: dict[int, list[int]] = {}
@@ -248,16 +249,16 @@ def _mapped_copies(inodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
                     if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
                         inode = int(fields[4])
                         current = mine.setdefault(inode, [0, 0, 0]) if inode in inodes else None
-                    elif current is not None and fields[0] in _CLEAN:
-                        current[_CLEAN[fields[0]]] += int(fields[1]) * 1024
+                    elif current is not None and fields[0] in _FIELDS:
+                        current[_FIELDS[fields[0]]] += int(fields[1]) * 1024
         except OSError:
             continue
-        for inode, (rss, pss, anon) in mine.items():
+        for inode, (rss, private, anon) in mine.items():
             entry = found.setdefault(inode, [0, 0, 0])
             entry[0] += 1
-            entry[1] += pss - anon
-            entry[2] = max(entry[2], rss - anon)
-    return {inode: (n, pss, rss) for inode, (n, pss, rss) in found.items()}
+            entry[1] = max(entry[1], rss - anon)
+            entry[2] += private - anon
+    return {inode: (n, rss, private) for inode, (n, rss, private) in found.items()}
 
 
 def _show_copies(image_layers: tuple[str, ...], names: tuple[str, ...]) -> None:
@@ -269,11 +270,11 @@ def _show_copies(image_layers: tuple[str, ...], names: tuple[str, ...]) -> None:
                 path = os.path.join(root, name)
                 if name in names and not os.path.islink(path):
                     inodes[os.stat(path).st_ino] = os.path.relpath(path, layer)
-    for inode, (procs, pss, rss) in _mapped_copies(inodes).items():
+    for inode, (procs, rss, private) in _mapped_copies(inodes).items():
         print(
-            f"     {inodes[inode]:<36} mapped by {procs:4d} processes: page cache, sum of "
-            f"their PSS {pss / 2**20:5.2f} MiB, one's RSS {rss / 2**20:5.2f} MiB: "
-            f"{pss / rss if rss else 0:4.2f} copies"
+            f"     {inodes[inode]:<36} mapped by {procs:4d} processes: {rss / 2**20:5.2f} MiB "
+            f"of it resident in one, {private / 2**10:6.1f} KiB of it mapped by one process "
+            "alone, summed over all"
         )
 
 
