@@ -37,7 +37,9 @@ def _own_layer(directory: str, text: bytes) -> Layer:
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("several")
     base = [busybox_layer("gzip"), bash_layer("gzip")]
-    oci_layout(str(root / "a"), [*base, _own_layer("repo", b"A\n")], env=("PATH=/bin", "FOO=a"))
+    oci_layout(
+        str(root / "a"), [*base, _own_layer("repo", b"A\n")], env=("PATH=/bin", "FOO=a", "ONLY_A=1")
+    )
     oci_layout(
         str(root / "b"),
         [*base, _own_layer("task", b"B\n")],
@@ -67,10 +69,11 @@ def shell(images: dict[str, str]) -> Iterator[ShellService]:
 def test_a_session_on_another_image(shell: ShellService, images: dict[str, str]) -> None:
     assert shell.start_session("on-b", image=images["b"]) == "on-b"
     b = shell.run(
-        "pwd; cat /task/id; echo $FOO $ONLY_B; test -e /repo/id || echo no-repo; id -u",
+        "pwd; cat /task/id; echo $FOO $ONLY_B ${ONLY_A-unset}; "
+        "test -e /repo/id || echo no-repo; id -u",
         session_id="on-b",
     )
-    assert b.stdout == "/task\nB\nb yes\nno-repo\n0\n", b
+    assert b.stdout == "/task\nB\nb yes unset\nno-repo\n0\n", b
     a = shell.run(
         "pwd; cat /repo/id; echo $FOO ${ONLY_B-unset}; test -e /task || echo no-task",
         session_id="on-a",
@@ -235,3 +238,34 @@ def test_an_evicted_session_comes_back_on_its_image(images: dict[str, str], tmp_
         back = service.run("cat /task/id; echo $FOO; pwd", session_id="x")
         assert back.stdout == "B\nb\n/task\n", back
         assert service.isolation_report()["session_images"]["x"]["reference"] == images["b"]
+
+
+def test_a_spawn_root_is_checked() -> None:
+    """The fork server takes a SPAWN's root only in its one form (a malformed one is a
+    ValueError, which the server answers as an error: no session is made)."""
+    from toolservices.python.runtime._rootfs import check_root
+
+    assert check_root(None) is None
+    ok = check_root({"layers": ["/c/layers/a"], "env": {"A": "1", "B": None}})
+    assert ok == {"layers": ["/c/layers/a"], "env": {"A": "1", "B": None}}
+    for bad in (
+        [],
+        {"layers": []},
+        {"layers": ["relative"]},
+        {"layers": ["/a"], "env": {"A=B": "x"}},
+        {"layers": ["/a"], "env": {"A": 1}},
+    ):
+        with pytest.raises(ValueError, match="SPAWN root"):
+            check_root(bad)
+
+
+def test_a_malformed_root_makes_no_session(tmp_path: Path) -> None:
+    """Through the real fork server: the call fails saying so, the service carries on."""
+    from toolservices.errors import InfrastructureError
+    from toolservices.python import PythonExecutorService
+
+    with PythonExecutorService(pool_size=1, spares=0) as python:
+        python.session_roots["bad"] = {"layers": ["relative"], "env": {}}
+        with pytest.raises(InfrastructureError, match="SPAWN root needs layers"):
+            python.execute("print(1)", session_id="bad")
+        assert python.execute("print(2)", session_id="good").stdout == "2\n"
