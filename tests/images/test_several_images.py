@@ -269,3 +269,22 @@ def test_a_malformed_root_makes_no_session(tmp_path: Path) -> None:
         with pytest.raises(InfrastructureError, match="SPAWN root needs layers"):
             python.execute("print(1)", session_id="bad")
         assert python.execute("print(2)", session_id="good").stdout == "2\n"
+
+
+def test_forgotten_sessions_are_pruned(tmp_path: Path) -> None:
+    """Sessions the executor no longer knows an image of (evicted long ago) leave the
+    service's map too, so a service that never closes sessions does not grow without end."""
+    from toolservices.images import Image, ImageStore
+    from toolservices.shell._images import SessionImages
+
+    images = SessionImages(ImageStore(str(tmp_path)), default=None, insecure_registries=())
+    image = Image("oci:/x", "sha256:" + "0" * 64, (f"{images.layers_dir}/a",), (), "/", 0)
+    live: set[str] = set()
+    for i in range(200):
+        images.put(f"s{i}", image, {"start_dir": None}, live)
+        if i >= 150:
+            live.add(f"s{i}")
+    assert set(images.sessions) <= {f"s{i}" for i in range(200)}
+    assert len(images.sessions) < 200 and "s199" in images.sessions
+    assert images.config_text("s199") == repr({"start_dir": None})
+    assert images.config_text("nobody") is None and images.config_text(None) is None

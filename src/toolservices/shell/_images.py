@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import anyio.to_thread
@@ -117,9 +118,16 @@ class SessionImages:
         env.update(image.environment())
         return {"layers": list(image.lowerdirs), "env": env}
 
-    def put(self, session: str, image: Image, config: dict[str, Any]) -> None:
+    def put(
+        self, session: str, image: Image, config: dict[str, Any], live: Collection[str]
+    ) -> None:
         """``session`` stands on ``image``; its supervisor gets ``config`` (its first command
-        starts in that image's WorkingDir, also after the session was restarted)."""
+        starts in that image's WorkingDir, also after the session was restarted). ``live``:
+        the sessions the executor still knows an image of (it forgets evicted ones after a
+        while): the others are forgotten here too, now and then."""
+        if len(self.sessions) > 2 * len(live) + 64:
+            for gone in [s for s in self.sessions if s not in live]:
+                del self.sessions[gone]
         self.sessions[session] = image
         self._configs.setdefault(image.digest, repr(config))
 

@@ -695,8 +695,9 @@ class ShellService:
         interpreters on it, and its requests carry a configuration with its WorkingDir."""
         if image is not None:
             here = start_dir(image) if self.image_workdir else None
-            self._images.put(session, image, {**self._config, "start_dir": here})
-            self._python.session_roots[session] = self._images.root(image)
+            roots = self._python.session_roots
+            self._images.put(session, image, {**self._config, "start_dir": here}, roots)
+            roots[session] = self._images.root(image)
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
     # the same path), seeded with the source's files by the fork server and then given the
