@@ -15,7 +15,9 @@ Run (as root or a user with unprivileged user namespaces; skopeo and umoci for t
 3. ``network="loopback"`` (a network namespace per session) beside ``"none"``: a new
    ShellService session and its first command, p50.
 4. ``ShellService(image=...)`` beside ``ShellService()`` (host root), both loopback: a new
-   session + first command (p50), and the PSS of ``--idle`` idle sessions each.
+   session + first command (p50), and the PSS of ``--idle`` idle sessions each; and a
+   session on another (cached) image of the image service, ``start_session(image=...)`` +
+   first command (no spare stands on that image: it is spawned on the call).
 5. ``fork_session`` of an image session that wrote 50 MB into its root (``/usr``), beside
    a host-root session with 50 MB in its workspace (p50 of 5 forks of one copy each).
 """
@@ -281,21 +283,28 @@ def _show_copies(image_layers: tuple[str, ...], names: tuple[str, ...]) -> None:
 def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
     oci = os.path.join(work, "shell-image")
     oci_layout(oci, [busybox_layer("gzip"), bash_layer("gzip")])
+    other = os.path.join(work, "shell-image-2")  # the same layers and one more
+    oci_layout(other, [busybox_layer("gzip"), bash_layer("gzip"), Layer([Entry("b", b"b")])])
     cache = os.path.join(work, "shell-cache")
-    size = idle + repeats + 8
+    size = idle + 2 * repeats + 8
     with (
         ShellService(pool_size=2, max_sessions=size) as host,
         ShellService(pool_size=2, max_sessions=size, image=f"oci:{oci}", image_cache=cache) as img,
     ):
         shells = {"host root": host, "image root": img}
-        times: dict[str, list[float]] = {name: [] for name in shells}
+        times: dict[str, list[float]] = {name: [] for name in (*shells, "another image")}
         for shell in shells.values():
             shell.run("true", session_id="warm")
-        for i in range(repeats):  # interleaved: the same load for both
+        img.start_session("other-warm", image=f"oci:{other}")  # pulled once, here
+        for i in range(repeats):  # interleaved: the same load for all
             for name, shell in shells.items():
                 started = time.perf_counter()
                 shell.run("true", session_id=f"new-{i}")
                 times[name].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            img.start_session(f"other-{i}", image=f"oci:{other}")
+            img.run("true", session_id=f"other-{i}")
+            times["another image"].append(time.perf_counter() - started)
         forks: dict[str, list[float]] = {name: [] for name in shells}
         where = {"host root": "big", "image root": "/usr/big"}
         for name, shell in shells.items():
@@ -325,10 +334,9 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
     )
     base = median(times["host root"])
     for name, values in times.items():
-        print(
-            f"   {name:<12} {fmt_time(median(values)):>10}  {median(values) / base:5.2f}x   "
-            f"PSS {pss[name] / 2**20:6.2f} MiB per idle session"
-        )
+        memory = f"PSS {pss[name] / 2**20:6.2f} MiB per idle session" if name in pss else ""
+        ratio = median(values) / base
+        print(f"   {name:<13} {fmt_time(median(values)):>10}  {ratio:5.2f}x   {memory}")
     print("\n5. fork_session of a session holding 50 MB (image: in /usr; host: in the workspace)")
     for name, values in forks.items():
         ratio = median(values) / median(forks["host root"])
