@@ -138,13 +138,23 @@ def _raise_stack_limit() -> None:
 
 
 def launch(spec: dict[str, Any]) -> None:
-    idmap = spec.get("idmap") if spec.get("uid") is not None else None
-    if spec.get("reach") or idmap:
+    as_uid = spec.get("uid") is not None
+    idmap = spec.get("idmap") if as_uid else None
+    optional = spec.get("idmap_optional") if as_uid else None
+    if spec.get("reach") or idmap or optional:
         _private_mounts()
     if spec.get("reach"):
         _make_reachable(spec["reach"])
     if idmap:
         idmap_mounts(idmap, spec["uid"], spec["gid"])
+    for path in optional or ():  # sessions on other images only: the server runs without
+        try:
+            idmap_mounts([path], spec["uid"], spec["gid"])
+        except (SetupError, OSError) as exc:
+            sys.stderr.write(
+                f"toolservices-sandbox: no idmapped view of {path} ({exc}): sessions on "
+                "another image than the service's cannot start\n"
+            )
     if spec.get("uid") is not None:
         _drop(spec["uid"], spec["gid"])
     if spec.get("subreaper"):

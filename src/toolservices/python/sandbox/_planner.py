@@ -621,6 +621,7 @@ def _spec(
     env: dict[str, str],
 ) -> dict[str, Any]:
     rlimits: dict[str, int] = {"CORE": 0}
+    root_dirs = {os.path.dirname(p) for p in config.root_layers}
     if config.file_size is not None:
         rlimits["FSIZE"] = config.file_size
     seccomp = None
@@ -630,8 +631,12 @@ def _spec(
         "uid": uid,
         "gid": uid,
         "reach": reach,
-        # the image cache shown owned by the dedicated uid (root pulled it): see _launch
-        "idmap": [p for p in layer_dirs(config) if os.path.isdir(p)] if uid is not None else [],
+        # the image cache shown owned by the dedicated uid (root pulled it): see _launch;
+        # the service image's layers need it, other images' (image_caches) may go without
+        "idmap": sorted(root_dirs) if uid is not None else [],
+        "idmap_optional": [p for p in layer_dirs(config) if p not in root_dirs and os.path.isdir(p)]
+        if uid is not None
+        else [],
         "subreaper": attempt.bwrap is None,
         "rlimits": rlimits,
         "no_new_privs": True,
