@@ -125,11 +125,12 @@ class SessionImages:
         starts in that image's WorkingDir, also after the session was restarted). ``live``:
         the sessions the executor still knows an image of (it forgets evicted ones after a
         while): the others are forgotten here too, now and then."""
-        if len(self.sessions) > 2 * len(live) + 64:
-            for gone in [s for s in self.sessions if s not in live]:
-                del self.sessions[gone]
-        self.sessions[session] = image
-        self._configs.setdefault(image.digest, repr(config))
+        with self._lock:  # against another thread's put or report
+            if len(self.sessions) > 2 * len(live) + 64:
+                for gone in [s for s in self.sessions if s not in live]:
+                    del self.sessions[gone]
+            self.sessions[session] = image
+            self._configs.setdefault(image.digest, repr(config))
 
     def config_text(self, session: str | None) -> str | None:
         """The supervisor configuration of a session on another image; None: the service's."""
@@ -138,14 +139,16 @@ class SessionImages:
 
     def copied(self, src: str, copies: list[str]) -> None:
         """``fork_session`` copies stand on their source's image."""
-        image = self.sessions.get(src)
-        if image is not None:
-            for copy in copies:
-                self.sessions[copy] = image
+        with self._lock:
+            image = self.sessions.get(src)
+            if image is not None:
+                self.sessions.update(dict.fromkeys(copies, image))
 
     def report(self) -> dict[str, dict[str, str]]:
         """Each session on another image than the service's: its reference and digest."""
+        with self._lock:
+            sessions = sorted(self.sessions.items())
         return {
             session: {"reference": image.reference, "digest": image.digest}
-            for session, image in sorted(self.sessions.items())
+            for session, image in sessions
         }
