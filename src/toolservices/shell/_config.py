@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import math
-import os
 from typing import TYPE_CHECKING
 
 from toolservices.errors import UserError
@@ -16,6 +15,7 @@ from toolservices.python.sandbox import (
     default_config,
     image_config,
 )
+from toolservices.shell._images import check_bash
 
 if TYPE_CHECKING:
     from toolservices.images import Image
@@ -29,10 +29,8 @@ __all__ = [
     "SHELL_NPROC",
     "check_session",
     "check_timeout",
-    "has_bash",
     "session_sandbox",
     "shell_config",
-    "start_dir",
 ]
 
 #: seconds the supervisor gets beyond a command's own limit to kill its tree and report
@@ -80,12 +78,7 @@ def session_sandbox(
     namespaces allow it), each session its own PID namespace and /proc (see docs/shell.md,
     "Isolation")."""
     if image is not None:
-        if not has_bash(image):
-            raise UserError(
-                f"image {reference!r} has no /bin/bash (or /usr/bin/bash): ShellService runs "
-                "every command with the image's bash; use an image that has it"
-            )
-        config = image_config(config, image)
+        config = image_config(config, check_bash(image, str(reference)))
     if disk_quota is not None:
         if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
             raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
@@ -109,20 +102,3 @@ def shell_config(sandbox: object) -> SandboxConfig:
     if extra:
         config = dataclasses.replace(config, extra_ro_paths=(*config.extra_ro_paths, *extra))
     return config
-
-
-def has_bash(image: Image) -> bool:
-    """Whether some layer lays ``bin/bash`` or ``usr/bin/bash`` (a file or a link to one)."""
-    return any(
-        os.path.lexists(os.path.join(layer, name))
-        for layer in image.layers
-        for name in ("bin/bash", "usr/bin/bash")
-    )
-
-
-def start_dir(image: Image | None) -> str | None:
-    """Where a session on ``image`` starts: its ``WorkingDir``; None (the workspace) when
-    it names none or ``/`` (docker's default, the same as none)."""
-    if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
-        return None
-    return image.working_dir

@@ -15,13 +15,16 @@ import json
 import marshal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolservices._clip import omitted_marker
 from toolservices.errors import InfrastructureError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.shell._checks import RUN_FIELDS, checked, died
 from toolservices.shell._result import ShellFileError, ShellResult
+
+if TYPE_CHECKING:
+    from toolservices.shell._images import SessionImages
 
 __all__ = ["SupervisorRequests", "warmup_code"]
 
@@ -78,9 +81,11 @@ def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
 
 class SupervisorRequests:
     """The requests and replies of a ``ShellService`` (its base class: the service sets
-    ``_python``, ``max_sessions`` and ``max_output`` and calls :meth:`_init_requests`)."""
+    ``_python``, ``_images``, ``max_sessions`` and ``max_output`` and calls
+    :meth:`_init_requests`)."""
 
     _python: PythonExecutorService
+    _images: SessionImages
     max_sessions: int
     max_output: int
 
@@ -96,10 +101,10 @@ class SupervisorRequests:
         self._lost: dict[str, None] = {}
         self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
 
-    def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
-        call = (
-            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config_text})"
-        )
+    def _code(self, op: str, args: dict[str, Any], boot: bool, session_id: str | None) -> str:
+        # a session on another image than the service's has its own (its WorkingDir)
+        config = self._images.config_text(session_id) or self._config_text
+        call = f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {config})"
         if boot:
             return f"{_BOOTSTRAP}{call}\n"
         # a session without the supervisor says so (no exception: not a failed call)
@@ -138,11 +143,11 @@ class SupervisorRequests:
     async def _request(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float, inline: bool
     ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id))
+        code = self._code(op, args, self._booting(session_id), session_id)
         res = await self._execute(code, session_id, limit, inline)
         lost = res.restarted
         if self._needs_boot(res):
-            code = self._code(op, args, True)
+            code = self._code(op, args, True, session_id)
             res = await self._execute(code, session_id, limit, inline)
             lost = lost or res.restarted
         self._booted_now(session_id, res)

@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
+from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.python.host import default_max_sessions, pull_image
 from toolservices.python.sandbox import with_network
@@ -24,8 +25,8 @@ from toolservices.shell._config import (
     check_timeout,
     session_sandbox,
     shell_config,
-    start_dir,
 )
+from toolservices.shell._images import SessionImages, start_dir
 from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
 from toolservices.shell._requests import SupervisorRequests, warmup_code
@@ -110,6 +111,13 @@ class ShellService(SupervisorRequests):
             image, image_cache=image_cache, insecure_registries=insecure_registries
         )
         config = session_sandbox(config, image=self.image, reference=image, disk_quota=disk_quota)
+        # sessions on other images (start_session(image=...)) stack layers of this cache
+        self._images = SessionImages(
+            ImageStore(image_cache),
+            default=self.image,
+            insecure_registries=tuple(insecure_registries),
+        )
+        config = self._images.with_cache(config)
         # The supervisor's JSON reply travels as the session's stdout: room for both streams
         # (base64) or one file, plus the envelope.
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
@@ -400,16 +408,10 @@ class ShellService(SupervisorRequests):
 
     # --- sessions ----------------------------------------------------------------------
 
-    def _start_args(self, session_id: object, image: object) -> str:
+    def _start_args(self, session_id: object) -> str:
         session = check_session(session_id, required=True)
         assert session is not None
-        if image is not None and (self.image is None or image != self.image.reference):
-            raise UserError(
-                f"start_session(image={image!r}): this service's sessions run on "
-                f"{self.image.reference if self.image else 'the host view (no image)'}; "
-                "one image per ShellService for now (make one service per image)"
-            )
-        if self._python.has_session(session):
+        if self._python.has_session(session) or session in self._images.sessions:
             raise UserError(f"session {session!r} exists already; close it first")
         return session
 
@@ -424,9 +426,25 @@ class ShellService(SupervisorRequests):
         return await self._start_session(session_id, image, False)
 
     async def _start_session(self, session_id: str, image: str | None, inline: bool) -> str:
-        session = self._start_args(session_id, image)
-        await self._workspace(session, inline)
+        session = self._start_args(session_id)
+        if image is not None:
+            pulled = self._images.pull(image) if inline else await self._images.apull(image)
+            self._on_image(session, pulled)
+        try:
+            await self._workspace(session, inline)
+        except BaseException:
+            await self._close_session(session, inline)
+            raise
         return session
+
+    def _on_image(self, session: str, image: Image | None) -> None:
+        """Put ``session`` on ``image`` (None: the service's): the executor spawns its
+        interpreters on it, and its requests carry a configuration with its WorkingDir."""
+        if image is not None:
+            here = start_dir(image) if self.image_workdir else None
+            roots = self._python.session_roots
+            self._images.put(session, image, {**self._config, "start_dir": here}, roots)
+            roots[session] = self._images.root(image)
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
     # the same path), seeded with the source's files by the fork server and then given the
@@ -440,6 +458,7 @@ class ShellService(SupervisorRequests):
         """Async :meth:`fork_session` (which waits for this one on the library's loop)."""
         check_session(src, required=True)
         copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
+        self._images.copied(src, copies)
         try:
             args = await self._read_state(src)
             for copy in copies:
@@ -526,6 +545,7 @@ class ShellService(SupervisorRequests):
         check_session(session_id, required=True)
         self._booted.discard(session_id)
         self._reported_lost(session_id)  # its next use is a new session, not a lost one
+        self._images.sessions.pop(session_id, None)
         if inline:
             return self._python.close_session(session_id)
         return await self._python.aclose_session(session_id)
@@ -536,6 +556,8 @@ class ShellService(SupervisorRequests):
         report = shell_report(self._python.isolation_report(), disk_quota=self.sandbox.disk_quota)
         if self.image is not None:
             report["image"] = {"reference": self.image.reference, "digest": self.image.digest}
+        # the sessions started on another image (start_session(image=...)), by id
+        report["session_images"] = self._images.report()
         return report
 
     def stats(self) -> dict[str, Any]:
@@ -578,7 +600,7 @@ class ShellService(SupervisorRequests):
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
             # the image travels by name: a replica pulls it into its own node's cache
-            "sandbox": dataclasses.replace(self.sandbox, root_layers=()),
+            "sandbox": dataclasses.replace(self.sandbox, root_layers=(), image_caches=()),
             **self._image_args,
             "disk_quota": None,
             "spares": self._python.spares,

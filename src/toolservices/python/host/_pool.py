@@ -148,18 +148,21 @@ class ServerPool:
         finally:
             self._refilling = False
 
-    async def _spawn(self) -> SessionHandle:
-        """A new interpreter; restarts a fork server found dead on the way (once)."""
+    async def _spawn(self, root: dict[str, Any] | None = None) -> SessionHandle:
+        """A new interpreter (on ``root``'s image: see ``session_roots``); restarts a fork
+        server found dead on the way (once)."""
         server = await self._ensure_started()
         try:
-            return await server.spawn()
+            return await server.spawn(root=root)
         except InfrastructureError:
             if server.alive or self._closed:
                 raise
-        return await (await self._ensure_started()).spawn()
+        return await (await self._ensure_started()).spawn(root=root)
 
-    async def _take_spare(self) -> SessionHandle:
+    async def _take_spare(self, root: dict[str, Any] | None = None) -> SessionHandle:
         """A ready interpreter: a pre-forked spare if there is one (and order another)."""
+        if root is not None:  # spares stand on the service's image
+            return await self._spawn(root)
         return self._spares.pop() if self._spares else await self._spawn()
 
     async def _discard(self, handle: SessionHandle, *, wait: bool = True) -> None:

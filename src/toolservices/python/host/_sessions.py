@@ -16,6 +16,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
 from toolservices.python.host._admission import Admission, Ticket
@@ -58,6 +59,10 @@ class SessionTable(ServerPool):
         # mutated on the loop only; the direct path reads it from other threads
         self._slots: dict[str, Slot] = {}
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        #: sessions on another image than the service's: id -> the SPAWN request's ``root``
+        #: (set before their first call, e.g. by ShellService.start_session); their
+        #: interpreters are spawned on it, never taken from the spares
+        self.session_roots: dict[str, dict[str, Any]] = {}
         self._admission = Admission(pool_size=pool_size, max_queue=max_queue)
         self._limiter = self._admission.slots  # execution slots
         self._stats_lock = threading.Lock()  # counters are bumped from the loop and callers
@@ -136,7 +141,7 @@ class SessionTable(ServerPool):
         self._bump("evictions")
         self._evicted[victim.id] = None
         while len(self._evicted) > EVICTED_MEMORY:
-            self._evicted.popitem(last=False)
+            self.session_roots.pop(self._evicted.popitem(last=False)[0], None)
         if victim.handle is not None:
             self._spawn_background(self._discard(victim.handle))
             victim.handle = None
@@ -164,8 +169,9 @@ class SessionTable(ServerPool):
         # a dead handle still in place was killed under a call that never returned
         # (cancelled, interrupted): that call could not say the state was lost, this one does
         restarted = slot.lost or (slot.handle is not None and slot.handle.dead)
+        root = self.session_roots.get(slot.id)
         if slot.handle is None or slot.handle.dead:
-            slot.handle = await self._take_spare()
+            slot.handle = await self._take_spare(root)
         spin = self.busy_poll if self._admission.busy == 1 else 0.0
         try:
             result = await slot.handle.run(
@@ -173,7 +179,7 @@ class SessionTable(ServerPool):
             )
         except SessionLost:
             await self._discard(slot.handle)
-            slot.handle = await self._spawn()
+            slot.handle = await self._spawn(root)
             restarted = True
             result = await slot.handle.run(
                 code, limit=limit, fresh=False, session_id=slot.id, spin=spin
@@ -189,6 +195,7 @@ class SessionTable(ServerPool):
 
     async def _close_session(self, session_id: str) -> bool:
         self._evicted.pop(session_id, None)  # its next use is a new session, not a lost one
+        self.session_roots.pop(session_id, None)
         slot = self._slots.pop(session_id, None)
         if slot is None:
             return False
@@ -238,7 +245,7 @@ class SessionTable(ServerPool):
                 if slot.closed:
                     raise UserError(f"session {src!r} was closed or evicted")
                 if slot.handle is None or slot.handle.dead:
-                    slot.handle = await self._spawn()
+                    slot.handle = await self._spawn(self.session_roots.get(src))
                     server = await self._ensure_started()
                 for _ in range(n - (self.max_sessions - len(self._slots))):
                     self._evict_one()
@@ -255,6 +262,8 @@ class SessionTable(ServerPool):
         for handle in handles:
             new = Slot(f"{src}/{uuid.uuid4().hex[:12]}", handle=handle, lost=slot.lost)
             new.last_used = next(clock)
+            if src in self.session_roots:  # the copy stands on its source's image
+                self.session_roots[new.id] = self.session_roots[src]
             self._slots[new.id] = new
             ids.append(new.id)
         self._bump("forks", n)
