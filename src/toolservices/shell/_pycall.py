@@ -59,6 +59,19 @@ async def arun_python(
     if not isinstance(code, str):
         raise UserError(f"code must be a str, got {type(code).__name__}")
     session, limit, wait = service._python_args(session_id, timeout)
+    result = await _call(service, code, session, limit, wait, inline)
+    service._bump(
+        python_calls=1,
+        python_timeouts=int(result.timed_out),
+        python_restarts=int(result.restarted),
+        python_failures=int(not result.success),
+    )
+    return result
+
+
+async def _call(
+    service: ShellService, code: str, session: str | None, limit: float, wait: float, inline: bool
+) -> ExecResult:
     args: dict[str, Any] = {"code": code, "timeout": limit}
     res, lost = await service._request("python", args, session, wait, inline)
     if not (res.timed_out or died(res)):
@@ -67,7 +80,11 @@ async def arun_python(
             args["runtime"] = _runtime_zip()
             res, again = await service._request("python", args, session, wait, inline)
             lost = lost or again
-    if res.timed_out or died(res):  # the supervisor did not answer: the whole session is gone
+    gone = res.timed_out or died(res)
+    reply = {} if gone else service._reply(res)
+    # also a loss another tool's call saw first (the session evicted or restarted)
+    lost = service._python_lost(session, started=bool(reply.get("ok"))) or lost
+    if gone:  # the supervisor did not answer: the whole session is gone
         what = "did not answer in time" if res.timed_out else "ended during the call"
         return ExecResult(
             success=False,
@@ -81,7 +98,6 @@ async def arun_python(
             restarted=session is not None,
             session_id=session,
         )
-    reply = service._reply(res)
     if not reply.get("ok"):  # no interpreter could start (no python3, too old...)
         message = str(reply.get("message"))
         return ExecResult(
@@ -90,7 +106,7 @@ async def arun_python(
             stderr=f"{message}\n",
             returncode=-1,
             exception=ExceptionInfo(type="PythonUnavailable", message=message),
-            restarted=False,
+            restarted=lost and session is not None,
             session_id=session,
         )
     return _result(checked(reply, _FIELDS), lost and session is not None, session, service)

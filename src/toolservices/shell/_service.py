@@ -526,6 +526,7 @@ class ShellService(SupervisorRequests):
         check_session(session_id, required=True)
         self._booted.discard(session_id)
         self._reported_lost(session_id)  # its next use is a new session, not a lost one
+        self._python_lost(session_id, started=False)  # and its next Python call a new one
         if inline:
             return self._python.close_session(session_id)
         return await self._python.aclose_session(session_id)
