@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SHELL_SESSION_KEY",
+    "SHELL_TOOL_NAMES",
     "ShellTool",
     "bash_tool",
     "read_file_tool",
@@ -42,6 +43,9 @@ __all__ = [
 
 #: The ``_state`` key that carries the episode's shell session id.
 SHELL_SESSION_KEY = "shell_session"
+#: The names of the tools :func:`shell_tools` makes, in its order: the one list the
+#: trainer adapters and the MCP server know the shell tools by.
+SHELL_TOOL_NAMES = ("bash", "read_file", "write_file", "str_replace")
 #: Seconds the dispatcher waits beyond the service's own limit, so that the
 #: service (which kills the command's process tree and says so) reports the timeout.
 TIMEOUT_GRACE = 5.0
