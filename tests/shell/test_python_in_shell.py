@@ -298,3 +298,17 @@ def test_stats_count_python_calls(shell: ShellService, sid: str) -> None:
     shell.run_python("import time\ntime.sleep(30)", session_id=sid, timeout=0.5)
     after = counts()
     assert [a - b for a, b in zip(after, before, strict=True)] == [3, 2, 1, 1, 0], after
+
+
+async def test_a_supervisor_that_does_not_answer_is_reported_to_the_model() -> None:
+    """The tools wait beyond the service's own grace: the model reads that the session was
+    restarted, not a bare tool timeout (the supervisor's entry point made to hang)."""
+    hang = "__ts_shell__ = lambda *args: __import__('time').sleep(600)"
+    with ShellService(pool_size=1, timeout=0.5, max_sessions=4) as svc:
+        async with Episode([python_tool(shell=svc), *shell_tools(svc)], max_turns=None) as ep:
+            for tool, args in (("python", {"code": "x = 1"}), ("bash", {"command": "true"})):
+                await ep.astep(hermes(tool, args))
+                assert ep.shell_session is not None
+                await svc._python.aexecute(hang, session_id=ep.shell_session)  # a fault
+                messages = await ep.astep(hermes(tool, args))
+                assert "did not answer in time; it was restarted" in messages[-1]["content"]
