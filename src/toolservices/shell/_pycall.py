@@ -12,6 +12,7 @@ import base64
 import functools
 from typing import TYPE_CHECKING, Any
 
+from toolservices._clip import capped_text
 from toolservices.errors import UserError
 from toolservices.python import ExceptionInfo, ExecResult
 from toolservices.shell._checks import checked, died
@@ -114,11 +115,7 @@ async def _call(
 
 def _text(data: str, total: int, dropped: int, cap: int) -> tuple[str, bool]:
     """A stream as the interpreter kept it, with the executor's marker past the cap."""
-    omitted = max(0, total - cap) + dropped
-    text = base64.b64decode(data).decode("utf-8", "replace")
-    if omitted:
-        text += f"\n[... output truncated: {omitted} more bytes not shown ...]\n"
-    return text, bool(omitted)
+    return capped_text(base64.b64decode(data), max(0, total - cap) + dropped)
 
 
 def _result(
