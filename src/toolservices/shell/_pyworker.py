@@ -355,23 +355,37 @@ def _exchange(worker: _Worker, seq: int, code: str, deadline: float) -> tuple[st
 
 
 def _end(pid: int, pidfd: int) -> int | None:
-    """Kill ``pid`` and every process below it, reap them all, close ``pidfd``; ``pid``'s
-    exit status if we reaped it. Its processes come back to the supervisor (a subreaper)
-    when it dies: they are reaped here, so none lingers as a zombie a command would see."""
-    below = _kill_below(pid)  # also when it has exited: its process group is left
+    """Kill ``pid`` and every process below it or in its group, reap them all, close
+    ``pidfd``; ``pid``'s exit status if we reaped it. Its processes come back to the
+    supervisor (a subreaper) when it dies: they are reaped here, so none lingers as a zombie
+    a command would see. Waits go by ``pidfd``: the supervisor's reaper may have collected
+    ``pid`` after it exited, and its number may name another process by now."""
+    below = _kill_below(pid) if _pinned(pidfd) else []
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:  # gone already
         pass
     status = None
     try:
-        _, raw = os.waitpid(pid, 0)
-        status = os.waitstatus_to_exitcode(raw)
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        if info is not None:
+            killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            status = -info.si_status if killed else info.si_status
     except ChildProcessError:  # the supervisor's reaper collected it first
         pass
     os.close(pidfd)
     _reap(below)
     return status
+
+
+def _pinned(pidfd: int) -> bool:
+    """Whether ``pidfd``'s process still holds its pid: alive, or a zombie not yet reaped
+    (then its number and process group are still its own, safe to look up in ``/proc``)."""
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere
+        return False
+    return True
 
 
 def _readable(fds: list[int], timeout: float) -> set[int]:
