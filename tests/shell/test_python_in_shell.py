@@ -275,9 +275,7 @@ def test_a_session_lost_to_eviction_tells_python_too() -> None:
         assert not svc.run_python("pass", session_id="a").restarted  # closed: a new one
 
 
-def test_an_interpreter_that_exits_takes_its_processes_along(
-    shell: ShellService, sid: str
-) -> None:
+def test_an_interpreter_that_exits_takes_its_processes_along(shell: ShellService, sid: str) -> None:
     started = shell.run_python(
         "import os, subprocess\nsubprocess.Popen(['sleep', '300'])\nos._exit(0)",
         session_id=sid,

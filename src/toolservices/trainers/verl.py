@@ -74,6 +74,7 @@ __all__ = [
     "shared_shell",
 ]
 
+
 def shared_executor(**config: Any) -> PythonExecutorService:
     """The process's executor for ``config`` (one per distinct configuration).
 
