@@ -22,9 +22,8 @@ it started (its process group and the processes below it), and nothing
 else: the shell, its background jobs and its state go on. An interpreter
 that exits takes its processes along the same way. The next call starts a
 fresh interpreter; the call that lost the state says so (``restarted``),
-and so does the first call of a
-``fork_session`` copy (an interpreter cannot be copied into another
-session's namespaces).
+and so does the first call of a ``fork_session`` copy (an interpreter
+cannot be copied into another session's namespaces).
 """
 
 from __future__ import annotations
