@@ -15,23 +15,16 @@ from typing import TYPE_CHECKING, Any
 from toolservices._clip import capped_text
 from toolservices.errors import UserError
 from toolservices.python import ExceptionInfo, ExecResult
-from toolservices.shell._checks import checked, died
+from toolservices.shell._checks import RUN_FIELDS, checked, died
 
 if TYPE_CHECKING:
     from toolservices.shell._service import ShellService
 
 __all__ = ["arun_python", "forget_python", "python_config"]
 
-#: the fields of a reply to a ``python`` request that ran (or tried to run) the code
-_FIELDS = {
-    "restarted": bool,
-    "timed_out": bool,
-    "limit": float,
-    "stdout": str,
-    "stderr": str,
-    "stdout_total": int,
-    "stderr_total": int,
-}
+#: the fields of a reply to a ``python`` request that ran (or tried to run) the code: a
+#: command's, but for its status and duration (the interpreter's are optional)
+_FIELDS = {k: v for k, v in RUN_FIELDS.items() if k not in ("returncode", "duration")}
 _LOST = " The interpreter was restarted: variables defined earlier are lost."
 _SHELL_GOES_ON = " (Only Python's: the shell session, its files and its processes go on.)"
 
