@@ -68,14 +68,14 @@ async def _call(
 ) -> ExecResult:
     args: dict[str, Any] = {"code": code, "timeout": limit}
     res, lost = await service._request("python", args, session, wait, inline)
-    if not (res.timed_out or died(res)):
-        reply = service._reply(res)
-        if reply.get("need_runtime"):  # an image session's first Python: it gets the runtime
-            args["runtime"] = _runtime_zip()
-            res, again = await service._request("python", args, session, wait, inline)
-            lost = lost or again
     gone = res.timed_out or died(res)
     reply = {} if gone else service._reply(res)
+    if reply.get("need_runtime"):  # an image session's first Python: it gets the runtime
+        args["runtime"] = _runtime_zip()
+        res, again = await service._request("python", args, session, wait, inline)
+        lost = lost or again
+        gone = res.timed_out or died(res)
+        reply = {} if gone else service._reply(res)
     # also a loss another tool's call saw first (the session evicted or restarted)
     lost = service._python_lost(session, started=bool(reply.get("ok"))) or lost
     if gone:  # the supervisor did not answer: the whole session is gone
