@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.python import ExecResult, PythonExecutorService
-from toolservices.python.host import default_max_sessions, pull_image
+from toolservices.python.host import check_timeout, default_max_sessions, pull_image
 from toolservices.python.sandbox import with_network
 from toolservices.shell._checks import check_path, encode, entry, largest_variable, lone_surrogate
 from toolservices.shell._config import (
@@ -21,7 +21,6 @@ from toolservices.shell._config import (
     SESSION_BYTES,
     SESSION_FDS,
     check_session,
-    check_timeout,
     session_sandbox,
     shell_config,
     start_dir,
