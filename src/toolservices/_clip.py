@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["clip_middle", "omitted_marker"]
+__all__ = ["capped_text", "clip_middle", "omitted_marker"]
 
 
 def omitted_marker(count: int) -> str:
     """The line put where ``count`` bytes were cut out."""
     return f"\n[... {count} bytes omitted ...]\n"
+
+
+def capped_text(data: bytes, omitted: int) -> tuple[str, bool]:
+    """A Python call's output as kept (the head, ``data``) and whether ``omitted`` bytes past
+    its cap were left out, said by the executor's marker (the executor's sessions and the
+    Python tool in a shell session read alike)."""
+    text = data.decode("utf-8", "replace")
+    if omitted:
+        text += f"\n[... output truncated: {omitted} more bytes not shown ...]\n"
+    return text, bool(omitted)
 
 
 def clip_middle(text: str, limit: int | None) -> str:

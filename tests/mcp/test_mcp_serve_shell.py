@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -116,3 +117,36 @@ def test_shell_tool_arguments_output_cap_timeouts_and_binary_files() -> None:
         assert "binary file" in _text(ts, "read_file", {"path": "b.bin", **s1})
         bad = _text(ts, "write_file", {**data, "content": "not base64!"})
         assert bad.startswith("Error") and "not valid base64" in bad
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_shell_python_runs_python_execute_in_the_shell_session() -> None:
+    """``--shell-python``: one environment for python_execute and bash, per session_id."""
+    args = ("serve", "--mcp", "--shell", "--shell-python")
+    server = StdioServer(command=CLI, args=args, env=CHILD_ENV)
+    with MCPToolset({"sh": server}, timeout=WAIT, connect_timeout=WAIT) as ts:
+        assert {name.split(".", 1)[1] for name in ts.names()} == SHELL_TOOLS | {"python_execute"}
+        s1 = {"session_id": "p1"}
+        wrote = ts.call("sh.python_execute", {"code": "open('f.txt', 'w').write('py')", **s1})
+        assert not wrote.is_error, wrote.text
+        assert _text(ts, "bash", {"command": "cat f.txt; echo sh > g.txt", **s1}) == "py"
+        ts.call("sh.python_execute", {"code": "x = 41", **s1})
+        read = ts.call("sh.python_execute", {"code": "print(open('g.txt').read(), x + 1)", **s1})
+        assert json.loads(read.text)["stdout"] == "sh\n 42\n", read.text
+        # another session (and a call without one) has neither the file nor the variable
+        other = ts.call("sh.python_execute", {"code": "import os; print(os.path.exists('f.txt'))"})
+        assert json.loads(other.text)["stdout"] == "False\n", other.text
+        assert _text(ts, "shell_close_session", s1) == "Session p1 closed"
+        gone = ts.call("sh.python_execute", {"code": "print('x' in globals())", **s1})
+        assert json.loads(gone.text)["stdout"] == "False\n", gone.text
+
+
+def test_shell_python_needs_shell() -> None:
+    done = subprocess.run(
+        [CLI, "serve", "--mcp", "--shell-python"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env={**os.environ, **CHILD_ENV},
+    )
+    assert done.returncode == 2 and "--shell-python needs --shell" in done.stderr, done

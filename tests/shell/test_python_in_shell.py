@@ -259,3 +259,54 @@ def test_garbage_on_its_channel_restarts_only_the_interpreter(
     assert "protocol violation" in forged.stderr, forged
     assert shell.run_python("print('x' in globals())", session_id=sid).stdout == "False\n"
     assert shell.run("echo alive", session_id=sid).stdout == "alive\n"
+
+
+def test_a_session_lost_to_eviction_tells_python_too() -> None:
+    """A shell command learns first that the session was evicted; Python's next call says so
+    as well (its variables went with the session), once."""
+    with ShellService(pool_size=1, timeout=10.0, max_sessions=1) as svc:
+        assert svc.run_python("x = 1", session_id="a").success
+        assert svc.run("true", session_id="b").success  # evicts a
+        assert svc.run("true", session_id="a").restarted  # the shell hears it first
+        gone = svc.run_python("print('x' in globals())", session_id="a")
+        assert (gone.stdout, gone.restarted) == ("False\n", True), gone
+        assert not svc.run_python("pass", session_id="a").restarted  # said once
+        svc.close_session("a")
+        assert not svc.run_python("pass", session_id="a").restarted  # closed: a new one
+
+
+def test_an_interpreter_that_exits_takes_its_processes_along(shell: ShellService, sid: str) -> None:
+    started = shell.run_python(
+        "import os, subprocess\nsubprocess.Popen(['sleep', '300'])\nos._exit(0)",
+        session_id=sid,
+    )
+    assert started.restarted, started
+    assert shell.run("pgrep -c -x sleep", session_id=sid).stdout == "0\n"
+
+
+def test_stats_count_python_calls(shell: ShellService, sid: str) -> None:
+    def counts() -> list[int]:
+        stats = shell.stats()
+        names = ("calls", "failures", "timeouts", "restarts")
+        return [stats[f"shell_python_{n}"] for n in names] + [stats["shell_commands"]]
+
+    before = counts()
+    shell.run_python("pass", session_id=sid)
+    shell.run_python("1 / 0", session_id=sid)
+    shell.run_python("import time\ntime.sleep(30)", session_id=sid, timeout=0.5)
+    after = counts()
+    assert [a - b for a, b in zip(after, before, strict=True)] == [3, 2, 1, 1, 0], after
+
+
+async def test_a_supervisor_that_does_not_answer_is_reported_to_the_model() -> None:
+    """The tools wait beyond the service's own grace: the model reads that the session was
+    restarted, not a bare tool timeout (the supervisor's entry point made to hang)."""
+    hang = "__ts_shell__ = lambda *args: __import__('time').sleep(600)"
+    with ShellService(pool_size=1, timeout=0.5, max_sessions=4) as svc:
+        async with Episode([python_tool(shell=svc), *shell_tools(svc)], max_turns=None) as ep:
+            for tool, args in (("python", {"code": "x = 1"}), ("bash", {"command": "true"})):
+                await ep.astep(hermes(tool, args))
+                assert ep.shell_session is not None
+                await svc._python.aexecute(hang, session_id=ep.shell_session)  # a fault
+                messages = await ep.astep(hermes(tool, args))
+                assert "did not answer in time; it was restarted" in messages[-1]["content"]

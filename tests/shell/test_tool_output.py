@@ -124,7 +124,8 @@ async def test_a_timeout_note_says_rolled_back(shell: ShellService, sid: str) ->
 
 async def test_timeouts_per_tool_and_per_call(shell: ShellService, sid: str) -> None:
     quick = bash_tool(shell, timeout=2)
-    assert quick.timeout is not None and quick.timeout < shell.timeout
+    assert quick.command_timeout == 2.0 and quick.timeout is not None
+    assert quick.timeout < (bash_tool(shell).timeout or 0)
     assert "at most 2" in quick.schema_in["properties"]["timeout"]["description"]
     with pytest.raises(ToolTimeoutError):  # the tool's own limit, not the service's 10 s
         await call(quick, sid, command="sleep 8")

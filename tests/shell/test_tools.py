@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from toolservices import Episode, ToolEnv, shell_tools
-from toolservices.env import bash_tool, read_file_tool, str_replace_tool
+from toolservices.env import SHELL_TOOL_NAMES, bash_tool, read_file_tool, str_replace_tool
 from toolservices.errors import UserError
 from toolservices.shell import ShellService
 
@@ -45,6 +45,7 @@ def episode(shell: ShellService, **kwargs: Any) -> Episode:
 def test_each_tool_has_a_json_schema(shell: ShellService) -> None:
     specs = {t.name: t.openai_spec()["function"] for t in shell_tools(shell)}
     assert list(specs) == ["bash", "read_file", "write_file", "str_replace"]
+    assert tuple(specs) == SHELL_TOOL_NAMES  # the list the adapters and the MCP server use
     required = {name: spec["parameters"]["required"] for name, spec in specs.items()}
     assert required == {
         "bash": ["command"],

@@ -172,6 +172,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also serve the shell tools (bash, read_file, write_file, str_replace) in "
         "sandboxed shell sessions, scoped and limited like the Python sessions",
     )
+    serve.add_argument(
+        "--shell-python",
+        action="store_true",
+        help="with --shell: python_execute runs in the caller's shell session, beside bash "
+        "(the same files, /tmp and network; shell_close_session closes both)",
+    )
     from toolservices.cli._image import add_image_parser
 
     add_image_parser(commands)
@@ -250,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokens=args.token,
             tokens_file=args.tokens_file,
             shell=args.shell,
+            shell_python=args.shell_python,
             max_output=args.max_output,
         )
     if args.command == "image":

@@ -8,6 +8,7 @@ from toolservices.env._hooks import EpisodeHook, check_hook
 from toolservices.env._python_tool import PythonRender, PythonTool, exec_result_text, python_tool
 from toolservices.env._shell_tools import (
     MODEL_OUTPUT,
+    SHELL_TOOL_NAMES,
     ShellTool,
     bash_tool,
     read_file_tool,
@@ -21,6 +22,7 @@ from toolservices.env.episode import Episode
 
 __all__ = [
     "MODEL_OUTPUT",
+    "SHELL_TOOL_NAMES",
     "EnvStep",
     "clip_middle",
     "omitted_marker",

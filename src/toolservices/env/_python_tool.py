@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolservices.env._shell_tools import SHELL_SESSION_KEY
+from toolservices.env._shell_tools import TIMEOUT_GRACE as SHELL_TIMEOUT_GRACE
 from toolservices.errors import ToolExecutionError, ToolTimeoutError, UserError
 from toolservices.tools import Tool
 
@@ -196,4 +197,5 @@ def python_tool(
         session=SHELL_SESSION_KEY,
     )
     tool.shell = shell
+    tool.timeout = shell.timeout + SHELL_TIMEOUT_GRACE  # the shell's grace, as its tools have
     return tool

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SHELL_SESSION_KEY",
+    "SHELL_TOOL_NAMES",
     "ShellTool",
     "bash_tool",
     "read_file_tool",
@@ -42,9 +43,14 @@ __all__ = [
 
 #: The ``_state`` key that carries the episode's shell session id.
 SHELL_SESSION_KEY = "shell_session"
+#: The names of the tools :func:`shell_tools` makes, in its order: the one list the
+#: trainer adapters and the MCP server know the shell tools by.
+SHELL_TOOL_NAMES = ("bash", "read_file", "write_file", "str_replace")
 #: Seconds the dispatcher waits beyond the service's own limit, so that the
-#: service (which kills the command's process tree and says so) reports the timeout.
-TIMEOUT_GRACE = 5.0
+#: service reports the timeout: it kills the command's process tree and says so, and
+#: a supervisor that does not answer gets 5 s more (``shell._config.GRACE``) before
+#: the service restarts its session and says that. Both fit inside this.
+TIMEOUT_GRACE = 10.0
 #: Lines ``read_file`` shows when the model gives no range.
 DEFAULT_VIEW_LINES = 400
 #: Characters of one shown line (longer ones are cut, with a marker).

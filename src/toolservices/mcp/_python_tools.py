@@ -35,7 +35,13 @@ from toolservices.mcp._server import (
 )
 from toolservices.tools import FunctionTool, Tool
 
-__all__ = ["DEFAULT_MAX_SESSIONS", "PythonSessions", "SessionScope", "python_tools"]
+__all__ = [
+    "DEFAULT_MAX_SESSIONS",
+    "PythonSessions",
+    "SessionScope",
+    "python_execute_tool",
+    "python_tools",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +88,20 @@ class PythonSessions:
         """:meth:`execute` as the python tool calls every executor."""
         return await self.execute(code, session_id)
 
+    #: what the model is told a session is, the tool that closes one, what an expiry loses
+    kind = "Python"
+    close_tool = "python_close_session"
+    expiry_loses = "earlier variables and imports"
+
     async def execute(self, code: str, session_id: str | None) -> dict[str, Any]:
         """Run ``code`` in the caller's session ``session_id`` (or a fresh interpreter)."""
         if session_id is None:
-            return dict(await self.executor.aexecute(code))
+            return dict(await self.run_python(code, None))
         result, expired = await self.in_session(
             session_id,
-            lambda executor_id: self.executor.aexecute(code, session_id=executor_id),
-            kind="Python",
-            hint="Close a session you no longer need with python_close_session, or call "
+            lambda executor_id: self.run_python(code, executor_id),
+            kind=self.kind,
+            hint=f"Close a session you no longer need with {self.close_tool}, or call "
             "python_execute without a session_id for a one-off run.",
         )
         data = dict(result)  # ExecResult is a JSON-ready Mapping
@@ -98,11 +109,16 @@ class PythonSessions:
         if expired:
             data["restarted"] = True
             data["notice"] = (
-                f"Python session {session_id!r} was closed after {self.idle_timeout:g} s "
-                "without calls; this call ran in a new interpreter (earlier variables and "
-                "imports are gone)."
+                f"{self.kind} session {session_id!r} was closed after {self.idle_timeout:g} s "
+                f"without calls; this call ran in a new interpreter ({self.expiry_loses} "
+                "are gone)."
             )
         return data
+
+    async def run_python(self, code: str, session_id: str | None) -> Any:
+        """The executor's call in its session ``session_id`` (``ShellSessions``: the
+        interpreter of that shell session)."""
+        return await self.executor.aexecute(code, session_id=session_id)
 
     async def in_session(
         self, session_id: str, run: Callable[[str], Awaitable[_T]], *, kind: str, hint: str
@@ -220,16 +236,11 @@ def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> li
     ``sessions`` scopes and limits the sessions (a default :class:`PythonSessions`).
     """
     scoped = sessions if sessions is not None else PythonSessions(executor)
-
-    # the library's one Python tool: the whole result, in the session the model names
-    python_execute = PythonTool(
+    python_execute = python_execute_tool(
         scoped,
-        name="python_execute",
         description="Run Python code in a sandboxed interpreter; return success, stdout and "
         "stderr.\n\nGive the same session_id on later calls to keep variables and imports "
         "between them; without one, the code runs in a fresh interpreter.",
-        render="result",
-        session=None,
     )
 
     async def python_close_session(session_id: str) -> str:
@@ -243,3 +254,15 @@ def python_tools(executor: Any, *, sessions: PythonSessions | None = None) -> li
         return f"Session {session_id} was not open (nothing to close)"
 
     return [python_execute, FunctionTool(python_close_session)]
+
+
+def python_execute_tool(sessions: PythonSessions, *, description: str) -> Tool:
+    """``python_execute`` in ``sessions``: the library's one Python tool, the whole result,
+    in the session the model names."""
+    return PythonTool(
+        sessions,
+        name="python_execute",
+        description=description,
+        render="result",
+        session=None,
+    )

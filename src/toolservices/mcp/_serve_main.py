@@ -54,6 +54,7 @@ def serve_main(
     tokens: Sequence[str] = (),
     tokens_file: str | None = None,
     shell: bool = False,
+    shell_python: bool = False,
     max_output: int | None = MODEL_OUTPUT,
 ) -> int:
     """``toolservices serve --mcp``: the sandboxed Python executor as an MCP server.
@@ -66,26 +67,38 @@ def serve_main(
     need one. ``shell=True`` also serves the shell tools (``bash``, ``read_file``,
     ``write_file``, ``str_replace``, ``shell_close_session``; sessions scoped and
     limited the same way, see :mod:`toolservices.mcp._shell_tools`), ``bash``'s
-    output cut to ``max_output`` bytes (head and tail). Returns the
-    exit status (0; 2 for a bad configuration, said on stderr).
+    output cut to ``max_output`` bytes (head and tail). ``shell_python=True``
+    (with ``shell``): ``python_execute`` runs in the caller's shell session,
+    beside ``bash`` (one environment; no ``python_close_session``, no
+    sessions of the Python executor). Returns the exit status (0; 2 for a
+    bad configuration, said on stderr).
     """
     from toolservices.python import PythonExecutorService
 
     try:
         checked = _check_tokens(transport, session_scope, tokens, tokens_file)
+        if shell_python and not shell:
+            raise UserError("--shell-python needs --shell (Python runs in the shell sessions)")
     except UserError as exc:
         print(f"toolservices serve: {exc}", file=sys.stderr)
         return 2
 
-    executor = PythonExecutorService(
-        pool_size=pool_size, timeout=timeout, max_sessions=max(max_sessions, pool_size)
-    )
-    sessions = PythonSessions(
-        executor, max_sessions=max_sessions, idle_timeout=session_idle_timeout, scope=session_scope
-    )
-    tools = python_tools(executor, sessions=sessions)
-    on_disconnect: Callable[[str], Awaitable[None]] = sessions.release
-    background: Callable[[], Coroutine[Any, Any, None]] = sessions.expire_idle
+    executor = None
+    tools = []
+    on_disconnect: Callable[[str], Awaitable[None]] | None = None
+    background: Callable[[], Coroutine[Any, Any, None]] | None = None
+    if not shell_python:
+        executor = PythonExecutorService(
+            pool_size=pool_size, timeout=timeout, max_sessions=max(max_sessions, pool_size)
+        )
+        sessions = PythonSessions(
+            executor,
+            max_sessions=max_sessions,
+            idle_timeout=session_idle_timeout,
+            scope=session_scope,
+        )
+        tools = python_tools(executor, sessions=sessions)
+        on_disconnect, background = sessions.release, sessions.expire_idle
     extension = None
     if shell:
         from toolservices.mcp._shell_tools import shell_extension
@@ -97,6 +110,7 @@ def serve_main(
             max_sessions=max_sessions,
             idle_timeout=session_idle_timeout,
             scope=session_scope,
+            python=shell_python,
         )
         tools += extension.tools
         on_disconnect = extension.on_disconnect(on_disconnect)
@@ -132,7 +146,8 @@ def serve_main(
                 signal.signal(sig, signal.SIG_IGN)
         try:
             try:
-                executor.close()
+                if executor is not None:
+                    executor.close()
             finally:
                 if extension is not None:
                     extension.shell.close()

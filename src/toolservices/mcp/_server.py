@@ -29,6 +29,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
 from toolservices.dispatch import Dispatcher
+from toolservices.env import SHELL_TOOL_NAMES as _SHELL_TOOLS
 from toolservices.errors import UserError
 from toolservices.mcp._config import IMPLEMENTATION_NAME, library_version
 from toolservices.mcp._content import to_blocks
@@ -47,9 +48,7 @@ from toolservices.tools import Tool, ToolRegistry
 __all__ = ["aserve", "build_server", "current_connection", "current_namespace", "serve"]
 
 #: The tools ``--shell`` adds: asking for one without it gets a hint.
-SHELL_TOOL_NAMES = frozenset(
-    {"bash", "read_file", "write_file", "str_replace", "shell_close_session"}
-)
+SHELL_TOOL_NAMES = frozenset({*_SHELL_TOOLS, "shell_close_session"})
 
 Transport = Literal["stdio", "http"]
 P = ParamSpec("P")

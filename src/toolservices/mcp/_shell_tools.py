@@ -6,7 +6,9 @@ are scoped, limited and expired exactly like Python sessions (see
 session of its own MCP connection (or, with ``--session-scope namespace``,
 of its token's namespace); a call without one runs in a fresh session
 closed right after it. The tools return the same text a model reads from
-the tools of an :class:`~toolservices.Episode`.
+the tools of an :class:`~toolservices.Episode`. With ``--shell-python``,
+``python_execute`` runs in the shell sessions too (``ShellService.arun_python``):
+one environment for both, closed with ``shell_close_session``.
 """
 
 from __future__ import annotations
@@ -22,18 +24,35 @@ import anyio
 
 from toolservices.env import MODEL_OUTPUT, ShellTool, shell_tools
 from toolservices.errors import ToolError
-from toolservices.mcp._python_tools import PythonSessions
+from toolservices.mcp._python_tools import PythonSessions, python_execute_tool
 from toolservices.tools import FunctionTool, Tool
 
-__all__ = ["ShellExtension", "ShellSessions", "mcp_shell_tools", "shell_extension"]
+__all__ = ["SHELL_PYTHON", "ShellExtension", "ShellSessions", "mcp_shell_tools", "shell_extension"]
+
+#: ``python_execute``'s description when it runs in the shell session (``--shell-python``)
+SHELL_PYTHON = (
+    "Run Python code in the sandboxed shell session's own interpreter; return success, "
+    "stdout and stderr.\n\nWith a session_id, the code runs beside bash in that session: "
+    "the same files, working directory, /tmp and network, and variables and imports are "
+    "kept between calls; without one, it runs in a fresh session."
+)
 
 
 class ShellSessions(PythonSessions):
     """A ShellService's sessions, scoped and limited as :class:`PythonSessions` are.
 
     Inherits the scoping (``_key``), ``close``, ``release`` and
-    ``expire_idle``; :meth:`call` replaces ``execute`` (which runs Python).
+    ``expire_idle``; :meth:`call` runs a shell tool, and ``execute`` (the
+    ``python_execute`` of ``--shell-python``) runs Python in the shell session.
     """
+
+    kind = "shell"
+    close_tool = "shell_close_session"
+    expiry_loses = "earlier files, shell state and Python variables"
+
+    async def run_python(self, code: str, session_id: str | None) -> Any:
+        """The interpreter of shell session ``session_id`` (a fresh session without one)."""
+        return await self.executor.arun_python(code, session_id=session_id)
 
     async def call(self, session_id: str | None, run: Callable[[str], Awaitable[str]]) -> str:
         """``run(<the service's session id>)`` in the caller's session ``session_id``.
@@ -50,7 +69,7 @@ class ShellSessions(PythonSessions):
         text, expired = await self.in_session(
             session_id,
             run,
-            kind="shell",
+            kind=self.kind,
             hint="Close a session you no longer need with shell_close_session, or call "
             "without a session_id for a one-off command.",
         )
@@ -187,26 +206,29 @@ class ShellExtension:
     tools: list[Tool]
 
     def on_disconnect(
-        self, python: Callable[[str], Awaitable[None]]
+        self, python: Callable[[str], Awaitable[None]] | None
     ) -> Callable[[str], Coroutine[Any, Any, None]]:
-        """``python``'s disconnect handler, then the shell sessions' release."""
+        """``python``'s disconnect handler (None: no Python sessions of their own), then the
+        shell sessions' release."""
 
         async def release(connection: str) -> None:
             try:
-                await python(connection)
+                if python is not None:
+                    await python(connection)
             finally:
                 await self.sessions.release(connection)
 
         return release
 
     def background(
-        self, python: Callable[[], Coroutine[Any, Any, None]]
+        self, python: Callable[[], Coroutine[Any, Any, None]] | None
     ) -> Callable[[], Coroutine[Any, Any, None]]:
-        """``python``'s background task and the shell sessions' expiry, together."""
+        """``python``'s background task (None: none) and the shell sessions' expiry, together."""
 
         async def both() -> None:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(python)
+                if python is not None:
+                    tg.start_soon(python)
                 tg.start_soon(self.sessions.expire_idle)
 
         return both
@@ -220,8 +242,10 @@ def shell_extension(
     max_sessions: int,
     idle_timeout: float | None,
     scope: Any,
+    python: bool = False,
 ) -> ShellExtension:
-    """A ShellService and its MCP tools, configured as the server's Python tools are."""
+    """A ShellService and its MCP tools, configured as the server's Python tools are;
+    ``python``: with ``python_execute`` running in the caller's shell session."""
     from toolservices.shell import ShellService
 
     shell = ShellService(
@@ -230,8 +254,7 @@ def shell_extension(
     sessions = ShellSessions(
         shell, max_sessions=max_sessions, idle_timeout=idle_timeout, scope=scope
     )
-    return ShellExtension(
-        shell=shell,
-        sessions=sessions,
-        tools=mcp_shell_tools(shell, sessions=sessions, max_output=max_output),
-    )
+    tools = mcp_shell_tools(shell, sessions=sessions, max_output=max_output)
+    if python:
+        tools.insert(0, python_execute_tool(sessions, description=SHELL_PYTHON))
+    return ShellExtension(shell=shell, sessions=sessions, tools=tools)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import math
 from typing import TYPE_CHECKING
 
 from toolservices.errors import UserError
@@ -28,7 +27,6 @@ __all__ = [
     "SESSION_FDS",
     "SHELL_NPROC",
     "check_session",
-    "check_timeout",
     "session_sandbox",
     "shell_config",
 ]
@@ -50,15 +48,6 @@ COMMAND_STACK = 8 * 1024 * 1024
 SHELL_NPROC = 256
 #: /etc paths of toolchains the read-only root shows to shell sessions (when they exist).
 _TOOLCHAIN_ETC = ("/etc/java-*",)
-
-
-def check_timeout(value: object, name: str = "timeout") -> float:
-    """A limit in seconds as a float; a :class:`UserError` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
 
 
 def check_session(value: object, *, required: bool = False) -> str | None:

@@ -12,25 +12,19 @@ import base64
 import functools
 from typing import TYPE_CHECKING, Any
 
+from toolservices._clip import capped_text
 from toolservices.errors import UserError
 from toolservices.python import ExceptionInfo, ExecResult
-from toolservices.shell._checks import checked, died
+from toolservices.shell._checks import RUN_FIELDS, checked, died
 
 if TYPE_CHECKING:
     from toolservices.shell._service import ShellService
 
 __all__ = ["arun_python", "forget_python", "python_config"]
 
-#: the fields of a reply to a ``python`` request that ran (or tried to run) the code
-_FIELDS = {
-    "restarted": bool,
-    "timed_out": bool,
-    "limit": float,
-    "stdout": str,
-    "stderr": str,
-    "stdout_total": int,
-    "stderr_total": int,
-}
+#: the fields of a reply to a ``python`` request that ran (or tried to run) the code: a
+#: command's, but for its status and duration (the interpreter's are optional)
+_FIELDS = {k: v for k, v in RUN_FIELDS.items() if k not in ("returncode", "duration")}
 _LOST = " The interpreter was restarted: variables defined earlier are lost."
 _SHELL_GOES_ON = " (Only Python's: the shell session, its files and its processes go on.)"
 
@@ -59,15 +53,32 @@ async def arun_python(
     if not isinstance(code, str):
         raise UserError(f"code must be a str, got {type(code).__name__}")
     session, limit, wait = service._python_args(session_id, timeout)
+    result = await _call(service, code, session, limit, wait, inline)
+    service._bump(
+        python_calls=1,
+        python_timeouts=int(result.timed_out),
+        python_restarts=int(result.restarted),
+        python_failures=int(not result.success),
+    )
+    return result
+
+
+async def _call(
+    service: ShellService, code: str, session: str | None, limit: float, wait: float, inline: bool
+) -> ExecResult:
     args: dict[str, Any] = {"code": code, "timeout": limit}
     res, lost = await service._request("python", args, session, wait, inline)
-    if not (res.timed_out or died(res)):
-        reply = service._reply(res)
-        if reply.get("need_runtime"):  # an image session's first Python: it gets the runtime
-            args["runtime"] = _runtime_zip()
-            res, again = await service._request("python", args, session, wait, inline)
-            lost = lost or again
-    if res.timed_out or died(res):  # the supervisor did not answer: the whole session is gone
+    gone = res.timed_out or died(res)
+    reply = {} if gone else service._reply(res)
+    if reply.get("need_runtime"):  # an image session's first Python: it gets the runtime
+        args["runtime"] = _runtime_zip()
+        res, again = await service._request("python", args, session, wait, inline)
+        lost = lost or again
+        gone = res.timed_out or died(res)
+        reply = {} if gone else service._reply(res)
+    # also a loss another tool's call saw first (the session evicted or restarted)
+    lost = service._python_lost(session, started=bool(reply.get("ok"))) or lost
+    if gone:  # the supervisor did not answer: the whole session is gone
         what = "did not answer in time" if res.timed_out else "ended during the call"
         return ExecResult(
             success=False,
@@ -81,7 +92,6 @@ async def arun_python(
             restarted=session is not None,
             session_id=session,
         )
-    reply = service._reply(res)
     if not reply.get("ok"):  # no interpreter could start (no python3, too old...)
         message = str(reply.get("message"))
         return ExecResult(
@@ -90,7 +100,7 @@ async def arun_python(
             stderr=f"{message}\n",
             returncode=-1,
             exception=ExceptionInfo(type="PythonUnavailable", message=message),
-            restarted=False,
+            restarted=lost and session is not None,
             session_id=session,
         )
     return _result(checked(reply, _FIELDS), lost and session is not None, session, service)
@@ -98,11 +108,7 @@ async def arun_python(
 
 def _text(data: str, total: int, dropped: int, cap: int) -> tuple[str, bool]:
     """A stream as the interpreter kept it, with the executor's marker past the cap."""
-    omitted = max(0, total - cap) + dropped
-    text = base64.b64decode(data).decode("utf-8", "replace")
-    if omitted:
-        text += f"\n[... output truncated: {omitted} more bytes not shown ...]\n"
-    return text, bool(omitted)
+    return capped_text(base64.b64decode(data), max(0, total - cap) + dropped)
 
 
 def _result(

@@ -18,16 +18,18 @@ captured in two memfds it hands over in ``HELLO``, one ``RESULT`` frame per
 It runs in a Landlock domain of its own scoped for signals (as the shell's
 spawner does), with the environment and starting directory of the session's
 commands. A call past its time limit kills the interpreter and everything
-it started, and nothing else: the shell, its background jobs and its state
-go on. The next call starts a fresh interpreter; the call that lost the
-state says so (``restarted``), and so does the first call of a
-``fork_session`` copy (an interpreter cannot be copied into another
-session's namespaces).
+it started (its process group and the processes below it), and nothing
+else: the shell, its background jobs and its state go on. An interpreter
+that exits takes its processes along the same way. The next call starts a
+fresh interpreter; the call that lost the state says so (``restarted``),
+and so does the first call of a ``fork_session`` copy (an interpreter
+cannot be copied into another session's namespaces).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -134,7 +136,15 @@ class Interpreter:
             _child(child.fileno(), err_w, self.zip_fd, python, start, env, config)
         child.close()
         os.close(err_w)
-        pidfd = os.pidfd_open(pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # no descriptor left to watch it by: it goes at once
+            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            parent.close()
+            os.close(err_r)
+            raise
         try:
             wait = min(START_WAIT, max(begun + limit - time.monotonic(), 0.001))
             out_fd, err_fd = _hello(parent, pidfd, err_r, python, wait)
@@ -151,12 +161,12 @@ class Interpreter:
 
     def run(self, shell: Any, config: dict[str, Any], code: str, timeout: float) -> dict[str, Any]:
         begun = time.monotonic()
-        restarted = self.lost
         worker = self.worker
         if worker is not None and worker.exited():  # it ended between calls (a thread's exit)
             worker.kill()
             worker = self.worker = None
-            restarted = True
+            self.lost = True  # said by the next call that runs, even if this one cannot start
+        restarted = self.lost
         if worker is None:  # the call's limit covers starting it (the host waits that long)
             worker = self.worker = self._start(shell, config, begun, timeout)
         self.lost = False
@@ -345,23 +355,37 @@ def _exchange(worker: _Worker, seq: int, code: str, deadline: float) -> tuple[st
 
 
 def _end(pid: int, pidfd: int) -> int | None:
-    """Kill ``pid`` and every process below it, reap them all, close ``pidfd``; ``pid``'s
-    exit status if we reaped it. Its processes come back to the supervisor (a subreaper)
-    when it dies: they are reaped here, so none lingers as a zombie a command would see."""
-    below = [] if _readable([pidfd], 0.0) else _kill_below(pid)
+    """Kill ``pid`` and every process below it or in its group, reap them all, close
+    ``pidfd``; ``pid``'s exit status if we reaped it. Its processes come back to the
+    supervisor (a subreaper) when it dies: they are reaped here, so none lingers as a zombie
+    a command would see. Waits go by ``pidfd``: the supervisor's reaper may have collected
+    ``pid`` after it exited, and its number may name another process by now."""
+    below = _kill_below(pid) if _pinned(pidfd) else []
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:  # gone already
         pass
     status = None
     try:
-        _, raw = os.waitpid(pid, 0)
-        status = os.waitstatus_to_exitcode(raw)
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        if info is not None:
+            killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            status = -info.si_status if killed else info.si_status
     except ChildProcessError:  # the supervisor's reaper collected it first
         pass
     os.close(pidfd)
     _reap(below)
     return status
+
+
+def _pinned(pidfd: int) -> bool:
+    """Whether ``pidfd``'s process still holds its pid: alive, or a zombie not yet reaped
+    (then its number and process group are still its own, safe to look up in ``/proc``)."""
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere
+        return False
+    return True
 
 
 def _readable(fds: list[int], timeout: float) -> set[int]:
@@ -386,29 +410,35 @@ def _describe(status: int | None) -> str:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (one scan of ``/proc``: the session's own PID namespace)."""
+    """Every process below ``pid`` or in its process group (one scan of ``/proc``: the
+    session's own PID namespace). The group also holds what left the tree: a double fork's
+    orphan, or the children of an interpreter that has exited, come back to the supervisor."""
     children: dict[int, list[int]] = {}
+    grouped: list[int] = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as fh:
-                    parent = int(fh.read().rsplit(b")", 1)[1].split()[1])
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                parent, group = int(fields[1]), int(fields[2])
             except (OSError, ValueError, IndexError):
                 continue  # gone already
             children.setdefault(parent, []).append(int(name))
+            if group == pid and int(name) != pid:
+                grouped.append(int(name))
     found: list[int] = []
-    pending = [pid]
+    pending = [pid, *grouped]
     while pending:
         kids = children.get(pending.pop(), [])
         found.extend(kids)
         pending.extend(kids)
-    return found
+    return list(dict.fromkeys([*grouped, *found]))
 
 
 def _kill_below(pid: int) -> list[int]:
-    """SIGKILL every process below ``pid`` while it lives (a subreaper: orphans stay below
-    it), until none is left running; then only ``pid`` itself is left to kill. Returns
-    pidfds of every process seen below it, to reap once ``pid`` is gone."""
+    """SIGKILL every process below ``pid`` or in its group (see :func:`_descendants`) until
+    none is left running; then only ``pid`` itself is left to kill. Returns pidfds of every
+    process seen, to reap once ``pid`` is gone."""
     seen: dict[int, int] = {}
     for _round in range(16):
         victims = []

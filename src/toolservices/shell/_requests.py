@@ -99,7 +99,23 @@ class SupervisorRequests:
         # sessions whose state or files were lost in a call that could not say so (a file
         # tool's, or a command whose supervisor died): their next command reports it
         self._lost: dict[str, None] = {}
-        self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
+        # sessions whose Python interpreter ran, and whether its state was lost since (the
+        # session evicted or restarted under another tool): news for their next Python call
+        self._pythons: dict[str, bool] = {}
+        self._counters = dict.fromkeys(
+            (
+                "commands",
+                "timeouts",
+                "restarts",
+                "failures",
+                "files",
+                "python_calls",
+                "python_timeouts",
+                "python_restarts",
+                "python_failures",
+            ),
+            0,
+        )
 
     def _code(self, op: str, args: dict[str, Any], boot: bool, session_id: str | None) -> str:
         # a session on another image than the service's has its own (its WorkingDir)
@@ -162,6 +178,22 @@ class SupervisorRequests:
                 self._lost[session_id] = None
                 while len(self._lost) > 4 * self.max_sessions:  # the oldest news goes first
                     del self._lost[next(iter(self._lost))]
+                if session_id in self._pythons:  # its interpreter went with the session
+                    self._pythons[session_id] = True
+        return lost
+
+    def _python_lost(self, session_id: str | None, started: bool) -> bool:
+        """Pop the news that ``session_id``'s Python state was lost since its last Python
+        call (whichever tool's call lost it); ``started``: this call ran an interpreter there,
+        whose state a later loss takes (False: the session has none, or was closed)."""
+        if session_id is None:
+            return False
+        with self._lock:
+            lost = self._pythons.pop(session_id, False)
+            if started:
+                self._pythons[session_id] = False
+                while len(self._pythons) > 4 * self.max_sessions:  # forgetting: a missed note
+                    del self._pythons[next(iter(self._pythons))]
         return lost
 
     def _reported_lost(self, session_id: str | None) -> bool:

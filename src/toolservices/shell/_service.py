@@ -12,7 +12,7 @@ from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
-from toolservices.python.host import default_max_sessions, pull_image
+from toolservices.python.host import check_timeout, default_max_sessions, pull_image
 from toolservices.python.sandbox import with_network
 from toolservices.shell._checks import check_path, encode, entry, largest_variable, lone_surrogate
 from toolservices.shell._config import (
@@ -22,7 +22,6 @@ from toolservices.shell._config import (
     SESSION_BYTES,
     SESSION_FDS,
     check_session,
-    check_timeout,
     session_sandbox,
     shell_config,
 )
@@ -546,6 +545,7 @@ class ShellService(SupervisorRequests):
         self._booted.discard(session_id)
         self._reported_lost(session_id)  # its next use is a new session, not a lost one
         self._images.sessions.pop(session_id, None)
+        self._python_lost(session_id, started=False)  # and its next Python call a new one
         if inline:
             return self._python.close_session(session_id)
         return await self._python.aclose_session(session_id)

@@ -63,6 +63,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"pip install 'toolservices[verifiers]' ({exc})"
     ) from exc
 
+from toolservices.env import SHELL_TOOL_NAMES
 from toolservices.errors import UserError
 from toolservices.trainers._calls import adapter_spec, load_hook, outcome_score, run_call
 
@@ -85,8 +86,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _vf_tool: Callable[[_F], _F] = vf.tool
 
 #: The tools a :class:`ToolservicesToolset` can offer, in the order they are listed.
-TOOLS = ("python", "bash", "read_file", "write_file", "str_replace")
-_SHELL_TOOLS = frozenset(TOOLS[1:])
+TOOLS = ("python", *SHELL_TOOL_NAMES)
 
 
 class ToolservicesToolsetConfig(vf.ToolsetConfig):
@@ -169,7 +169,7 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
             executor = PythonExecutorService(pool_size=1, timeout=self.config.timeout, spares=0)
             stack.push_async_callback(executor.aclose)
             tools.append(python_tool(executor))
-        if _SHELL_TOOLS.intersection(names) or in_shell:
+        if set(SHELL_TOOL_NAMES).intersection(names) or in_shell:
             from toolservices.env import python_tool, shell_tools
             from toolservices.shell import ShellService
 

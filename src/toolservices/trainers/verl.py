@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"toolservices.trainers.verl needs verl 0.9: pip install 'toolservices[verl]' ({exc})"
     ) from exc
 
-from toolservices.env import Episode, python_tool, shell_tools
+from toolservices.env import SHELL_TOOL_NAMES, Episode, python_tool, shell_tools
 from toolservices.env.episode import aclose_all
 from toolservices.errors import UserError
 from toolservices.python import PythonExecutorService
@@ -73,8 +73,6 @@ __all__ = [
     "shared_executor",
     "shared_shell",
 ]
-
-_SHELL_TOOLS = ("bash", "read_file", "write_file", "str_replace")
 
 
 def shared_executor(**config: Any) -> PythonExecutorService:
@@ -250,7 +248,7 @@ class ToolservicesTool(BaseTool):
                 "python_in_shell: the python tool keeps its name 'python' (the shell tools' "
                 "episodes know it by that name)"
             )
-        if config.get("tool") in _SHELL_TOOLS or in_shell:
+        if config.get("tool") in SHELL_TOOL_NAMES or in_shell:
             # all of them in the episode: the worker's shell tools (and a python tool with
             # python_in_shell) share it per trajectory, whichever of them makes it
             shell = shared_shell(**dict(config.get("shell") or {}))

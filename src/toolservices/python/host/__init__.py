@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from toolservices.python.host._args import pull_image
+from toolservices.python.host._args import check_timeout, pull_image
 from toolservices.python.host._persistent import PersistentPythonProcess
 from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
@@ -31,6 +31,7 @@ __all__ = [
     "PersistentPythonProcess",
     "PythonExecutorService",
     "ResultMapping",
+    "check_timeout",
     "default_max_sessions",
     "pull_image",
     "self_test",

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 
 from toolservices import _portal
+from toolservices._clip import capped_text
 from toolservices.errors import InfrastructureError
 from toolservices.python import runtime
 from toolservices.python.host._channel import Channel, check_reply, out_of_descriptors
@@ -93,11 +94,7 @@ def _read_capture(fd: int, cap: int, dropped: int) -> tuple[str, bool]:
     """Read one memfd: at most ``cap`` bytes, with a visible marker past it."""
     size = os.fstat(fd).st_size
     data = os.pread(fd, min(size, cap), 0) if size else b""
-    omitted = max(0, size - cap) + dropped
-    text = data.decode("utf-8", "replace")
-    if omitted:
-        text += f"\n[... output truncated: {omitted} more bytes not shown ...]\n"
-    return text, bool(omitted)
+    return capped_text(data, max(0, size - cap) + dropped)
 
 
 #: what a SIGSEGV in a session almost always is: the recursion cap keeps common C recursion
