@@ -24,12 +24,9 @@ else:  # in a session: loaded just before this one (see ``_service._CODE``)
 BASH = "/bin/bash"
 STATE_END = "#toolservices-state-end"
 
-# The script every bash runs, started ahead of need as a spare: wait for a line on the
-# pipe on fd 3 (the state is ready), restore the state from the memfd on fd 5, then
-# wait for the command (the rest of the pipe, read to its end) and run it with an EXIT
-# trap that saves the new state into the memfd on fd 4. The state is restored before
-# the command arrives: the supervisor fills fd 5 as soon as the previous command ended.
-PRELUDE = r"""
+# What every command's bash defines: ``__ts_opts`` sets the shell options a state names,
+# ``__ts_save`` (the EXIT trap) writes the state into the memfd on fd 4.
+FUNCTIONS = r"""
 __ts_opts() {
   [[ $1 == "$SHELLOPTS" && $2 == "$BASHOPTS" ]] && return  # the usual case: nothing to set
   builtin local __ts_o
@@ -48,6 +45,7 @@ __ts_opts() {
   for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
 }
 __ts_save() {
+  builtin unset -v __ts_cmd  # the command's text is no state (nor a change of it)
   builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
   builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob +o posix 2>/dev/null
   {
@@ -64,6 +62,17 @@ __ts_save() {
     builtin printf '%s\n' '#toolservices-state-end'
   } >/dev/fd/4 2>/dev/null
 }
+"""
+
+# The script of a bash started ahead of need as a spare (the spawner's; the path without
+# the live bash, see ``_native``): wait for a line on the pipe on fd 3 (the state is
+# ready), restore the state from the memfd on fd 5, then wait for the command (the rest of
+# the pipe, read to its end) and run it with an EXIT trap that saves the new state into
+# the memfd on fd 4. The state is restored before the command arrives: the supervisor
+# fills fd 5 as soon as the previous command ended.
+PRELUDE = (
+    FUNCTIONS
+    + r"""
 builtin shopt -s expand_aliases  # as in an interactive terminal (the state may turn it off)
 builtin read -r __ts_cmd <&3 || builtin exit 1
 builtin trap __ts_save EXIT
@@ -73,6 +82,7 @@ RANDOM=$SRANDOM
 exec 3<&- 5<&-  # "builtin exec" would close them for that one command only
 builtin eval "$__ts_cmd"
 """
+)
 
 
 def quote(text: str) -> bytes:
@@ -105,6 +115,8 @@ class Spare:
         self.cmd_w, self.out_r, self.err_r, self.in_w = cmd_w, out_r, err_r, in_w
         self.state_out, self.state_in = state_out, state_in
         self.pid = 0
+        #: what the poll loop writes to it besides stdin: the command, on the spawner's way
+        self.writes: dict[int, bytes] = {}
         #: the generation of the shell state it was given (-1: none yet, -2: it is dead)
         self.generation = -1
 

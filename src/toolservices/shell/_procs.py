@@ -15,11 +15,13 @@ import signal
 
 
 def killpg(pid: int) -> None:
-    """SIGKILL the process group ``pid`` (gone already: nothing to do)."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    """SIGKILL the process group ``pid`` and the process ``pid`` (a live bash's copy makes its
+    own group as its first step: one killed before that is in none yet)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def stat_fields(pid: int | str) -> list[bytes]:
@@ -106,7 +108,7 @@ def children(root: int) -> dict[int, tuple[int, int]]:
 
 
 def kill_tree(
-    root: int, bash: int, born: int, spared: int, earlier: dict[int, tuple[int, int]]
+    root: int, bash: int, born: int, spared: set[int], earlier: dict[int, tuple[int, int]]
 ) -> None:
     """Kill the timed-out command's tree, and nothing of the commands before it.
 
@@ -118,7 +120,7 @@ def kill_tree(
     that command put in the background can fork after it); everything below
     them goes too. Background jobs of earlier commands are in older groups, and
     so are the processes they start later (an orphan of their double fork is
-    spared by its group); ``spared`` (the spawner) stays.
+    spared by its group); ``spared`` (the spawner, the live bash) stays.
     """
     older = {group for _start, group in earlier.values() if group != bash}
     for _ in range(16):
@@ -134,7 +136,7 @@ def kill_tree(
             pid
             for pid, (ppid, pgid, start, _state) in info.items()
             if ppid == root
-            and pid != spared
+            and pid not in spared
             and (
                 pgid == bash
                 or (

@@ -38,6 +38,7 @@ from toolservices.shell._checks import (
     largest_variable,
     lone_surrogate,
 )
+from toolservices.shell._native import library as native_library
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -79,6 +80,7 @@ _CODE = {
         ("_toolservices_shell_spawner", "_spawner"),
         ("_toolservices_shell_terminal", "_terminal"),
         ("_toolservices_shell_command", "_command"),
+        ("_toolservices_shell_native", "_native"),
         ("_toolservices_shell", "_supervisor"),
     )
 }
@@ -248,6 +250,9 @@ class ShellService:
             "offline": config.network != "host",
             # an image's WorkingDir: where a new session's first command starts
             "start_dir": start_dir(self.image) if image_workdir else None,
+            # the bash builtin that lets one live bash serve the commands (shell.md); an
+            # image's bash may not be the one it was built for: a bash per command there
+            "native": native_library() if self.image is None else None,
             # every reply carries it: a line the session forged cannot (see _reply)
             "token": secrets.token_hex(16),
         }

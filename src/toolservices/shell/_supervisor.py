@@ -37,13 +37,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or not __name__.startswith("_toolservices_"):  # on the host (tests)
-    from toolservices.shell import _command, _files, _procs, _terminal
+    from toolservices.shell import _command, _files, _native, _procs, _terminal
     from toolservices.shell._spawner import Spawner
 else:  # in a session: loaded just before this one (see ``_service._CODE``)
     _procs = sys.modules["_toolservices_shell_procs"]
     _files = sys.modules["_toolservices_shell_files"]
     _terminal = sys.modules["_toolservices_shell_terminal"]
     _command = sys.modules["_toolservices_shell_command"]
+    _native = sys.modules["_toolservices_shell_native"]
     Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
 
 _MAX_LINGERING = 64
@@ -70,6 +71,7 @@ class Shell:
         command_stack: int | None = None,
         offline: bool = True,
         start_dir: str | None = None,
+        native: str | None = None,
     ) -> None:
         _terminal.command_limits(command_stack)  # inherited by the spawner, so by every bash
         self.workspace = workspace
@@ -87,6 +89,10 @@ class Shell:
         _lib().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         self.spawner: Spawner | None = None
         self.pending: _command.Spare | None = None
+        # the live bash (``_native``) where the package's builtin can serve; else a fresh
+        # bash per command from the spawner
+        self.live = None if native is None else _native.Live(native, self._env())
+        self._encoded = (-1, b"")  # the state as bytes, and its generation
         # stdout/stderr pipes of finished commands that background jobs still hold: kept
         # open and drained, so that a job printing later is not killed by SIGPIPE
         self.lingering: list[int] = []
@@ -147,12 +153,19 @@ class Shell:
             os.close(alive.pop(0))
         self.lingering = alive
 
+    def _env(self) -> dict[str, str]:
+        return _terminal.command_env(dict(os.environ), self.home, self.offline)
+
+    def _state_bytes(self) -> bytes:
+        if self._encoded[0] != self.generation:
+            self._encoded = (self.generation, self.state.encode("utf-8", "surrogateescape"))
+        return self._encoded[1]
+
     def _request_spare(self) -> None:
         """Ask the spawner for the next command's bash; it starts while we reply."""
         if self.spawner is None:
-            env = _terminal.command_env(dict(os.environ), self.home, self.offline)
             argv = [_command.BASH, "--noprofile", "--norc", "-c", _command.PRELUDE, "bash"]
-            self.spawner = Spawner(argv, env, self.workspace)
+            self.spawner = Spawner(argv, self._env(), self.workspace)
         cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -215,6 +228,12 @@ class Shell:
 
     def prepare_next(self) -> None:
         """Start the next command's bash and have it restore the state while we reply."""
+        if self.live is not None:
+            try:
+                self.live.prime(self._state_bytes(), self.generation)
+            except OSError:
+                pass  # asked again (and reported) by the next command
+            return
         if self.pending is None:
             try:
                 self._request_spare()
@@ -225,7 +244,7 @@ class Shell:
             self._prime(self.pending)
 
     def _prime(self, spare: _command.Spare) -> None:
-        spare.prime(self.state.encode("utf-8", "surrogateescape"), self.generation)
+        spare.prime(self._state_bytes(), self.generation)
 
     def _discard_pending(self) -> None:
         """Drop the spare asked for while the command ran (it was born after the command,
@@ -241,33 +260,94 @@ class Shell:
             self._drop_spawner()
         stale.close()
 
+    def _launch(self, command: str, stdin: bytes | None, deadline: float) -> _command.Spare:
+        """The command's bash, started, with the writes it waits for (see ``collect``).
+
+        A copy of the live bash where there is one (its command in a memfd), else a
+        spare from the spawner (its command written to its pipe).
+        """
+        if self.live is not None:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+            text = os.memfd_create("command", os.MFD_CLOEXEC)
+            state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
+            launched = _command.Spare(-1, out_r, err_r, in_w, state_out, -1)
+            try:
+                view = memoryview(command.encode("utf-8", "surrogateescape"))
+                while view:  # a memfd: never blocks
+                    view = view[os.write(text, view) :]
+                pairs = [(in_r, 0), (out_w, 1), (err_w, 2), (text, 3), (state_out, 4)]
+                launched.pid = self.live.command(
+                    pairs, self._state_bytes(), self.generation, deadline
+                )
+                return launched
+            except _native.Unavailable:  # this bash cannot load the builtin: the spawner's way
+                self.live = None
+                launched.close()
+            except OSError:
+                launched.close()
+                raise
+            finally:
+                for fd in (in_r, out_w, err_w, text):
+                    os.close(fd)
+        spare = self._take_spare()
+        spare.writes = {spare.cmd_w: b"__ts_cmd=" + _command.quote(command) + b"\n"}
+        spare.cmd_w = -1
+        return spare
+
+    @staticmethod
+    def _not_started(timeout: float, started: float) -> dict[str, Any]:
+        """The result of a command whose bash, stopped by an earlier command, never took it."""
+        return {
+            "no_terminal": "",
+            "returncode": -1,
+            "timed_out": True,
+            "restarted": True,
+            "stdout": "",
+            "stderr": "",
+            "stdout_total": 0,
+            "stderr_total": 0,
+            "duration": time.monotonic() - started,
+            "limit": timeout,
+        }
+
+    def _spared(self) -> set[int]:
+        """The session's own processes that no command's tree kill may take."""
+        spared = set() if self.live is None else self.live.pids()
+        if self.spawner is not None:
+            spared.add(self.spawner.pid)
+        return spared
+
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
         started = time.monotonic()
         self._drain_lingering()
-        spare = self._take_spare()
-        pid = spare.pid
+        try:
+            launched = self._launch(command, stdin, started + timeout)
+        except TimeoutError:  # a stopped bash did not answer: the command never started
+            return self._not_started(timeout, started)
+        pid = launched.pid
         born = _procs.start_time(pid)
         # Background jobs of earlier commands, reparented to us: never this command's,
         # even when they forked after this command's bash was started as a spare.
         earlier = _procs.children(self.pid)
         try:
-            script = b"__ts_cmd=" + _command.quote(command) + b"\n"
-            # Both written from the poll loop: a stopped bash (kill -STOP) cannot block us.
-            writes = {spare.cmd_w: script, spare.in_w: stdin or b""}
-            spare.cmd_w = spare.in_w = -1
+            # Written from the poll loop: a stopped bash (kill -STOP) cannot block us.
+            writes = {**launched.writes, launched.in_w: stdin or b""}
+            launched.in_w = -1
+            left = max(started + timeout - time.monotonic(), 0.0)
             status, outs, timed_out, stuck = _command.collect(
-                pid, spare.out_r, spare.err_r, writes, timeout, self.max_output
+                pid, launched.out_r, launched.err_r, writes, left, self.max_output
             )
             if timed_out or stuck:
-                spawner = 0 if self.spawner is None else self.spawner.pid
-                _procs.kill_tree(self.pid, pid, born, spawner, earlier)
+                _procs.kill_tree(self.pid, pid, born, self._spared(), earlier)
                 self._discard_pending()
-            saved = _command.read_all(spare.state_out)
-            kept = (spare.out_r, spare.err_r)
-            spare.out_r = spare.err_r = -1
+            saved = _command.read_all(launched.state_out)
+            kept = (launched.out_r, launched.err_r)
+            launched.out_r = launched.err_r = -1
             self._drain_lingering(kept)
         finally:
-            spare.close()
+            launched.close()
         text = _terminal.compact_limits(saved.decode("utf-8", "surrogateescape"))
         restarted = True
         if not timed_out and not stuck and text.endswith(_command.STATE_END + "\n"):
@@ -318,6 +398,7 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
             command_stack=config.get("command_stack"),
             offline=config.get("offline", True),
             start_dir=config.get("start_dir"),
+            native=config.get("native"),
         )
     shell = _shell
     if op == "run":
