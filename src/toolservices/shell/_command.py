@@ -45,7 +45,9 @@ __ts_opts() {
   for __ts_o in "${__ts_l[@]}"; do builtin shopt -s "$__ts_o" 2>/dev/null; done
 }
 __ts_save() {
-  builtin unset -v __ts_cmd  # the command's text is no state (nor a change of it)
+  # the command's text and the dynamic variables (their values change at every command,
+  # and the next command's bash has its own) are no state: unset in this exiting bash
+  builtin unset -v __ts_cmd BASHPID EPOCHREALTIME EPOCHSECONDS RANDOM SRANDOM SECONDS
   builtin local __ts_so=$SHELLOPTS __ts_bo=$BASHOPTS
   builtin set +o errexit +o nounset +o xtrace +o verbose +o noclobber +o noglob +o posix 2>/dev/null
   {
@@ -63,6 +65,18 @@ __ts_save() {
   } >/dev/fd/4 2>/dev/null
 }
 """
+# The limits as ``ulimit -a`` lists them, soft and hard: ``_terminal.compact_limits`` turns
+# the listings into ``ulimit`` commands for what changed. The live bash has a builtin that
+# prints those commands at once (``_native``).
+_LISTED_LIMITS = r"""
+    builtin printf '#ts-limits -S\n'
+    builtin ulimit -S -a
+    builtin printf '#ts-limits -H\n'
+    builtin ulimit -H -a
+    builtin printf '#ts-limits end\n'
+"""
+assert _LISTED_LIMITS in FUNCTIONS
+LIVE_FUNCTIONS: str = FUNCTIONS.replace(_LISTED_LIMITS, "\n    builtin __ts_serve limits\n")
 
 # The script of a bash started ahead of need as a spare (the spawner's; the path without
 # the live bash, see ``_native``): wait for a line on the pipe on fd 3 (the state is

@@ -58,7 +58,7 @@ _DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, sign
 # The root's script; the copies go on from where the builtin returns. A command's copy
 # finds its descriptors in place (0-2, 4 the state memfd) and its command in $__ts_cmd.
 SCRIPT = (
-    _command.FUNCTIONS
+    _command.LIVE_FUNCTIONS
     + r"""
 builtin shopt -s expand_aliases  # as in an interactive terminal (the state may turn it off)
 builtin enable -f "$1" __ts_serve 2>/dev/null || { builtin printf NOTLIVE! >&3; builtin exit 3; }

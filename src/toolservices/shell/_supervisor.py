@@ -322,12 +322,14 @@ class Shell:
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
         started = time.monotonic()
         self._drain_lingering()
+        # the command's processes start from now on (a spare bash started earlier is in its
+        # group): what its tree kill may take (see ``_procs.kill_tree``)
+        born = _procs.now_ticks()
         try:
             launched = self._launch(command, stdin, started + timeout)
         except TimeoutError:  # a stopped bash did not answer: the command never started
             return self._not_started(timeout, started)
         pid = launched.pid
-        born = _procs.start_time(pid)
         # Background jobs of earlier commands, reparented to us: never this command's,
         # even when they forked after this command's bash was started as a spare.
         earlier = _procs.children(self.pid)

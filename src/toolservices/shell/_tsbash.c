@@ -22,6 +22,10 @@
  * signals (ABI >= 6): commands cannot signal the supervisor, which stays outside.
  * It returns 1 when the socket closes, 4 when a Landlock layer could not be set up.
  *
+ * `__ts_serve limits` prints the `ulimit` commands that restore the limits a command
+ * changed since the root started (the state's part that `ulimit -a` twice, read back
+ * and compared, used to give: _terminal.compact_limits).
+ *
  * Only a few of bash's exported symbols are used, with their types declared here
  * (stable since bash 4): no bash headers are needed to build it.
  */
@@ -32,7 +36,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -79,6 +85,18 @@ struct ll_attr { uint64_t fs, net, scoped; };
 struct __attribute__((packed)) ll_beneath { uint64_t allowed; int32_t parent_fd; };
 
 static int initialized;
+
+/* The limits `ulimit -a` lists (bash's order, without the read-only pipe size): its flag,
+ * the resource, the unit it prints in; and their values when the root started. */
+static const struct { char flag; int resource; rlim_t unit; } LIMITS[] = {
+    {'R', 15, 1}, {'c', RLIMIT_CORE, 1024}, {'d', RLIMIT_DATA, 1024}, {'e', 13, 1},
+    {'f', RLIMIT_FSIZE, 1024}, {'i', 11, 1}, {'l', RLIMIT_MEMLOCK, 1024},
+    {'m', RLIMIT_RSS, 1024}, {'n', RLIMIT_NOFILE, 1}, {'q', 12, 1}, {'r', 14, 1},
+    {'s', RLIMIT_STACK, 1024}, {'t', RLIMIT_CPU, 1}, {'u', RLIMIT_NPROC, 1},
+    {'v', RLIMIT_AS, 1024}, {'x', 10, 1},
+};
+#define NLIMITS (sizeof LIMITS / sizeof LIMITS[0])
+static struct rlimit started[NLIMITS];
 static int command_ruleset = -1;
 
 /* A ruleset granting `rights` beneath / (the session's own layers decide). */
@@ -100,6 +118,7 @@ static int ruleset(uint64_t rights, uint64_t scoped, size_t size) {
 static void shut(unsigned low, unsigned high);
 
 static int init(int sock) {
+    for (size_t i = 0; i < NLIMITS; i++) getrlimit(LIMITS[i].resource, &started[i]);
     shut(3, (unsigned)sock - 1); /* nothing the supervisor left open stays reachable */
     shut((unsigned)sock + 1, ~0U);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* its /proc/<pid>/fd stays closed to commands */
@@ -253,8 +272,30 @@ static int serve(int sock) {
     }
 }
 
+/* `__ts_serve limits`: the `ulimit` commands that restore what a command changed (soft
+ * values first: they never exceed the hard ones kept), as the state saves them. */
+static int print_limits(void) {
+    for (int hard = 0; hard < 2; hard++) {
+        for (size_t i = 0; i < NLIMITS; i++) {
+            struct rlimit now;
+            if (getrlimit(LIMITS[i].resource, &now) != 0) continue;
+            rlim_t value = hard ? now.rlim_max : now.rlim_cur;
+            if (value == (hard ? started[i].rlim_max : started[i].rlim_cur)) continue;
+            if (value == RLIM_INFINITY)
+                printf("builtin ulimit -%c -%c unlimited 2>/dev/null\n", hard ? 'H' : 'S',
+                       LIMITS[i].flag);
+            else
+                printf("builtin ulimit -%c -%c %llu 2>/dev/null\n", hard ? 'H' : 'S',
+                       LIMITS[i].flag, (unsigned long long)(value / LIMITS[i].unit));
+        }
+    }
+    fflush(stdout);
+    return 0;
+}
+
 static int ts_serve_builtin(WORD_LIST *list) {
     if (list == NULL || list->word == NULL) return 2;
+    if (strcmp(list->word->word, "limits") == 0) return print_limits();
     int sock = atoi(list->word->word);
     if (!initialized) {
         initialized = 1;
