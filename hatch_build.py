@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from typing import Any
 
 SOURCE = os.path.join("src", "toolservices", "shell", "_tsbash.c")
@@ -62,7 +63,9 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
         if self.target_name != "wheel" or not build(self.root):
             return
         build_data["pure_python"] = False
-        build_data["infer_tag"] = True
+        # a plain shared object for bash, no Python ABI in it: any CPython 3 on this platform
+        platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        build_data["tag"] = f"py3-none-{platform}"
         build_data["artifacts"].append(TARGET)
 
 
