@@ -4,19 +4,22 @@ The host never imports this module: it sends its source once to each session
 (``ShellService`` execs it there), so it runs with exactly the session's
 rights (uid, rlimits, namespaces, Landlock, seccomp). It holds the shell state
 of one session (a bash script that restores variables, functions, aliases,
-options and the working directory) and, for each command, runs a fresh
-``bash`` as its child: started when the previous command ended, it restores
-that state (from a private memfd) before the command arrives, then runs the
-command, and on exit writes the new state into another private memfd. So:
+options and the working directory) and runs each command in a bash of its
+own, its child: a copy of the session's live bash, which holds that state
+(``_native``, where the package's bash builtin loads), or else a fresh bash
+from the spawner (``_spawner``) that restored the state from a private memfd
+before the command arrived (``_command``). On exit the command's bash writes
+the new state into another private memfd. So:
 
 * the exit status is bash's own exit status, seen by ``waitpid``: nothing the
   command prints, closes or redirects can end it early or fake it;
 * ``exit``, ``exec``, ``kill -9 $$`` end only that bash; the next command gets
-  a fresh one, restored from the last state saved (``restarted`` says when
-  this command's changes could not be saved);
-* each bash runs in its own process group, started by the session's spawner
-  (``_spawner``) in a nested Landlock domain scoped for signals: commands can
-  signal each other's processes, never this supervisor;
+  another, from the last state saved (``restarted`` says when this command's
+  changes could not be saved);
+* each bash runs in its own process group and Landlock domain, nested in one
+  scoped for signals: commands can signal each other's processes, never this
+  supervisor (see ``_command``, ``_procs`` for timeouts, ``_files`` for the
+  file tools);
 * the result travels back as one JSON line on the session's own stdout,
   which no child can reach (this process is made non-dumpable, so its
   ``/proc/<pid>/fd`` stays closed to the commands).
@@ -60,7 +63,7 @@ def _lib() -> Any:
 
 
 class Shell:
-    """One session's shell: its saved state, its workspace, its spawner and spare bash."""
+    """One session's shell: its saved state, its workspace, its live bash or its spawner."""
 
     def __init__(
         self,
@@ -73,7 +76,7 @@ class Shell:
         start_dir: str | None = None,
         native: str | None = None,
     ) -> None:
-        _terminal.command_limits(command_stack)  # inherited by the spawner, so by every bash
+        _terminal.command_limits(command_stack)  # inherited by every bash we start
         self.workspace = workspace
         self.home = _terminal.make_home(workspace)
         self.offline = offline
