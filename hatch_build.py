@@ -37,6 +37,7 @@ def build(root: str) -> bool:
         "-shared",
         "-fPIC",
         "-Wall",
+        "-Werror=implicit-function-declaration",
         "-o",
         os.path.join(root, TARGET),
         os.path.join(root, SOURCE),

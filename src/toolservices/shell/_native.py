@@ -89,6 +89,14 @@ class _Server:
 
     def __init__(self, pid: int, sock: socket.socket, generation: int = -1) -> None:
         self.pid, self.sock, self.generation = pid, sock, generation
+        #: copies asked of it ahead of need whose pids it has not answered yet (in order)
+        self.owed: list[_Server] = []
+
+    def settle(self, wait: float) -> None:
+        """Read the pids it owes (before any other answer of it can be read)."""
+        while self.owed:
+            self.owed[0].pid = self.answer(wait)
+            self.owed.pop(0)
 
     def send(self, role: bytes, pairs: list[tuple[int, int]]) -> None:
         fds = array.array("i", [fd for fd, _target in pairs])
@@ -132,10 +140,57 @@ class Live:
         self.master: _Server | None = None
         #: a master asked of the root (its socket and generation), its pid not read yet
         self.coming: _Server | None = None
+        #: a copy of the master made ahead of its command, waiting for its descriptors
+        self.waiting: _Server | None = None
 
     def pids(self) -> set[int]:
         """The processes that must outlive any command (spared by a timeout's tree kill)."""
-        return {s.pid for s in (self.root, self.master, self.coming) if s is not None}
+        servers = (self.root, self.master, self.coming, self.waiting)
+        return {s.pid for s in servers if s is not None and s.pid > 0}
+
+    def prepare(self, state: bytes, generation: int) -> None:
+        """Have the next command's copy made now, while we reply: a master for ``state``
+        (:meth:`prime`) and a copy of it that waits for its command (no wait here)."""
+        self.prime(state, generation)
+        if self.waiting is not None:
+            if self.waiting.generation == generation:
+                return
+            self._drop_waiting()
+        server = self.master if self.master is not None else self.coming
+        assert server is not None and server.generation == generation
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            server.send(b"w", [(theirs.fileno(), 5)])
+        except OSError:
+            ours.close()
+            return  # the master is gone: the next command finds out and makes another
+        finally:
+            theirs.close()
+        self.waiting = _Server(0, ours, generation)
+        server.owed.append(self.waiting)
+
+    def _drop_waiting(self) -> None:
+        """End the copy made ahead (its socket closes: it exits; one a command stopped is
+        killed once its pid is known). Its master may still owe its pid: that stays owed."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None:
+            waiting.kill()
+
+    def _take_waiting(self, state: bytes, generation: int, wait: float) -> _Server | None:
+        """The copy made ahead for ``generation``, its pid known; None if there is none."""
+        waiting = self.waiting
+        if waiting is None or waiting.generation != generation:
+            self._drop_waiting()
+            return None
+        master = self._current(state, generation, wait)
+        try:
+            master.settle(wait)
+        except OSError:
+            self._drop("master")
+            self._drop_waiting()
+            raise
+        self.waiting = None
+        return waiting
 
     def _start_root(self) -> _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -240,7 +295,17 @@ class Live:
             if wait <= 0:
                 raise TimeoutError(errno.ETIMEDOUT, "the session's bash did not answer")
             try:
+                waiting = self._take_waiting(state, generation, wait)
+                if waiting is not None:
+                    try:
+                        waiting.send(b"r", pairs)
+                        return waiting.pid  # no answer: the copy runs the command
+                    except OSError:  # it died meanwhile (a background job killed it)
+                        waiting.kill()
+                    finally:
+                        waiting.sock.close()
                 master = self._current(state, generation, wait)
+                master.settle(wait)
                 master.send(b"c", pairs)
                 return master.answer(wait)
             except Unavailable:
@@ -252,6 +317,7 @@ class Live:
         raise last
 
     def close(self) -> None:
+        self._drop_waiting()
         self._drop_coming()
         self._drop("master")
         self._drop("root")

@@ -233,7 +233,7 @@ class Shell:
         """Start the next command's bash and have it restore the state while we reply."""
         if self.live is not None:
             try:
-                self.live.prime(self._state_bytes(), self.generation)
+                self.live.prepare(self._state_bytes(), self.generation)
             except OSError:
                 pass  # asked again (and reported) by the next command
             return

@@ -15,7 +15,10 @@
  *   role 'c' (a command): the copy enters a Landlock domain of its own (so no
  *     process of another command can open its descriptors or memory), becomes
  *     dumpable again, reads its command from the memfd on fd 3 into $__ts_cmd, sets
- *     $$ to its own pid and returns 0: the script goes on to run the command.
+ *     $$ to its own pid and returns 0: the script goes on to run the command;
+ *   role 'w' (a copy ahead of need): as 'c', but the copy then waits on its own
+ *     socket (fd 5) for one message 'r' carrying the command's descriptors (no
+ *     answer: its pid is known), so that the clone is off the command's path.
  *
  * The first call (in the root bash) makes the process non-dumpable, prepares the
  * commands' Landlock ruleset once, and enters a nested Landlock domain scoped for
@@ -85,6 +88,7 @@ struct ll_attr { uint64_t fs, net, scoped; };
 struct __attribute__((packed)) ll_beneath { uint64_t allowed; int32_t parent_fd; };
 
 static int initialized;
+static int waiting; /* a copy made ahead of its command ('w'), serving on fd 5 */
 
 /* The limits `ulimit -a` lists (bash's order, without the read-only pipe size): its flag,
  * the resource, the unit it prints in; and their values when the root started. */
@@ -118,6 +122,11 @@ static int ruleset(uint64_t rights, uint64_t scoped, size_t size) {
 static void shut(unsigned low, unsigned high);
 
 static int init(int sock) {
+    /* Woken by a request, the root, a master or a copy waiting for its command must not
+     * preempt the supervisor on its way to reply: they wait in batch policy (no preemption
+     * on wake-up); a command's copy takes the normal one back (`normal`). */
+    struct sched_param param = {0};
+    sched_setscheduler(0, SCHED_BATCH, &param);
     for (size_t i = 0; i < NLIMITS; i++) getrlimit(LIMITS[i].resource, &started[i]);
     shut(3, (unsigned)sock - 1); /* nothing the supervisor left open stays reachable */
     shut((unsigned)sock + 1, ~0U);
@@ -201,6 +210,17 @@ static void place(int *fds, const unsigned char *targets, int n) {
     shut(low, ~0U);
 }
 
+/* In a command's copy, its descriptors in place: the command from fd 3 into $__ts_cmd. */
+static int take_command(void) {
+    struct sched_param param = {0};
+    sched_setscheduler(0, SCHED_OTHER, &param); /* commands run in the normal policy */
+    char *command = slurp(3);
+    close(3);
+    bind_variable("__ts_cmd", command != NULL ? command : (char *)"", 0);
+    free(command);
+    return 0;
+}
+
 static int answer(int sock, int64_t value) {
     return send(sock, &value, sizeof value, MSG_NOSIGNAL) == (ssize_t)sizeof value ? 0 : -1;
 }
@@ -229,10 +249,15 @@ static int serve(int sock) {
             }
         }
         unsigned char role = got >= 1 ? head[0] : 0;
-        if (got < 2 || head[1] != n || got != 2 + n || (role != 'c' && role != 'm')) {
+        int valid = waiting ? role == 'r' : (role == 'c' || role == 'm' || role == 'w');
+        if (got < 2 || head[1] != n || got != 2 + n || !valid) {
             for (int i = 0; i < n; i++) close(fds[i]);
             if (answer(sock, -EINVAL) != 0) return 1;
             continue;
+        }
+        if (role == 'r') { /* a waiting copy's command: no answer, its pid is known */
+            place(fds, head + 2, n);
+            return take_command();
         }
         pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
         if (pid != 0) {
@@ -260,15 +285,15 @@ static int serve(int sock) {
             sock = 3;
             continue;
         }
+        /* a command's copy, or one waiting for its command: a Landlock domain of its own */
         if (command_ruleset >= 0 && syscall(LL_RESTRICT, command_ruleset, 0) != 0) _exit(126);
         prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
         place(fds, head + 2, n);
         if (command_ruleset >= 0) close(command_ruleset);
-        char *command = slurp(3);
-        close(3);
-        bind_variable("__ts_cmd", command != NULL ? command : (char *)"", 0);
-        free(command);
-        return 0;
+        command_ruleset = -1;
+        if (role == 'c') return take_command();
+        waiting = 1; /* 'w': its socket on fd 5, the command's descriptors to come */
+        sock = 5;
     }
 }
 
