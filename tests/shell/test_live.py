@@ -63,3 +63,12 @@ def test_a_bash_that_cannot_load_the_builtin_falls_back(monkeypatch: pytest.Monk
         res = svc.run("X=1; pgrep -cx ts-shell", session_id="a")
         assert res.stdout == "0\n" and not res.restarted, res
         assert svc.run('echo "$X"', session_id="a").stdout == "1\n"
+
+
+def test_a_low_descriptor_limit_still_gets_the_commands_output(
+    shell: ShellService, sid: str
+) -> None:
+    # the next copy moves its descriptors into place under the limit the state restores
+    assert shell.run("ulimit -n 32", session_id=sid).success
+    res = shell.run("echo ok; ulimit -n", session_id=sid)
+    assert res.stdout == "ok\n32\n", res

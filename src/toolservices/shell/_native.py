@@ -14,7 +14,13 @@ and a copy of it runs each command:
 * each *command*: a copy of the master (``clone(CLONE_PARENT)``: our child, so
   its exit status is ``waitpid``'s, as for any bash we start) in its own
   process group and its own Landlock domain, that runs the command and, in its
-  ``EXIT`` trap, saves the new state into a memfd.
+  ``EXIT`` trap, saves the new state into a memfd. The copy for the next
+  command is made while the caller is away and waits for its descriptors
+  (no clone on the command's path).
+
+The root, the masters and a waiting copy wait in ``SCHED_BATCH`` (a request
+does not preempt the supervisor on its way to reply); a command's copy takes
+the normal policy back.
 
 The master is a snapshot: a command that timed out, ``exec``'d or was killed
 leaves it as it was (``restarted``), and the next command is its copy again.
@@ -23,9 +29,10 @@ new master when this one is lost), but read back only when it changed.
 
 Each request is one message on a unix socket: a role byte, the descriptors'
 target numbers, and the descriptors (``SCM_RIGHTS``); the answer is the copy's
-pid (8 bytes). A root that cannot load the builtin (or set up its Landlock
-layers) answers ``NOTLIVE!`` instead: the session goes on with the spawner
-(``_spawner``), as where the package has no builtin.
+pid (8 bytes), but none for the waiting copy's command (its pid is known). A
+root that cannot load the builtin (or set up its Landlock layers) answers
+``NOTLIVE!`` instead: the session goes on with the spawner (``_spawner``), as
+where the package has no builtin.
 """
 
 from __future__ import annotations
@@ -132,7 +139,8 @@ class _Server:
 
 
 class Live:
-    """The session's live bash: its root, its current master and the master on its way."""
+    """The session's live bash: its root, its current master, the master on its way and
+    the copy made ahead of the next command."""
 
     def __init__(self, library: str, env: dict[str, str]) -> None:
         self.library, self.env = library, env
@@ -190,6 +198,9 @@ class Live:
             self._drop_waiting()
             raise
         self.waiting = None
+        if waiting.pid <= 0:  # asked of a master that died before it answered: unknown
+            waiting.kill()
+            return None
         return waiting
 
     def _start_root(self) -> _Server:
@@ -236,7 +247,17 @@ class Live:
             self.root.send(b"m", [(theirs.fileno(), 3), (memfd, 5)])
         except OSError:
             ours.close()
-            self._drop("root")
+            root = self.root
+            self.root = None
+            try:  # a root that cannot serve says so, then exits: maybe before our request
+                root.answer(0)
+            except Unavailable:
+                root.kill()
+                raise
+            except OSError:
+                pass
+            root.kill()
+            _procs.reap()
             raise
         finally:
             theirs.close()

@@ -234,9 +234,11 @@ class Shell:
         if self.live is not None:
             try:
                 self.live.prepare(self._state_bytes(), self.generation)
+                return
+            except _native.Unavailable:  # this bash cannot load the builtin: the spawner's way
+                self.live = None
             except OSError:
-                pass  # asked again (and reported) by the next command
-            return
+                return  # asked again (and reported) by the next command
         if self.pending is None:
             try:
                 self._request_spare()

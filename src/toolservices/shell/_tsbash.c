@@ -124,7 +124,7 @@ static void shut(unsigned low, unsigned high);
 static int init(int sock) {
     /* Woken by a request, the root, a master or a copy waiting for its command must not
      * preempt the supervisor on its way to reply: they wait in batch policy (no preemption
-     * on wake-up); a command's copy takes the normal one back (`normal`). */
+     * on wake-up); a command's copy takes the normal one back (`take_command`). */
     struct sched_param param = {0};
     sched_setscheduler(0, SCHED_BATCH, &param);
     for (size_t i = 0; i < NLIMITS; i++) getrlimit(LIMITS[i].resource, &started[i]);
@@ -187,7 +187,7 @@ static void shut(unsigned low, unsigned high) {
 static void place(int *fds, const unsigned char *targets, int n) {
     int moved[MAX_FDS];
     for (int i = 0; i < n; i++) { /* above every target first: no dup2 overwrites a source */
-        moved[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 64);
+        moved[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 10); /* within a lowered `ulimit -n` */
         close(fds[i]);
     }
     for (int i = 0; i < n; i++) {
