@@ -1,11 +1,13 @@
 """Running one command in a shell session (inside the session, standard library only).
 
 Sent to the session with ``_supervisor`` (see there). Each command runs in a
-fresh ``bash`` (a :class:`Spare`, started ahead of need by the spawner) whose
-script (:data:`PRELUDE`) restores the saved state, runs the command with an
-``EXIT`` trap that saves the new state, and exits: :func:`collect` feeds its
-command and stdin and reads both streams (head and tail kept) until ``waitpid``
-says it ended, its time limit passed or it waits for keys from a terminal.
+bash of its own: a copy of the live bash (``_native``) or a fresh one (a
+:class:`Spare`, started ahead of need by the spawner) whose script
+(:data:`PRELUDE`) restores the saved state. Either runs the command with an
+``EXIT`` trap that saves the new state (:data:`FUNCTIONS`), and exits:
+:func:`collect` feeds its stdin (and a spare its command) and reads both
+streams (head and tail kept) until ``waitpid`` says it ended, its time limit
+passed or it waits for keys from a terminal.
 """
 
 from __future__ import annotations
