@@ -98,6 +98,19 @@ class _Server:
         self.pid, self.sock, self.generation = pid, sock, generation
         #: copies asked of it ahead of need whose pids it has not answered yet (in order)
         self.owed: list[_Server] = []
+        self.batch = True  # the policy it waits in (see the module's docstring)
+
+    def urgent(self, now: bool) -> None:
+        """Let it preempt on wake-up (``now``: we wait for it; a task in batch policy waits
+        behind a busy CPU's slice) or not (it works while we reply), if its pid is known."""
+        if self.pid <= 0 or self.batch != now:
+            return
+        policy = os.SCHED_OTHER if now else os.SCHED_BATCH
+        try:
+            os.sched_setscheduler(self.pid, policy, os.sched_param(0))
+        except OSError:
+            return  # gone: the request tells
+        self.batch = not now
 
     def settle(self, wait: float) -> None:
         """Read the pids it owes (before any other answer of it can be read)."""
@@ -167,6 +180,7 @@ class Live:
         server = self.master if self.master is not None else self.coming
         assert server is not None and server.generation == generation
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.urgent(False)
         try:
             server.send(b"w", [(theirs.fileno(), 5)])
         except OSError:
@@ -244,6 +258,7 @@ class Live:
             view = memoryview(state)
             while view:  # a memfd: never blocks
                 view = view[os.write(memfd, view) :]
+            self.root.urgent(False)
             self.root.send(b"m", [(theirs.fileno(), 3), (memfd, 5)])
         except OSError:
             ours.close()
@@ -290,6 +305,7 @@ class Live:
             coming, root = self.coming, self.root
             assert coming is not None and root is not None
             self.coming = None
+            root.urgent(True)  # we wait for it now
             try:
                 coming.pid = root.answer(wait)
             except OSError:
@@ -319,6 +335,7 @@ class Live:
                 waiting = self._take_waiting(state, generation, wait)
                 if waiting is not None:
                     try:
+                        waiting.urgent(True)
                         waiting.send(b"r", pairs)
                         return waiting.pid  # no answer: the copy runs the command
                     except OSError:  # it died meanwhile (a background job killed it)
@@ -327,6 +344,7 @@ class Live:
                         waiting.sock.close()
                 master = self._current(state, generation, wait)
                 master.settle(wait)
+                master.urgent(True)
                 master.send(b"c", pairs)
                 return master.answer(wait)
             except Unavailable:
