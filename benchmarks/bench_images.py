@@ -15,7 +15,9 @@ Run (as root or a user with unprivileged user namespaces; skopeo and umoci for t
 3. ``network="loopback"`` (a network namespace per session) beside ``"none"``: a new
    ShellService session and its first command, p50.
 4. ``ShellService(image=...)`` beside ``ShellService()`` (host root), both loopback: a new
-   session + first command (p50), and the PSS of ``--idle`` idle sessions each.
+   session + first command (p50), and the PSS of ``--idle`` idle sessions each; and a
+   session on another (cached) image of the image service, ``start_session(image=...)`` +
+   first command (no spare stands on that image: it is spawned on the call).
 5. ``fork_session`` of an image session that wrote 50 MB into its root (``/usr``), beside
    a host-root session with 50 MB in its workspace (p50 of 5 forks of one copy each).
 """
@@ -225,24 +227,84 @@ def _tree_pss() -> int:
     return total
 
 
+# a file mapping's page-cache pages: [0] RSS, [1] those mapped by this process alone
+# (a copy of its own would be private), [2] anonymous ones (private copies: relocations,
+# data written), which are no page cache
+_FIELDS = {"Rss:": 0, "Private_Clean:": 1, "Private_Dirty:": 1, "Anonymous:": 2}
+
+
+def _mapped_copies(inodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
+    """For each file of ``inodes`` (inode number: name): how many processes of this one's
+    tree map it, the largest RSS of its page-cache pages in one of them, and the bytes of
+    them mapped by one process alone, summed over the processes (an overlay reports its
+    lower file's inode number). Private 0 with many processes: one copy, shared by all."""
+    import psutil
+
+    found: dict[int, list[int]] = {}
+    for proc in psutil.Process().children(recursive=True):
+        mine: dict[int, list[int]] = {}
+        current = None
+        try:
+            with open(f"/proc/{proc.pid}/smaps") as smaps:
+                for line in smaps:
+                    fields = line.split()
+                    if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                        inode = int(fields[4])
+                        current = mine.setdefault(inode, [0, 0, 0]) if inode in inodes else None
+                    elif current is not None and fields[0] in _FIELDS:
+                        current[_FIELDS[fields[0]]] += int(fields[1]) * 1024
+        except OSError:
+            continue
+        for inode, (rss, private, anon) in mine.items():
+            entry = found.setdefault(inode, [0, 0, 0])
+            entry[0] += 1
+            entry[1] = max(entry[1], rss - anon)
+            entry[2] += private - anon
+    return {inode: (n, rss, private) for inode, (n, rss, private) in found.items()}
+
+
+def _show_copies(image_layers: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """One line per file of the image cache named in ``names``: who maps it, how many copies."""
+    inodes = {}
+    for layer in image_layers:
+        for root, _dirs, files in os.walk(layer):
+            for name in files:
+                path = os.path.join(root, name)
+                if name in names and not os.path.islink(path):
+                    inodes[os.stat(path).st_ino] = os.path.relpath(path, layer)
+    for inode, (procs, rss, private) in _mapped_copies(inodes).items():
+        print(
+            f"     {inodes[inode]:<36} mapped by {procs:4d} processes: {rss / 2**20:5.2f} MiB "
+            f"of it resident in one, {private / 2**10:6.1f} KiB of it mapped by one process "
+            "alone, summed over all"
+        )
+
+
 def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
     oci = os.path.join(work, "shell-image")
     oci_layout(oci, [busybox_layer("gzip"), bash_layer("gzip")])
+    other = os.path.join(work, "shell-image-2")  # the same layers and one more
+    oci_layout(other, [busybox_layer("gzip"), bash_layer("gzip"), Layer([Entry("b", b"b")])])
     cache = os.path.join(work, "shell-cache")
-    size = idle + repeats + 8
+    size = idle + 2 * repeats + 8
     with (
         ShellService(pool_size=2, max_sessions=size) as host,
         ShellService(pool_size=2, max_sessions=size, image=f"oci:{oci}", image_cache=cache) as img,
     ):
         shells = {"host root": host, "image root": img}
-        times: dict[str, list[float]] = {name: [] for name in shells}
+        times: dict[str, list[float]] = {name: [] for name in (*shells, "another image")}
         for shell in shells.values():
             shell.run("true", session_id="warm")
-        for i in range(repeats):  # interleaved: the same load for both
+        img.start_session("other-warm", image=f"oci:{other}")  # pulled once, here
+        for i in range(repeats):  # interleaved: the same load for all
             for name, shell in shells.items():
                 started = time.perf_counter()
                 shell.run("true", session_id=f"new-{i}")
                 times[name].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            img.start_session(f"other-{i}", image=f"oci:{other}")
+            img.run("true", session_id=f"other-{i}")
+            times["another image"].append(time.perf_counter() - started)
         forks: dict[str, list[float]] = {name: [] for name in shells}
         where = {"host root": "big", "image root": "/usr/big"}
         for name, shell in shells.items():
@@ -263,16 +325,18 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
             for i in range(idle):
                 shell.run("true", session_id=f"idle-{i}")
             pss[name] = (_tree_pss() - before) / idle
+        assert img.image is not None
+        print(f"\n   {idle} idle image sessions (+ spares): the image cache's files they map")
+        _show_copies(img.image.layers, ("bash", "libc.so.6"))
     print(
         f"\n4. ShellService on an image vs the host root: new session + first command "
         f"(p50 of {repeats}, interleaved), PSS of {idle} idle sessions"
     )
     base = median(times["host root"])
     for name, values in times.items():
-        print(
-            f"   {name:<12} {fmt_time(median(values)):>10}  {median(values) / base:5.2f}x   "
-            f"PSS {pss[name] / 2**20:6.2f} MiB per idle session"
-        )
+        memory = f"PSS {pss[name] / 2**20:6.2f} MiB per idle session" if name in pss else ""
+        ratio = median(values) / base
+        print(f"   {name:<13} {fmt_time(median(values)):>10}  {ratio:5.2f}x   {memory}")
     print("\n5. fork_session of a session holding 50 MB (image: in /usr; host: in the workspace)")
     for name, values in forks.items():
         ratio = median(values) / median(forks["host root"])

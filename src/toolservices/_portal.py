@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 __all__ = [
     "get_loop",
     "on_loop_thread",
+    "run_inline",
     "run_sync",
     "shutdown_portal",
     "started_loop",
@@ -116,6 +117,26 @@ def run_sync(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
             "use the async variant (for example 'await dispatcher.arun(...)')"
         )
     return wait_on_loop(loop, fn, *args)
+
+
+def run_inline(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end in the calling thread, without an event loop.
+
+    For an async core whose sync face calls blocking functions where the async
+    one awaits (``ShellService``: the executor's ``execute`` for its
+    ``aexecute``): such a coroutine never suspends, and a sync call then costs
+    no hop to the loop's thread. One that does suspend is a bug: it is closed
+    (its ``finally`` blocks run) and :class:`RuntimeError` raised.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError(
+        "toolservices: a coroutine run inline waited for the event loop; its sync face "
+        "must call only functions that do not (a bug in toolservices)"
+    )
 
 
 def wait_on_loop(

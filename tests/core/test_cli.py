@@ -41,7 +41,8 @@ def test_demo_runs_32_episodes_and_succeeds() -> None:
     if "skipped:" not in image:  # (the line says why: no session namespaces here)
         assert "pytest -q -> 1 failed" in image and "-> 1 passed" in image, image
         assert "str_replace /repo/calc.py" in image, image
-        assert "image episode: ok (answered after 4 turns, 3 calls" in image, image
+        assert "add(2, 3) = 5 in /repo" in image, image  # the python tool, same session
+        assert "image episode: ok (answered after 5 turns, 4 calls" in image, image
 
 
 def test_demo_image_scenario_skips_with_a_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

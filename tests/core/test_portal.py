@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from toolservices._portal import run_sync
+from toolservices._portal import run_inline, run_sync
 
 
 async def _add(a: int, b: int) -> int:
@@ -67,3 +67,33 @@ def test_an_interrupted_sync_call_cancels_its_coroutine(round_: int) -> None:
     finally:
         sender.join(10)
     assert cancelled.wait(10), "the interrupted call's coroutine is still running"
+
+
+def test_run_inline_runs_a_coroutine_that_never_waits_in_this_thread() -> None:
+    caller = threading.current_thread()
+
+    async def where() -> threading.Thread:
+        await _add(1, 2)  # awaits that complete at once do not suspend
+        return threading.current_thread()
+
+    assert run_inline(where()) is caller
+
+    async def fail() -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        run_inline(fail())
+
+
+def test_run_inline_refuses_a_coroutine_that_waits_and_closes_it() -> None:
+    cleaned: list[bool] = []
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(0)  # yields to a loop there is none of
+        finally:
+            cleaned.append(True)
+
+    with pytest.raises(RuntimeError, match="waited for the event loop"):
+        run_inline(waits())
+    assert cleaned == [True]

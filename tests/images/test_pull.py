@@ -355,3 +355,20 @@ def test_async_pull_and_the_default_cache_dir(
     assert default_cache_dir() == str(tmp_path / "xdg/toolservices/images")
     image = anyio.run(lambda: apull(ImageStore(), f"oci:{busybox_oci}"))
     assert image.layers[0].startswith(str(tmp_path / "xdg/toolservices/images/layers/"))
+
+
+def test_a_deep_tree_laid_twice_and_removed(tmp_path: Path, store_dir: str) -> None:
+    """A layer nesting 1,500 directories (read-only ones among them), then the same name as
+    a file: the tree goes without recursion; ``rm`` removes it from the cache again."""
+    deep = "d/" * 1500
+    entries = [Entry("d/" * (i + 1), kind=tarfile.DIRTYPE, mode=0o555) for i in range(1500)]
+    entries += [Entry(f"{deep}f", b"x"), Entry("d", b"now a file")]
+    oci_layout(str(tmp_path / "oci"), [Layer(entries, "gzip")])
+    store = ImageStore(store_dir)
+    image = store.pull(f"oci:{tmp_path}/oci")
+    assert Path(image.layers[0], "d").read_bytes() == b"now a file"
+    nested = [Entry("d/" * (i + 1), kind=tarfile.DIRTYPE, mode=0o555) for i in range(1500)]
+    oci_layout(str(tmp_path / "oci2"), [Layer(nested, "gzip")])
+    kept = store.pull(f"oci:{tmp_path}/oci2")
+    store.remove(kept.digest)
+    assert not os.path.exists(kept.layers[0])

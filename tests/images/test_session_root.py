@@ -66,10 +66,10 @@ def test_sessions_start_in_the_working_dir_and_keep_the_workspace(
     assert image_shell.run("pwd", session_id="wd").stdout == "/etc\n"  # where it left off
 
 
-@pytest.mark.parametrize(("workdir", "start"), [("/repo/app", "/repo/app"), ("/srv", "/workspace")])
-def test_a_working_dir_the_image_lacks(tmp_path: Path, workdir: str, start: str) -> None:
-    """Made where the session may write (under the image's top-level directories, as
-    docker would); a new top-level directory cannot be: the session starts in the workspace."""
+@pytest.mark.parametrize("workdir", ["/repo/app", "/srv", "/newtop/app"])
+def test_a_working_dir_the_image_lacks(tmp_path: Path, workdir: str) -> None:
+    """Made, as docker would: under a top-level directory of the image or a new one (the
+    session's own /proc lets Landlock grant writes to all of its root)."""
     root = tmp_path / "oci"
     oci_layout(str(root), [busybox_layer("gzip"), bash_layer("zstd")], workdir=workdir)
     with ShellService(
@@ -77,7 +77,7 @@ def test_a_working_dir_the_image_lacks(tmp_path: Path, workdir: str, start: str)
     ) as shell:
         if not shell.isolation_report()["layers"]["session_namespaces"]["active"]:
             pytest.skip("no session namespaces here")
-        assert shell.run("pwd", session_id="s").stdout == start + "\n"
+        assert shell.run("pwd", session_id="s").stdout == workdir + "\n"
 
 
 def test_image_workdir_false_starts_in_the_workspace(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_image_workdir_false_starts_in_the_workspace(tmp_path: Path) -> None:
 
 def test_no_working_dir_means_the_workspace() -> None:
     from toolservices.images import Image
-    from toolservices.shell._service import start_dir
+    from toolservices.shell._images import start_dir
 
     def image(working_dir: str) -> Image:
         return Image(
@@ -116,6 +116,20 @@ def test_no_working_dir_means_the_workspace() -> None:
     assert start_dir(image("/")) is None and start_dir(image("")) is None
     assert start_dir(image("relative")) is None
     assert start_dir(image("/testbed")) == "/testbed"
+
+
+def test_new_top_level_directories(image_shell: ShellService) -> None:
+    """``mkdir /newdir`` and files in it, private to the session; ``/proc`` stays read-only."""
+    made = image_shell.run(
+        "mkdir /newdir && echo a > /newdir/f && cat /newdir/f; mkdir -p /opt/x/y && echo ok; "
+        "touch /newfile && echo file-ok; echo 1 > /proc/self/comm || echo proc-ro",
+        session_id="top1",
+    )
+    assert made.stdout == "a\nok\nfile-ok\nproc-ro\n", made
+    image_shell.write_file("/newdir/g", "b\n", session_id="top1")
+    assert image_shell.read_file("/newdir/g", session_id="top1") == "b\n"
+    other = image_shell.run("ls -d /newdir /newfile 2>/dev/null; echo end", session_id="top2")
+    assert other.stdout == "end\n", other
 
 
 def test_the_writable_layer_is_hidden_from_the_session(image_shell: ShellService) -> None:
@@ -161,8 +175,9 @@ def test_start_session_on_the_image(image_shell: ShellService) -> None:
     assert image_shell.start_session("started", image=image_shell.image.reference) == "started"
     with pytest.raises(UserError, match="exists already"):
         image_shell.start_session("started")
-    with pytest.raises(UserError, match="one image per ShellService"):
+    with pytest.raises(UserError, match="does not exist"):  # another image: pulled, or not
         image_shell.start_session("other", image="oci:/somewhere/else")
+    assert not image_shell._python.has_session("other")
     assert anyio.run(lambda: image_shell.astart_session("started-async")) == "started-async"
     assert image_shell.run("id -u", session_id="started-async").stdout == "0\n"
 

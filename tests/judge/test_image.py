@@ -4,7 +4,7 @@ Two real images (tests/images/_build.py): busybox-static with the host's bash (o
 ``bash`` available: everything else answers SandboxError naming what the image lacks),
 and a Debian 12 rootfs with python3 and pytest made by mmdebstrap (``.ci/run`` builds it;
 the tests that need it skip, saying so, without it): Python runs on the image's own
-interpreter through its shell sessions.
+interpreter, through its shell sessions or (``image_python=True``) the Python executor.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import base64
 import io
 import os
 import sys
+import tarfile
 from collections.abc import Iterator
 from contextlib import redirect_stderr
 from pathlib import Path
@@ -24,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _build import (  # noqa: E402
     BUSYBOX,
+    Entry,
+    Layer,
     bash_layer,
     busybox_layer,
     oci_layout,
@@ -68,7 +71,7 @@ def busybox(busybox_ref: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
-def debian(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CodeJudge]:
+def debian_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not os.path.exists(ROOTFS):
         pytest.skip(
             f"no Debian rootfs at {ROOTFS}: .ci/run makes it with mmdebstrap "
@@ -76,10 +79,22 @@ def debian(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CodeJudge]:
         )
     root = tmp_path_factory.mktemp("judge-debian")
     oci_layout_from_rootfs(str(root / "oci"), ROOTFS, [])
+    return root
+
+
+@pytest.fixture(scope="module", params=["shell", "image-python"])
+def debian(debian_root: Path, request: pytest.FixtureRequest) -> Iterator[CodeJudge]:
+    """Python through shell sessions (the default), or the image's own interpreter in the
+    Python executor (``image_python=True``): the same answers."""
     with CodeJudge(
-        concurrency=2, spares=1, image=f"oci:{root}/oci", image_cache=str(root / "cache")
+        concurrency=2,
+        spares=1,
+        image=f"oci:{debian_root}/oci",
+        image_cache=str(debian_root / "cache"),
+        image_python=request.param == "image-python",
     ) as judge:
         _need_session_namespaces(judge)
+        assert (judge._python is not None) == (request.param == "image-python")
         yield judge
 
 
@@ -201,3 +216,33 @@ def test_run_tests_and_jupyter_on_the_image(debian: CodeJudge) -> None:
     cells = debian.run_jupyter(["import sys; v = sys.version_info[:2]", "v"])
     assert cells["status"] == "Success", cells
     assert cells["cells"][1]["display"] == [{"text/plain": "(3, 11)"}]
+
+
+def test_image_python_falls_back_to_shell_sessions(tmp_path: Path) -> None:
+    """A python3 the executor cannot serve (here a script, as Python 2 would be): Python
+    programs run in shell sessions with it, as without ``image_python``."""
+    _need_busybox()
+    d = tarfile.DIRTYPE
+    fake = Layer(
+        [
+            Entry("usr/", kind=d, mode=0o755),
+            Entry("usr/bin/", kind=d, mode=0o755),
+            Entry("usr/bin/python3", b"#!/bin/sh\necho old python; cat main.py\n", mode=0o755),
+        ]
+    )
+    oci_layout(
+        str(tmp_path / "oci"),
+        [busybox_layer("gzip"), bash_layer("zstd"), fake],
+        env=("PATH=/usr/bin:/bin",),
+    )
+    with CodeJudge(
+        concurrency=1,
+        spares=0,
+        image=f"oci:{tmp_path}/oci",
+        image_cache=str(tmp_path / "cache"),
+        image_python=True,
+    ) as judge:
+        _need_session_namespaces(judge)
+        assert judge._python is None
+        r = judge.run_code("print(1)", "python")
+        assert r["run_result"]["stdout"] == "old python\nprint(1)", r

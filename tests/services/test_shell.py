@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pickle
+import sys
+import tarfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,4 +71,41 @@ def test_shell_file_error_pickles() -> None:
         "x",
         "ENOENT",
         "read_file: x: No such file",
+    )
+
+
+def test_sessions_on_another_image_through_the_registry(
+    backend: str, registry: ServiceRegistry, tmp_path: Path
+) -> None:
+    """``start_session(session_id=..., image=...)`` routes by the session id like every
+    call: the replica that serves the session pulls the image by its reference."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "images"))
+    try:
+        from _build import BUSYBOX, Entry, Layer, bash_layer, busybox_layer, oci_layout
+    finally:
+        sys.path.pop(0)
+    if not Path(BUSYBOX).exists():
+        pytest.skip(f"{BUSYBOX} is missing (Debian package busybox-static)")
+    task = Layer([Entry("task/", kind=tarfile.DIRTYPE, mode=0o755), Entry("task/id", b"B\n")])
+    oci_layout(str(tmp_path / "oci"), [busybox_layer("gzip"), bash_layer("gzip"), task])
+    registry.register(
+        "shell",
+        ShellService,
+        pool_size=1,
+        timeout=20.0,
+        num_replicas=2,
+        image_cache=str(tmp_path / "cache"),
+        **_options(backend),
+    )
+    client = registry.client("shell")
+    report = client.call("isolation_report")
+    if not report["layers"]["session_namespaces"]["active"]:
+        pytest.skip("no session namespaces here (an image root needs them)")
+    for sid in ("img-0", "img-1", "img-2", "img-3"):
+        assert client.call("start_session", session_id=sid, image=f"oci:{tmp_path}/oci") == sid
+    for sid in ("img-0", "img-1", "img-2", "img-3"):
+        out = client.call("run", "cat /task/id; id -u", session_id=sid)
+        assert out["stdout"] == "B\n0\n", out
+    assert client.call("run", "test -e /task || echo host", session_id="plain")["stdout"] == (
+        "host\n"
     )

@@ -126,8 +126,9 @@ def test_start_session_without_an_image(shell: ShellService, sid: str) -> None:
     assert shell.start_session(sid) == sid
     with pytest.raises(UserError, match="exists already"):
         shell.start_session(sid)
-    with pytest.raises(UserError, match="host view"):
+    with pytest.raises(UserError, match="does not exist"):  # pulled at first use: none there
         shell.start_session(sid + "x", image="oci:/an/image")
+    assert not shell._python.has_session(sid + "x")
     assert shell.run("pwd", session_id=sid).stdout == shell.workspace(sid) + "\n"
 
 

@@ -61,3 +61,20 @@ def test_setup_seeds_and_finalize_scores_each_item(chat: Any, shell: Any) -> Non
     assert transform.finalize_items() == ["item 0\nmore", "item 1"]
     driver.reset()  # the old episodes end (finalize ran already: not again)
     assert transform.outcomes == ["item 0\nmore", "item 1"] and transform.errors == [None, None]
+
+
+def test_python_on_the_shell_shares_each_items_session(chat: Any, shell: Any) -> None:
+    """python_tool(shell=...) beside the shell tools: per item, one environment for both."""
+    from toolservices import python_tool
+
+    tools = ToolRegistry([python_tool(shell=shell), *shell_tools(shell)])
+    driver = chat(ExecuteToolsInOrder(tools, "xml_block"), 2)
+    driver.step(
+        [
+            "<tool name=\"python\">{\"code\": \"open('p.txt', 'w').write('py 0')\"}</tool>",
+            "<tool name=\"python\">{\"code\": \"open('p.txt', 'w').write('py 1')\"}</tool>",
+        ]
+    )
+    driver.step(['<tool name="bash">{"command": "cat p.txt"}</tool>'] * 2)
+    assert "py 0" in driver.tool_texts(0)[0] and "py 1" in driver.tool_texts(1)[0]
+    driver.reset()

@@ -287,6 +287,25 @@ def test_setup_seeds_from_the_row_and_finalize_is_the_reward():
         assert shell.stats()["sessions"] == 0
 
 
+def test_python_on_the_shell_shares_the_rollouts_session():
+    """python_tool(shell=...) beside bash: no adapter option, one environment per rollout."""
+    from toolservices import python_tool, shell_tools
+    from toolservices.shell import ShellService
+
+    with ShellService(pool_size=1, timeout=10.0) as shell:
+        Env = trl_environment([python_tool(shell=shell), *shell_tools(shell)])
+        env = Env()
+        try:
+            env.reset()
+            env.python(code="open('p.txt', 'w').write('from python')")
+            assert env.bash(command="cat p.txt") == "from python"
+            env.reset()  # a new rollout: a new session
+            assert "No such file" in env.bash(command="cat p.txt")
+        finally:
+            Env.close_all()
+        assert shell.stats()["sessions"] == 0
+
+
 def test_a_score_mapping_is_the_reward_and_other_values_say_so():
     outcomes = iter([{"score": 0.5, "passed": 3}, "three tests passed"])
     Env = trl_environment([lookup], finalize=lambda episode: next(outcomes))

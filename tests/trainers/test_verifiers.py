@@ -92,6 +92,11 @@ SCRIPT: dict[str, list[Any]] = {
         "done",
     ],
     "url-peek": [call("python_execute", code="print(x)", session_id="s"), "done"],
+    "oneenv": [
+        call("python", code="open('p.txt', 'w').write('from python'); print('written')"),
+        call("bash", command="cat p.txt"),
+        "done",
+    ],
     "seeded": [call("python", code=COUNT), "done"],
     "unseeded": [call("python", code=COUNT), "done"],
     "plain": [call("python", code=COUNT), "done"],
@@ -208,6 +213,17 @@ async def test_shell_tools_write_run_fix_and_test(model, lifecycle):
     assert texts[3].startswith("Edited calc.py")
     assert texts[4] == "5\nok\n"  # calc.py prints when imported, then the test passes
     assert texts[5].startswith("     2\t    return a + b")
+    assert_all_gone(lifecycle)
+
+
+async def test_python_in_shell_runs_both_tools_in_one_environment(model, lifecycle):
+    async with agent(model) as solver:
+        toolset = logged(tools=["python", "bash"], python_in_shell=True)
+        trace = await solver.run(task("oneenv", toolset))
+    assert trace.stop_condition == "agent_completed" and not trace.errors
+    offered = [t["function"]["name"] for t in model.requests[-1]["tools"]]
+    assert sorted(offered) == ["bash", "python"]
+    assert tool_texts(model, "oneenv") == ["written\n", "from python"]
     assert_all_gone(lifecycle)
 
 

@@ -294,6 +294,50 @@ async def test_shell_tools_share_one_session_per_trajectory(tmp_path):
     assert shell.stats()["sessions"] == 0
 
 
+async def test_python_in_shell_shares_the_trajectorys_shell_session(tmp_path):
+    """tool: python with python_in_shell: the code runs in the trajectory's shell session,
+    so a file it writes is there for bash, whichever of the two starts the episode."""
+    path = write_yaml(
+        tmp_path,
+        """
+        tools:
+          - class_name: toolservices.trainers.verl.ToolservicesTool
+            config: {type: native, tool: python, python_in_shell: true,
+                     shell: {pool_size: 1, timeout: 10}}
+          - class_name: toolservices.trainers.verl.ToolservicesTool
+            config: {type: native, tool: bash, shell: {pool_size: 1, timeout: 10}}
+        """,
+    )
+    python, bash = initialize_tools_from_config(str(path))
+    shell = shared_shell(pool_size=1, timeout=10)
+    assert python.tool.shell is shell and python.group == bash.group
+    assert python.tool_schema.function.parameters.required == ["code"]
+
+    async def run(tool: Any, args: dict[str, Any]) -> str:
+        instance, _ = await tool.create()
+        response, _, _ = await tool.execute(instance, args, agent_data=None)
+        await tool.release(instance)
+        return str(response.text)
+
+    for first in ("bash", "python"):  # either tool may make the trajectory's episode
+        trajectory = verl_adapter._Trajectory()
+        token = verl_adapter._TRAJECTORY.set(trajectory)
+        try:
+            if first == "bash":
+                assert "ok" in await run(bash, {"command": "echo ok"})
+            code = "open('p.txt', 'w').write('py'); print('written')"
+            assert "written" in await run(python, {"code": code})
+            assert await run(bash, {"command": "cat p.txt"}) == "py"
+        finally:
+            verl_adapter._TRAJECTORY.reset(token)
+            await trajectory.aclose()
+    assert shell.stats()["sessions"] == 0
+    with pytest.raises(UserError, match="keeps its name 'python'"):
+        ToolservicesTool(
+            {"type": "native", "tool": "python", "python_in_shell": True, "name": "py"}, None
+        )
+
+
 def hooked_yaml(tmp_path: Path, **hooks: str) -> Path:
     """A tools.yaml with the python tool and ``hooks`` (``setup=``, ``finalize=``) in its config."""
     config = {"type": "native", "tool": "python", "executor": EXECUTOR, **hooks}

@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any, TextIO
 
-from toolservices.env import Episode, shell_tools
+from toolservices.env import Episode, python_tool, shell_tools
 
 __all__ = ["hermes_calls", "play", "run_shell_demo"]
 
@@ -67,13 +67,15 @@ async def run_shell_demo(out: TextIO) -> bool:
 
 
 async def play(
-    shell: Any, turns: list[str], expect: dict[int, str], out: TextIO
+    shell: Any, turns: list[str], expect: dict[int, str], out: TextIO, *, python: bool = False
 ) -> tuple[list[str], str]:
     """One Hermes-format episode of ``turns`` on ``shell``'s tools, each call printed with
     the head of its result; what went otherwise than scripted (``expect``: a turn's index
-    and what one of its results must hold) and a summary of the episode."""
+    and what one of its results must hold) and a summary of the episode. ``python``: a
+    ``python`` tool too, running in the same shell session (one environment)."""
     problems: list[str] = []
-    async with Episode(shell_tools(shell), parser="hermes", max_turns=len(turns)) as ep:
+    tools = [*shell_tools(shell), *([python_tool(shell=shell)] if python else [])]
+    async with Episode(tools, parser="hermes", max_turns=len(turns)) as ep:
         for turn, text in enumerate(turns):
             replies = await ep.astep(text)
             calls = ep.messages[-len(replies) - 1].get("tool_calls", []) if replies else []

@@ -4,7 +4,9 @@ The image is built at run time (:mod:`toolservices.cli._demo_image`): this
 machine's bash, Python and pytest, and ``/repo`` with a failing test. The
 episode's session has the image as its root and starts in its ``WorkingDir``
 (``/repo``); it runs the image's pytest (1 failed), fixes the root-owned file
-with ``str_replace``, runs pytest again (1 passed) and answers.
+with ``str_replace``, runs pytest again (1 passed), checks the fix with its
+``python`` tool (the image's python3 in the same session: it sees the edited
+file and imports the image's pytest) and answers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from toolservices.cli._demo_shell import hermes_calls, play
 __all__ = ["run_image_demo"]
 
 _PYTEST = "python3 -m pytest -q"
+#: The python tool's check: the edited file, the image's interpreter and its pytest.
+_CHECK = (
+    "import os, sys, pytest\nsys.path.insert(0, os.getcwd())\nfrom calc import add\n"
+    "print(f'add(2, 3) = {add(2, 3)} in {os.getcwd()}, python3 {sys.version.split()[0]}, "
+    "pytest {pytest.__version__}')"
+)
 
 #: The model's turns; the last one answers.
 TURNS = [
@@ -29,10 +37,11 @@ TURNS = [
         ("str_replace", {"path": "/repo/calc.py", "old_str": "a - b", "new_str": "a + b"})
     ),
     hermes_calls(("bash", {"command": _PYTEST})),
+    "And from Python, in the same environment:\n" + hermes_calls(("python", {"code": _CHECK})),
     "Fixed: add() adds, and the repository's test passes with the image's pytest.",
 ]
-#: What the tool results must show: the failing run in /repo, then the passing one.
-EXPECT = {0: "1 failed", 2: "1 passed"}
+#: What the tool results must show: the failing run in /repo, the passing one, Python's view.
+EXPECT = {0: "1 failed", 2: "1 passed", 3: "add(2, 3) = 5"}
 
 
 async def run_image_demo(out: TextIO) -> bool:
@@ -74,7 +83,7 @@ async def run_image_demo(out: TextIO) -> bool:
                 f"  image built in {built:.2f} s, pulled and the service up in {ready:.2f} s",
                 file=out,
             )
-            problems, summary = await play(shell, TURNS, EXPECT, out)
+            problems, summary = await play(shell, TURNS, EXPECT, out, python=True)
         finally:
             await shell.aclose()
     wall = time.perf_counter() - started

@@ -36,8 +36,10 @@ def add_image_parser(commands: Any) -> None:
     actions.add_parser("prune", help="remove layers no image uses and leftovers of failed pulls")
 
 
-def run_image(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_image(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from toolservices.images import DEFAULT_MAX_BYTES, ImageError, ImageStore
+
+    out = out or sys.stdout  # looked up at the call: a default would keep an old one
 
     store = ImageStore(args.cache, max_bytes=args.max_bytes or DEFAULT_MAX_BYTES)
     try:

@@ -11,17 +11,25 @@ its session id into the call's ``_state`` (``"python_session"``), so one tool
 object serves every episode and each episode keeps its own variables and
 working directory. Without a session id (a plain dispatcher call) the code
 runs in a fresh interpreter.
+
+``python_tool(shell=service)`` runs the code in the interpreter of the
+episode's *shell* session instead (``ShellService.arun_python``): one
+environment for the episode's Python and shell tools, the same root,
+workspace, ``/tmp`` and network, so a file one writes the other sees. The
+schema the model sees is the same.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolservices.env._shell_tools import SHELL_SESSION_KEY
 from toolservices.errors import ToolExecutionError, ToolTimeoutError, UserError
 from toolservices.tools import Tool
 
 if TYPE_CHECKING:
     from toolservices.python import ExecResult, PythonExecutorService
+    from toolservices.shell import ShellService
 
 __all__ = [
     "PYTHON_SESSION_KEY",
@@ -80,6 +88,8 @@ class PythonTool(Tool):
 
     schema_out: dict[str, Any] = {}
     is_async = True
+    #: the shell service whose sessions run the code (``python_tool(shell=...)``), else None
+    shell: Any = None
 
     def __init__(
         self,
@@ -136,9 +146,21 @@ class PythonTool(Tool):
         return exec_result_text(result, with_stderr=self.render == "text")
 
 
+class _ShellPython:
+    """A shell service as the Python tool's executor: the code runs in the shell session."""
+
+    def __init__(self, shell: ShellService) -> None:
+        self.shell = shell
+        self.timeout = shell.timeout
+
+    async def aexecute(self, code: str, *, session_id: str | None = None) -> ExecResult:
+        return await self.shell.arun_python(code, session_id=session_id)
+
+
 def python_tool(
-    executor: PythonExecutorService,
+    executor: PythonExecutorService | None = None,
     *,
+    shell: ShellService | None = None,
     name: str = "python",
     description: str | None = None,
     render: PythonRender = "text",
@@ -151,5 +173,27 @@ def python_tool(
     The call's time limit is the executor's ``timeout`` plus a grace period,
     so the executor kills a runaway snippet and the model reads why.
     ``render`` chooses what the model reads (:data:`PythonRender`).
+
+    ``shell=`` (a :class:`~toolservices.ShellService`, instead of ``executor``):
+    the code runs in the episode's shell session, beside its ``bash``: one
+    environment (root, workspace, network, processes) for both tools; see
+    docs/episodes.md. The schema the model sees does not change.
     """
-    return PythonTool(executor, name=name, description=description, render=render)
+    if (executor is None) == (shell is None):
+        raise UserError(
+            "python_tool needs one of executor= (a PythonExecutorService: sessions of their "
+            "own) or shell= (a ShellService: the code runs in the episode's shell session)"
+        )
+    if shell is None:
+        return PythonTool(executor, name=name, description=description, render=render)
+    if not callable(getattr(shell, "arun_python", None)):
+        raise UserError(f"python_tool(shell=...) needs a ShellService, got {type(shell).__name__}")
+    tool = PythonTool(
+        _ShellPython(shell),
+        name=name,
+        description=description,
+        render=render,
+        session=SHELL_SESSION_KEY,
+    )
+    tool.shell = shell
+    return tool

@@ -120,10 +120,10 @@ class Episode:
     there. If ``python`` is not given and the tools include a ``python_tool``,
     its executor is used. :meth:`aclose` (or ``async with``) ends the session.
 
-    Shell: when the tools include shell tools (:func:`~toolservices.shell_tools`),
-    the episode has its own ``shell_session`` on their service (created on
-    first use, forked by :meth:`fork`, ended by :meth:`aclose`), handed to
-    them in ``_state["shell_session"]``.
+    Shell: when the tools include shell tools (:func:`~toolservices.shell_tools`,
+    or ``python_tool(shell=...)``), the episode has its own ``shell_session``
+    on their service (created on first use, forked by :meth:`fork`, ended by
+    :meth:`aclose`), handed to them in ``_state["shell_session"]``.
 
     Lifecycle: ``setup(episode)`` runs once before the first turn (:meth:`astart`;
     the first step runs it if the driver did not), with the sessions at hand
@@ -708,11 +708,15 @@ def _release_session(executor: PythonExecutorService | ShellService, session_id:
 
 def _resolve_shell(registry: ToolRegistry) -> ShellService | None:
     """The shell service of the tools' shell tools; never two services."""
-    services = {id(t.shell): t.shell for t in registry if isinstance(t, ShellTool)}
+    services = {
+        id(t.shell): t.shell
+        for t in registry
+        if isinstance(t, ShellTool) or (isinstance(t, PythonTool) and t.shell is not None)
+    }
     if len(services) > 1:
         raise UserError(
-            "the tools include shell tools on different ShellServices; "
-            "build them all with shell_tools(<one service>)"
+            "the tools include shell tools (or python_tool(shell=...)) on different "
+            "ShellServices; build them all on one service"
         )
     return next(iter(services.values()), None)
 

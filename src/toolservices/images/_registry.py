@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -25,10 +24,7 @@ from ._sources import (
     INDEX_TYPES,
     MANIFEST_TYPES,
     Resolved,
-    _json,
-    layers_of,
-    pick_platform,
-    verified,
+    resolve,
 )
 
 __all__ = ["auth_files", "credentials_for", "open_registry"]
@@ -199,25 +195,12 @@ def open_registry(
     """Resolve a ``docker://`` reference; blobs stream on demand."""
     files = [auth_file] if auth_file else auth_files()
     client = _Client(ref, ref.host in insecure_registries, files)
-    reference = ref.digest or ref.tag or "latest"
-    for _ in range(2):
-        data, _media = client.manifest(reference)
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if reference.startswith("sha256:"):
-            verified(data, reference, f"{ref}: manifest")
-        manifest = _json(data, f"{ref}: manifest")
-        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            reference = str(pick_platform(manifest, str(ref))["digest"])
-            continue
-        config_digest = str(manifest["config"]["digest"])
-        with client.blob(config_digest)() as response:
-            config_bytes = response.read(_MAX_MANIFEST + 1)
-        config = _json(verified(config_bytes, config_digest, f"{ref}: config"), f"{ref}: config")
-        yield Resolved(
-            digest=digest,
-            config_digest=config_digest,
-            config=config,
-            layers=layers_of(manifest, config, str(ref), client.blob),
-        )
-        return
-    raise ImageError(f"{ref}: indexes nested too deep")
+
+    def config(digest: str) -> bytes:
+        with client.blob(digest)() as response:
+            return bytes(response.read(_MAX_MANIFEST + 1))
+
+    def manifest(reference: str) -> bytes:
+        return client.manifest(reference)[0]
+
+    yield resolve(str(ref), ref.digest or ref.tag or "latest", manifest, config, client.blob)

@@ -98,11 +98,14 @@ def pick_platform(index: dict[str, Any], what: str) -> dict[str, Any]:
     raise ImageNotFoundError(f"{what} has no image for linux/{arch} (it has: {', '.join(found)})")
 
 
+Opener = Callable[[str], Callable[[], contextlib.AbstractContextManager[IO[bytes]]]]
+
+
 def layers_of(
     manifest: dict[str, Any],
     config: dict[str, Any],
     what: str,
-    opener: Callable[[str], Callable[[], contextlib.AbstractContextManager[IO[bytes]]]],
+    opener: Opener,
 ) -> list[Layer]:
     """Pair a manifest's layer descriptors with the config's diff_ids."""
     descriptors = manifest.get("layers") or []
@@ -120,6 +123,38 @@ def layers_of(
         )
         for d, diff in zip(descriptors, diff_ids, strict=True)
     ]
+
+
+def resolve(
+    what: str,
+    reference: str,
+    manifest: Callable[[str], bytes],
+    config: Callable[[str], bytes],
+    opener: Opener,
+) -> Resolved:
+    """Follow ``reference`` (a manifest's digest, or a registry's tag) through at most one
+    index (the per-platform one of a multi-platform image) to the image's manifest and its
+    config, each verified against its digest (a tag names nothing to verify against);
+    ``manifest`` and ``config`` fetch a blob's bytes, ``opener`` a layer's stream."""
+    for _ in range(2):
+        data = manifest(reference)
+        if reference.startswith("sha256:"):
+            verified(data, reference, f"{what}: manifest")
+        parsed = _json(data, f"{what}: manifest")
+        if parsed.get("mediaType") in INDEX_TYPES or "manifests" in parsed:
+            reference = str(pick_platform(parsed, what)["digest"])
+            continue
+        config_digest = str(parsed["config"]["digest"])
+        image_config = _json(
+            verified(config(config_digest), config_digest, f"{what}: config"), f"{what}: config"
+        )
+        return Resolved(
+            digest="sha256:" + hashlib.sha256(data).hexdigest(),
+            config_digest=config_digest,
+            config=image_config,
+            layers=layers_of(parsed, image_config, what, opener),
+        )
+    raise ImageError(f"{what}: indexes nested too deep")
 
 
 class _Blobs:
@@ -223,26 +258,11 @@ def _oci(blobs: _Blobs) -> Resolved:
         raise ImageNotFoundError(
             f"{ref}: the layout holds {len(descriptors)} images; name one with :TAG"
         )
-    descriptor = descriptors[0]
-    for _ in range(2):  # an index may point at a per-platform index
-        digest = str(descriptor["digest"])
-        data = verified(blobs.read(_blob_name(digest)), digest, f"{ref}: manifest")
-        manifest = _json(data, f"{ref}: manifest {digest}")
-        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            descriptor = pick_platform(manifest, str(ref))
-            continue
-        config_digest = str(manifest["config"]["digest"])
-        config = _json(
-            verified(blobs.read(_blob_name(config_digest)), config_digest, f"{ref}: config"),
-            f"{ref}: config",
-        )
-        return Resolved(
-            digest=digest,
-            config_digest=config_digest,
-            config=config,
-            layers=layers_of(manifest, config, str(ref), blobs.blob),
-        )
-    raise ImageError(f"{ref}: indexes nested too deep")
+
+    def read(digest: str) -> bytes:
+        return blobs.read(_blob_name(digest))
+
+    return resolve(str(ref), str(descriptors[0]["digest"]), read, read, blobs.blob)
 
 
 def _blob_name(digest: str) -> str:

@@ -171,12 +171,20 @@ class _Tree:
         return "/".join(parts[:-1]), parts[-1]
 
     def _dir(self, path: str) -> int:
-        """The descriptor of directory ``path``, made if missing, never through a link."""
-        fd = self._fds.get(path)
-        if fd is not None:
-            return fd
-        parent, _, leaf = path.rpartition("/")
-        parent_fd = self._dir(parent)
+        """The descriptor of directory ``path``, made if missing, never through a link (from
+        its nearest ancestor with a descriptor down, without recursion: a layer may nest
+        thousands of levels)."""
+        missing: list[str] = []
+        while path not in self._fds:
+            missing.append(path)
+            path = path.rpartition("/")[0]
+        fd = self._fds[path]
+        for path in reversed(missing):
+            fd = self._open_dir(fd, path)
+        return fd
+
+    def _open_dir(self, parent_fd: int, path: str) -> int:
+        leaf = path.rpartition("/")[2]
         try:
             fd = os.open(leaf, _DIR_FLAGS, dir_fd=parent_fd)
         except FileNotFoundError:
@@ -203,8 +211,11 @@ class _Tree:
             if keep_dir:
                 return
             remove_tree_at(parent_fd, leaf)
-            for key in [k for k in self._fds if k == path or k.startswith(path + "/")]:
+            below = path + "/"
+            for key in [k for k in self._fds if k == path or k.startswith(below)]:
                 os.close(self._fds.pop(key))
+            for key in [k for k in self._dir_modes if k == path or k.startswith(below)]:
+                del self._dir_modes[key]  # gone: nothing to set at the end
         else:
             os.unlink(leaf, dir_fd=parent_fd)
 
@@ -317,15 +328,27 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def remove_tree_at(parent_fd: int, leaf: str) -> None:
-    fd = os.open(leaf, _DIR_FLAGS, dir_fd=parent_fd)
+    """Remove the directory ``leaf`` of ``parent_fd`` and its tree, never following a link,
+    without recursion (a layer may nest thousands of levels), each directory made writable
+    by its owner first (a layer may lay them without write permission)."""
+    stack = [(parent_fd, leaf, os.open(leaf, _DIR_FLAGS, dir_fd=parent_fd))]
     try:
-        os.fchmod(fd, 0o700)
-        for entry in os.listdir(fd):
-            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                remove_tree_at(fd, entry)
-            else:
+        while stack:
+            _parent, _name, fd = stack[-1]
+            os.fchmod(fd, 0o700)
+            child = None
+            for entry in os.listdir(fd):
+                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    child = entry
+                    break
                 os.unlink(entry, dir_fd=fd)
+            if child is not None:
+                stack.append((fd, child, os.open(child, _DIR_FLAGS, dir_fd=fd)))
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(_name, dir_fd=_parent)
     finally:
-        os.close(fd)
-    os.rmdir(leaf, dir_fd=parent_fd)
+        for _parent, _name, fd in stack:
+            os.close(fd)

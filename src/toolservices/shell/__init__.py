@@ -8,8 +8,10 @@
   :class:`ShellArgumentError`: an argument no file or text can be (both a
   ``UserError`` and a ``ShellFileError``).
 
-Layout: ``_service`` runs in the caller's process; ``_supervisor`` is sent to
-each session and runs there (standard library only). See ``docs/shell.md``.
+Layout: ``_service`` (with ``_requests``, ``_config``, ``_report``, ``_checks``,
+``_result``) runs in the caller's process; ``_supervisor`` (with ``_spawner``,
+``_terminal``) is sent to each session and runs there (standard library only).
+See ``docs/shell.md``.
 """
 
 from __future__ import annotations

@@ -146,15 +146,17 @@ class _Capped:
         return len(self.data)
 
 
-def get_archive(path: str, cap: int) -> dict[str, Any]:
-    """A tar of ``path`` (a file or a tree; links kept as links), at most ``cap`` bytes."""
+def get_archive(path: str, cap: int, arcname: str | None = None) -> dict[str, Any]:
+    """A tar of ``path`` (a file or a tree; links kept as links), at most ``cap`` bytes;
+    its top entry is named ``arcname`` (by default ``path``'s name)."""
     import tarfile
 
     out = _Capped(cap)
     try:
         os.lstat(path)
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-            tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".", recursive=True)
+            name = arcname or os.path.basename(path.rstrip("/")) or "."
+            tar.add(path, arcname=name, recursive=True)
     except OverflowError:
         return {"ok": False, "errno": "EFBIG", "message": f"the archive exceeds {cap} bytes"}
     except OSError as exc:

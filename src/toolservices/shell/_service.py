@@ -4,139 +4,43 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import glob
-import json
-import marshal
-import math
-import os
 import secrets
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, BinaryIO
 
-from toolservices._clip import omitted_marker
-from toolservices._portal import run_sync
+from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
-from toolservices.python.host import default_max_sessions
-from toolservices.python.sandbox import (
-    SandboxConfig,
-    check_config,
-    default_config,
-    image_config,
-    with_network,
+from toolservices.python.host import default_max_sessions, pull_image
+from toolservices.python.sandbox import with_network
+from toolservices.shell._checks import check_path, encode, entry, largest_variable, lone_surrogate
+from toolservices.shell._config import (
+    COMMAND_STACK,
+    DEFAULT_DISK_QUOTA,
+    GRACE,
+    SESSION_BYTES,
+    SESSION_FDS,
+    check_session,
+    check_timeout,
+    session_sandbox,
+    shell_config,
 )
-from toolservices.shell._checks import (
-    RUN_FIELDS,
-    check_path,
-    checked,
-    died,
-    encode,
-    entry,
-    largest_variable,
-    lone_surrogate,
-)
+from toolservices.shell._images import SessionImages, start_dir
 from toolservices.shell._native import library as native_library
+from toolservices.shell._pycall import arun_python, forget_python, python_config
+from toolservices.shell._report import shell_report
+from toolservices.shell._requests import SupervisorRequests, warmup_code
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
-
-#: seconds the supervisor gets beyond a command's own limit to kill its tree and report
-_GRACE = 5.0
-#: memory reserved per idle shell session for the default ``max_sessions``: 5.9-6.4 MiB
-#: PSS measured (the supervisor, its spawner, a waiting bash; docs/benchmarks.md), rounded
-#: up. Files in a workspace take memory too (a tmpfs), up to its ``disk_quota``.
-SESSION_BYTES = 8 << 20
-#: descriptors a shell session holds in the caller: the Python session's, plus its user
-#: and mount namespaces (what fork_session copies its workspace through)
-SESSION_FDS = 5
-#: the default size cap of a session's workspace (each fork_session copy has its own)
-DEFAULT_DISK_QUOTA = 1 << 30
-#: the name the supervisor's entry point has in a session's globals
-#: The soft stack limit of commands: a usual terminal's (glibc sizes thread stacks from it).
-COMMAND_STACK = 8 * 1024 * 1024
-#: Tasks (processes and threads) per shell session when no sandbox is given.
-SHELL_NPROC = 256
-#: /etc paths of toolchains the read-only root shows to shell sessions (when they exist).
-_TOOLCHAIN_ETC = ("/etc/java-*",)
-_ENTRY = "__ts_shell__"
-#: what a call without the bootstrap prints in a session that has no supervisor yet
-_COLD = '{"cold": true}'
-_HERE = Path(__file__).parent
-# Compiled here once and sent marshalled: sessions run this very interpreter (the fork
-# server is started with sys.executable), and unmarshalling costs far less than compiling.
-# Base64 text: a bytes literal full of escapes takes the session 4x longer to tokenize.
-_CODE = {
-    name: base64.b64encode(
-        marshal.dumps(
-            compile((_HERE / f"{file}.py").read_text("utf-8"), f"<{name}>", "exec", optimize=2)
-        )
-    ).decode()
-    for name, file in (  # each after the modules it uses (the supervisor's split: shell.md)
-        ("_toolservices_shell_procs", "_procs"),
-        ("_toolservices_shell_files", "_files"),
-        ("_toolservices_shell_spawner", "_spawner"),
-        ("_toolservices_shell_terminal", "_terminal"),
-        ("_toolservices_shell_command", "_command"),
-        ("_toolservices_shell_native", "_native"),
-        ("_toolservices_shell", "_supervisor"),
-    )
-}
-# Idempotent: loading it again in a live session keeps its shell state.
-_BOOTSTRAP = (
-    f"if {_ENTRY!r} not in globals():\n"
-    "    import binascii as _b, marshal as _ma, sys as _s, types as _t\n"
-    f"    for _n, _c in {_CODE!r}.items():\n"
-    "        _m = _t.ModuleType(_n)\n"
-    "        _s.modules[_n] = _m\n"
-    "        exec(_ma.loads(_b.a2b_base64(_c)), _m.__dict__)\n"
-    f"    {_ENTRY} = _m.call\n"
-    "    del _b, _ma, _s, _t, _m, _n, _c\n"
-)
-
-
-def _landlock_abi() -> int:
-    from toolservices.python.runtime import landlock_abi
-
-    return landlock_abi()
-
-
-def _check_timeout(value: object, name: str = "timeout") -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def _check_session(value: object, *, required: bool = False) -> str | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise UserError(f"session_id must be a non-empty str, got {value!r}")
-    return value
-
 
 #: the largest shell state (characters) a copy is given: its request, escaped, must stay
 #: well under the 256 MiB a session takes in one request
 _MAX_STATE = 48 << 20
 
 
-def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
-    """A stream as the supervisor kept it: whole, or its head and tail around a marker."""
-    if total <= cap:
-        return data.decode("utf-8", "replace"), False
-    head = cap - cap // 2
-    return (
-        data[:head].decode("utf-8", "replace")
-        + omitted_marker(total - len(data))
-        + data[head:].decode("utf-8", "replace")
-    ), True
-
-
-class ShellService:
+class ShellService(SupervisorRequests):
     """Run shell commands in persistent, sandboxed sessions, and act on their files.
 
     Each session is a sandboxed session of the Python executor (same uid,
@@ -197,39 +101,26 @@ class ShellService:
         insecure_registries: tuple[str, ...] | list[str] = (),
         image_workdir: bool = True,
     ) -> None:
-        self.timeout = _check_timeout(timeout)
+        self.timeout = check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
             raise UserError("max_output, max_file_size and max_list must be positive")
         self.max_output = int(max_output)
         self.max_file_size = int(max_file_size)
         self.max_list = int(max_list)
+        config = with_network(shell_config(sandbox), network)
+        self.image, self._image_args = pull_image(
+            image, image_cache=image_cache, insecure_registries=insecure_registries
+        )
+        config = session_sandbox(config, image=self.image, reference=image, disk_quota=disk_quota)
+        # sessions on other images (start_session(image=...)) stack layers of this cache
+        self._images = SessionImages(
+            ImageStore(image_cache),
+            default=self.image,
+            insecure_registries=tuple(insecure_registries),
+        )
+        config = self._images.with_cache(config)
         # The supervisor's JSON reply travels as the session's stdout: room for both streams
         # (base64) or one file, plus the envelope.
-        config = shell_config(sandbox)
-        config = with_network(config, network)
-        self._image_args = {
-            "image": image,
-            "image_cache": image_cache,
-            "insecure_registries": tuple(insecure_registries),
-        }
-        self.image: Image | None = None
-        if image is not None:
-            self.image = ImageStore(image_cache).pull(
-                image, insecure_registries=tuple(insecure_registries)
-            )
-            if not _has_bash(self.image):
-                raise UserError(
-                    f"image {image!r} has no /bin/bash (or /usr/bin/bash): ShellService runs "
-                    "every command with the image's bash; use an image that has it"
-                )
-            config = image_config(config, self.image)
-        if disk_quota is not None:
-            if isinstance(disk_quota, bool) or not isinstance(disk_quota, int) or disk_quota <= 0:
-                raise UserError(f"disk_quota must be a positive int or None, got {disk_quota!r}")
-            config = dataclasses.replace(config, disk_quota=disk_quota)
-        # every session's workspace at one path (where session namespaces allow it)
-        # ... and each its own PID namespace and /proc (see docs/shell.md, "Isolation")
-        config = dataclasses.replace(config, fixed_workspace=True, own_pids=True)
         reply = max(2 * (4 * (max_output + 2) // 3 + 4), 4 * (max_file_size + 2) // 3 + 4)
         if command_stack is not None and (
             isinstance(command_stack, bool)
@@ -242,21 +133,24 @@ class ShellService:
         # the shell state travels to fork_session copies in parts of this many characters:
         # in the reply's JSON a character takes up to 12 bytes (an escaped surrogate pair)
         self._state_part = max(4096, reply // 12)
-        self._config = {
-            "max_output": self.max_output,
-            "max_file": self.max_file_size,
-            "command_stack": command_stack,
-            # "loopback" reaches nothing outside the session: pip has no index there either
-            "offline": config.network != "host",
-            # an image's WorkingDir: where a new session's first command starts
-            "start_dir": start_dir(self.image) if image_workdir else None,
-            # the bash builtin that lets one live bash serve the commands (shell.md); an
-            # image's bash may not be the one it was built for: a bash per command there
-            "native": native_library() if self.image is None else None,
-            # every reply carries it: a line the session forged cannot (see _reply)
-            "token": secrets.token_hex(16),
-        }
-        self._config_text = repr(self._config)  # in every request's source: written once
+        self._init_requests(
+            {
+                "max_output": self.max_output,
+                "max_file": self.max_file_size,
+                "command_stack": command_stack,
+                # "loopback" reaches nothing outside the session: pip has no index there either
+                "offline": config.network != "host",
+                # an image's WorkingDir: where a new session's first command starts
+                "start_dir": start_dir(self.image) if image_workdir else None,
+                # the bash builtin that lets one live bash serve the commands (shell.md); an
+                # image's bash may not be the one it was built for: a bash per command there
+                "native": native_library() if self.image is None else None,
+                # every reply carries it: a line the session forged cannot (see _reply)
+                "token": secrets.token_hex(16),
+                # the Python tool's interpreter: None forks the supervisor, else the image's
+                "python": python_config(self.image),
+            }
+        )
         self._max_sessions_arg = max_sessions  # None travels as None: a replica sizes itself
         if max_sessions is None:
             max_sessions = default_max_sessions(
@@ -264,7 +158,7 @@ class ShellService:
             )
         self._python = PythonExecutorService(
             pool_size=pool_size,
-            timeout=self.timeout + _GRACE,
+            timeout=self.timeout + GRACE,
             max_sessions=max_sessions,
             max_queue=max_queue,
             max_output=reply + 64 * 1024,
@@ -272,124 +166,12 @@ class ShellService:
             spares=spares,
             # spare interpreters load the supervisor and start the first bash ahead of need:
             # a new session's first command then finds them ready
-            warmup=_BOOTSTRAP + f"{_ENTRY}('warm', {{}}, {self._config_text})\n",
+            warmup=warmup_code(self._config_text),
         )
         self.pool_size = pool_size
         self.max_sessions = max_sessions
         self.max_queue = max_queue
         self.sandbox = self._python.sandbox
-        self._lock = threading.Lock()
-        # sessions whose supervisor is loaded (as far as we know: an evicted one answers
-        # NameError and is loaded again), so that their calls skip the bootstrap
-        self._booted: set[str] = set()
-        # sessions whose state or files were lost in a call that could not say so (a file
-        # tool's, or a command whose supervisor died): their next command reports it
-        self._lost: dict[str, None] = {}
-        self._counters = dict.fromkeys(("commands", "timeouts", "restarts", "failures", "files"), 0)
-
-    # --- requests ------------------------------------------------------------------
-
-    def _code(self, op: str, args: dict[str, Any], boot: bool) -> str:
-        call = (
-            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {self._config_text})"
-        )
-        if boot:
-            return f"{_BOOTSTRAP}{call}\n"
-        # a session without the supervisor says so (no exception: not a failed call)
-        return f"if {_ENTRY!r} in globals():\n    {call}\nelse:\n    print({_COLD!r})\n"
-
-    @staticmethod
-    def _needs_boot(res: ExecResult) -> bool:
-        if res.exception is None:
-            return res.stdout.endswith(_COLD + "\n")
-        exc = res.exception
-        return exc.type == "NameError" and _ENTRY in exc.message
-
-    def _booting(self, session_id: str | None) -> bool:
-        # a new session (or a fresh shell) most likely comes from a warmed spare (see
-        # ``warmup``), which has the supervisor: try without the bootstrap (68 KB to send
-        # and compile); a cold one answers NameError and gets it
-        if self._python.spares:
-            return False
-        return session_id is None or session_id not in self._booted
-
-    def _booted_now(self, session_id: str | None, res: ExecResult) -> None:
-        if session_id is not None and res.exception is None:
-            if len(self._booted) > 4 * self.max_sessions:
-                self._booted.clear()  # forgetting only costs a NameError round trip
-            self._booted.add(session_id)
-
-    def _request(
-        self, op: str, args: dict[str, Any], session_id: str | None, limit: float
-    ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id))
-        res = self._python.execute(code, session_id=session_id, timeout=limit)
-        lost = res.restarted
-        if self._needs_boot(res):
-            code = self._code(op, args, True)
-            res = self._python.execute(code, session_id=session_id, timeout=limit)
-            lost = lost or res.restarted
-        self._booted_now(session_id, res)
-        return res, self._note_lost(session_id, res, lost)
-
-    async def _arequest(
-        self, op: str, args: dict[str, Any], session_id: str | None, limit: float
-    ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id))
-        res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
-        lost = res.restarted
-        if self._needs_boot(res):
-            code = self._code(op, args, True)
-            res = await self._python.aexecute(code, session_id=session_id, timeout=limit)
-            lost = lost or res.restarted
-        self._booted_now(session_id, res)
-        return res, self._note_lost(session_id, res, lost)
-
-    def _note_lost(self, session_id: str | None, res: ExecResult, lost: bool) -> bool:
-        """``lost`` (the state was gone before this call); remembered, with a loss in this
-        call (a timeout or a crash kills the session), until a command reports it."""
-        gone = res.timed_out or died(res)
-        if session_id is not None and (lost or gone):
-            with self._lock:
-                self._lost[session_id] = None
-                while len(self._lost) > 4 * self.max_sessions:  # the oldest news goes first
-                    del self._lost[next(iter(self._lost))]
-        return lost
-
-    def _reported_lost(self, session_id: str | None) -> bool:
-        """Pop the news that ``session_id`` lost its state (a command is reporting it)."""
-        if session_id is None:
-            return False
-        with self._lock:
-            return self._lost.pop(session_id, 0) is None
-
-    def _reply(self, res: ExecResult, fields: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The supervisor's reply: its last line, with our token and ``fields`` of their types.
-
-        Anything else (a line the session forged, a crafted or truncated
-        reply) is an :class:`InfrastructureError`, never a ``KeyError``.
-        """
-        if res.exception is None and res.success:
-            lines = res.stdout.strip().splitlines()
-            try:
-                reply = json.loads(lines[-1]) if lines else None
-            except ValueError:
-                reply = None
-            if isinstance(reply, dict):
-                if reply.get("token") != self._config["token"]:
-                    raise InfrastructureError(
-                        "the shell session's reply did not come from its supervisor", retryable=True
-                    )
-                return checked(reply, fields or {})
-        detail = res.exception.message if res.exception else f"status {res.returncode}"
-        raise InfrastructureError(
-            f"the shell session's supervisor failed ({detail}): {res.stderr[-400:]}", retryable=True
-        )
-
-    def _bump(self, **counts: int) -> None:
-        with self._lock:
-            for key, n in counts.items():
-                self._counters[key] += n
 
     # --- run -------------------------------------------------------------------------
 
@@ -398,8 +180,8 @@ class ShellService:
     ) -> tuple[dict[str, Any], str | None, float]:
         if not isinstance(command, str):
             raise UserError(f"command must be a str, got {type(command).__name__}")
-        session = _check_session(session_id)
-        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        session = check_session(session_id)
+        limit = self.timeout if timeout is None else check_timeout(timeout)
         if stdin is None:
             data = None
         elif isinstance(stdin, str):
@@ -408,67 +190,7 @@ class ShellService:
             data = base64.b64encode(bytes(stdin)).decode()
         else:
             raise UserError(f"stdin must be str, bytes or None, got {type(stdin).__name__}")
-        return {"command": command, "timeout": limit, "stdin": data}, session, limit + _GRACE
-
-    def _result(self, res: ExecResult, lost: bool, session_id: str | None) -> ShellResult:
-        lost = self._reported_lost(session_id) or lost  # also what an earlier call lost
-        if res.timed_out or died(res):  # the supervisor did not answer: its session is gone
-            what = (
-                "did not answer in time"
-                if res.timed_out
-                else f"ended while the command ran ({res.exception.message})"
-                if res.exception
-                else "ended"
-            )
-            had_state = session_id is not None  # a fresh shell has none to lose
-            self._bump(commands=1, timeouts=int(res.timed_out), restarts=int(had_state), failures=1)
-            return ShellResult(
-                success=False,
-                stdout="",
-                stderr=f"[the shell session {what}; it was restarted: files, variables and "
-                "the working directory are lost]\n",
-                returncode=-1 if res.timed_out or res.returncode >= 0 else res.returncode,
-                duration=res.duration,
-                timed_out=res.timed_out,
-                restarted=had_state,
-                session_id=session_id,
-            )
-        reply = self._reply(res, RUN_FIELDS)
-        cap = self.max_output
-        out, cut_out = _text(base64.b64decode(reply["stdout"]), reply["stdout_total"], cap)
-        err, cut_err = _text(base64.b64decode(reply["stderr"]), reply["stderr_total"], cap)
-        if reply["timed_out"]:
-            err += (
-                f"\n[timed out after {reply['limit']:g} s: the command and every process it "
-                "started were killed]\n"
-            )
-        if reply.get("no_terminal"):
-            err += (
-                f"\n[{reply['no_terminal']} was waiting for keys from a terminal, and commands "
-                "have none: it and every process the command started were killed. Edit files "
-                "with write_file, str_replace or sed; run programs non-interactively]\n"
-            )
-        restarted = bool(reply["restarted"]) or lost
-        if session_id is None:
-            restarted = False  # a fresh shell has no state to lose
-        ok = reply["returncode"] == 0 and not reply["timed_out"]
-        self._bump(
-            commands=1,
-            timeouts=int(reply["timed_out"]),
-            restarts=int(restarted),
-            failures=int(not ok),
-        )
-        return ShellResult(
-            success=ok,
-            stdout=out,
-            stderr=err,
-            returncode=int(reply["returncode"]),
-            duration=float(reply["duration"]),
-            timed_out=bool(reply["timed_out"]),
-            truncated=cut_out or cut_err,
-            restarted=restarted,
-            session_id=session_id,
-        )
+        return {"command": command, "timeout": limit, "stdin": data}, session, limit + GRACE
 
     def _refused(self, command: str, session_id: str | None) -> ShellResult | None:
         """A result for a command bash cannot be given (a NUL, a lone surrogate), or None."""
@@ -497,12 +219,7 @@ class ShellService:
         raises for what the command does; raises ``ExecutorBusyError`` when
         the queue is full and ``InfrastructureError`` when the machinery fails.
         """
-        args, session, limit = self._run_args(command, session_id, timeout, stdin)
-        refused = self._refused(command, session)
-        if refused is not None:
-            return refused
-        res, lost = self._request("run", args, session, limit)
-        return self._result(res, lost, session)
+        return run_inline(self._run(command, session_id, timeout, stdin, True))
 
     async def arun(
         self,
@@ -512,31 +229,57 @@ class ShellService:
         stdin: str | bytes | None = None,
     ) -> ShellResult:
         """Async :meth:`run`."""
+        return await self._run(command, session_id, timeout, stdin, False)
+
+    async def _run(
+        self,
+        command: str,
+        session_id: str | None,
+        timeout: float | None,  # noqa: ASYNC109 - the command's own limit
+        stdin: str | bytes | None,
+        inline: bool,
+    ) -> ShellResult:
         args, session, limit = self._run_args(command, session_id, timeout, stdin)
         refused = self._refused(command, session)
         if refused is not None:
             return refused
-        res, lost = await self._arequest("run", args, session, limit)
+        res, lost = await self._request("run", args, session, limit, inline)
         return self._result(res, lost, session)
+
+    # --- python: the Python tool in the session (_pycall, _pyworker) -----------------
+
+    def run_python(
+        self, code: str, session_id: str | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        """Run Python ``code`` in session ``session_id``'s own interpreter (the executor's
+        result): the session's root, workspace, network and processes, so a file the code
+        writes is the one ``bash`` sees (see docs/episodes.md). Started on first use and kept
+        between calls; a timeout kills only it. Without a session: a fresh one, discarded."""
+        return run_inline(arun_python(self, code, session_id, timeout, True))
+
+    async def arun_python(
+        self,
+        code: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the code's own limit
+    ) -> ExecResult:
+        """Async :meth:`run_python`."""
+        return await arun_python(self, code, session_id, timeout, False)
+
+    def _python_args(self, session_id: object, timeout: object) -> tuple[str | None, float, float]:
+        """The session, the code's limit and how long the supervisor has to answer."""
+        limit = self.timeout if timeout is None else check_timeout(timeout)
+        return check_session(session_id), limit, limit + GRACE
 
     # --- files -----------------------------------------------------------------------
 
     def _file_limit(self) -> float:
-        return self.timeout + _GRACE
-
-    def _file_reply(self, op: str, path: str, res: ExecResult, **fields: Any) -> dict[str, Any]:
-        self._bump(files=1)
-        if res.timed_out:
-            raise ShellFileError(op, path, "ETIMEDOUT", "the operation timed out")
-        reply = self._reply(res)
-        if not reply.get("ok"):
-            raise ShellFileError(op, path, str(reply.get("errno")), str(reply.get("message")))
-        return checked(reply, fields)
+        return self.timeout + GRACE
 
     def _write_args(
         self, path: object, data: object, session_id: object
     ) -> tuple[dict[str, Any], str]:
-        session = _check_session(session_id, required=True)
+        session = check_session(session_id, required=True)
         assert session is not None
         path = check_path(path, "write_file")
         if isinstance(data, str):
@@ -559,35 +302,36 @@ class ShellService:
 
         Returns the bytes written; missing parent directories are created.
         """
-        args, session = self._write_args(path, data, session_id)
-        res, _ = self._request("write", args, session, self._file_limit())
-        return int(self._file_reply("write_file", path, res, size=int)["size"])
+        return run_inline(self._write_file(path, data, session_id, True))
 
     async def awrite_file(self, path: str, data: str | bytes, *, session_id: str) -> int:
         """Async :meth:`write_file`."""
+        return await self._write_file(path, data, session_id, False)
+
+    async def _write_file(self, path: str, data: str | bytes, session_id: str, inline: bool) -> int:
         args, session = self._write_args(path, data, session_id)
-        res, _ = await self._arequest("write", args, session, self._file_limit())
+        res, _ = await self._request("write", args, session, self._file_limit(), inline)
         return int(self._file_reply("write_file", path, res, size=int)["size"])
 
     def _path_args(self, path: object, session_id: object, op: str) -> str:
-        _check_session(session_id, required=True)
+        check_session(session_id, required=True)
         return check_path(path, op)
-
-    def _decode_read(self, path: str, res: ExecResult, binary: bool) -> str | bytes:
-        data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
-        return data if binary else data.decode("utf-8", "replace")
 
     def read_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """The content of ``path`` as the session sees it (text with replacement, or bytes)."""
-        path = self._path_args(path, session_id, "read_file")
-        res, _ = self._request("read", {"path": path}, session_id, self._file_limit())
-        return self._decode_read(path, res, binary)
+        return run_inline(self._read_file(path, session_id, binary, True))
 
     async def aread_file(self, path: str, *, session_id: str, binary: bool = False) -> str | bytes:
         """Async :meth:`read_file`."""
+        return await self._read_file(path, session_id, binary, False)
+
+    async def _read_file(
+        self, path: str, session_id: str, binary: bool, inline: bool
+    ) -> str | bytes:
         path = self._path_args(path, session_id, "read_file")
-        res, _ = await self._arequest("read", {"path": path}, session_id, self._file_limit())
-        return self._decode_read(path, res, binary)
+        res, _ = await self._request("read", {"path": path}, session_id, self._file_limit(), inline)
+        data = base64.b64decode(self._file_reply("read_file", path, res, data=str)["data"])
+        return data if binary else data.decode("utf-8", "replace")
 
     def _archive_args(self, path: object, data: object, session_id: object) -> dict[str, Any]:
         path = self._path_args(path, session_id, "put_archive")
@@ -605,30 +349,46 @@ class ShellService:
         """Unpack the tar ``tar`` (bytes or a binary file) into directory ``path``, like
         ``docker cp``: the session's rights, at most ``max_file_size`` bytes of archive,
         nothing written if any entry would leave ``path``. Returns the entries unpacked."""
-        args = self._archive_args(path, tar, session_id)
-        res, _ = self._request("put_archive", args, session_id, self._file_limit())
-        return int(self._file_reply("put_archive", args["path"], res, entries=int)["entries"])
+        return run_inline(self._put_archive(session_id, path, tar, True))
 
     async def aput_archive(self, session_id: str, path: str, tar: bytes | BinaryIO) -> int:
         """Async :meth:`put_archive`."""
+        return await self._put_archive(session_id, path, tar, False)
+
+    async def _put_archive(
+        self, session_id: str, path: str, tar: bytes | BinaryIO, inline: bool
+    ) -> int:
         args = self._archive_args(path, tar, session_id)
-        res, _ = await self._arequest("put_archive", args, session_id, self._file_limit())
+        res, _ = await self._request("put_archive", args, session_id, self._file_limit(), inline)
         return int(self._file_reply("put_archive", args["path"], res, entries=int)["entries"])
 
     def get_archive(self, session_id: str, path: str) -> bytes:
         """A tar of ``path`` (file or directory, links kept as links) as the session sees
         it; at most ``max_file_size`` bytes (else :class:`ShellFileError` EFBIG)."""
-        path = self._path_args(path, session_id, "get_archive")
-        res, _ = self._request("get_archive", {"path": path}, session_id, self._file_limit())
-        return base64.b64decode(self._file_reply("get_archive", path, res, data=str)["data"])
+        return run_inline(self._get_archive(session_id, path, True))
 
     async def aget_archive(self, session_id: str, path: str) -> bytes:
         """Async :meth:`get_archive`."""
+        return await self._get_archive(session_id, path, False)
+
+    async def _get_archive(self, session_id: str, path: str, inline: bool) -> bytes:
         path = self._path_args(path, session_id, "get_archive")
-        res, _ = await self._arequest("get_archive", {"path": path}, session_id, self._file_limit())
+        args = {"path": path}
+        res, _ = await self._request("get_archive", args, session_id, self._file_limit(), inline)
         return base64.b64decode(self._file_reply("get_archive", path, res, data=str)["data"])
 
-    def _entries(self, path: str, res: ExecResult) -> list[FileEntry]:
+    def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
+        """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
+        return run_inline(self._list_files(path, session_id, True))
+
+    async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
+        """Async :meth:`list_files`."""
+        return await self._list_files(path, session_id, False)
+
+    async def _list_files(self, path: str, session_id: str, inline: bool) -> list[FileEntry]:
+        path = self._path_args(path, session_id, "list_files")
+        args = {"path": path, "limit": self.max_list}
+        res, _ = await self._request("list", args, session_id, self._file_limit(), inline)
         reply = self._file_reply("list_files", path, res, entries=list)
         try:
             return [entry(str(n), str(k), int(s)) for n, k, s in reply["entries"]]
@@ -637,38 +397,25 @@ class ShellService:
                 "the shell session's supervisor sent a malformed reply (entries)", retryable=True
             ) from None
 
-    def list_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
-        """The entries of directory ``path`` (sorted by name, at most ``max_list``)."""
-        path = self._path_args(path, session_id, "list_files")
-        args = {"path": path, "limit": self.max_list}
-        res, _ = self._request("list", args, session_id, self._file_limit())
-        return self._entries(path, res)
-
-    async def alist_files(self, path: str = ".", *, session_id: str) -> list[FileEntry]:
-        """Async :meth:`list_files`."""
-        path = self._path_args(path, session_id, "list_files")
-        args = {"path": path, "limit": self.max_list}
-        res, _ = await self._arequest("list", args, session_id, self._file_limit())
-        return self._entries(path, res)
-
     def workspace(self, session_id: str) -> str:
         """The absolute path of the session's workspace (its shell's starting directory)."""
-        _check_session(session_id, required=True)
-        res, _ = self._request("workspace", {}, session_id, self._file_limit())
+        return run_inline(self._workspace(session_id, True))
+
+    async def aworkspace(self, session_id: str) -> str:
+        """Async :meth:`workspace`."""
+        return await self._workspace(session_id, False)
+
+    async def _workspace(self, session_id: str, inline: bool) -> str:
+        session = check_session(session_id, required=True)
+        res, _ = await self._request("workspace", {}, session, self._file_limit(), inline)
         return str(self._reply(res, {"workspace": str})["workspace"])
 
     # --- sessions ----------------------------------------------------------------------
 
-    def _start_args(self, session_id: object, image: object) -> str:
-        session = _check_session(session_id, required=True)
+    def _start_args(self, session_id: object) -> str:
+        session = check_session(session_id, required=True)
         assert session is not None
-        if image is not None and (self.image is None or image != self.image.reference):
-            raise UserError(
-                f"start_session(image={image!r}): this service's sessions run on "
-                f"{self.image.reference if self.image else 'the host view (no image)'}; "
-                "one image per ShellService for now (make one service per image)"
-            )
-        if self._python.has_session(session):
+        if self._python.has_session(session) or session in self._images.sessions:
             raise UserError(f"session {session!r} exists already; close it first")
         return session
 
@@ -676,16 +423,33 @@ class ShellService:
         """Create ``session_id`` now, on the service's image (``image``: None, or the same
         reference); a :class:`UserError` if it exists. Sessions are otherwise created on first
         use. Returns the id."""
-        session = self._start_args(session_id, image)
-        self.workspace(session)
-        return session
+        return run_inline(self._start_session(session_id, image, True))
 
     async def astart_session(self, session_id: str, *, image: str | None = None) -> str:
         """Async :meth:`start_session`."""
-        session = self._start_args(session_id, image)
-        res, _ = await self._arequest("workspace", {}, session, self._file_limit())
-        self._reply(res)
+        return await self._start_session(session_id, image, False)
+
+    async def _start_session(self, session_id: str, image: str | None, inline: bool) -> str:
+        session = self._start_args(session_id)
+        if image is not None:
+            pulled = self._images.pull(image) if inline else await self._images.apull(image)
+            self._on_image(session, pulled)
+        try:
+            await self._workspace(session, inline)
+        except BaseException:
+            await self._close_session(session, inline)
+            raise
         return session
+
+    def _on_image(self, session: str, image: Image | None) -> None:
+        """Put ``session`` on ``image`` (None: the service's): the executor spawns its
+        interpreters on it, and its requests carry a configuration with its WorkingDir."""
+        if image is not None:
+            here = start_dir(image) if self.image_workdir else None
+            roots = self._python.session_roots
+            config = {**self._config, "start_dir": here, "native": None}  # its own bash
+            self._images.put(session, image, config, roots)
+            roots[session] = self._images.root(image)
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
     # the same path), seeded with the source's files by the fork server and then given the
@@ -697,14 +461,16 @@ class ShellService:
 
     async def afork_session(self, src: str, n: int = 1) -> list[str]:
         """Async :meth:`fork_session` (which waits for this one on the library's loop)."""
-        _check_session(src, required=True)
+        check_session(src, required=True)
         copies = await self._python.aspawn_with_files(src, n)  # an unknown source: UserError
+        self._images.copied(src, copies)
         try:
             args = await self._read_state(src)
             for copy in copies:
                 if args["state"]:
-                    res, lost = await self._arequest("adopt", args, copy, self._file_limit())
+                    res, lost = await self._request("adopt", args, copy, self._file_limit(), False)
                     self._adopted(res, lost)
+            await forget_python(self, src, copies)  # a copy's Python starts fresh and says so
         except BaseException:
             for copy in copies:
                 await self.aclose_session(copy)
@@ -717,7 +483,7 @@ class ShellService:
         offset, generation, fields = 0, None, {"state": str, "workspace": str, "total": int}
         while True:
             args = {"offset": offset, "limit": self._state_part}
-            res, lost = await self._arequest("state", args, src, self._file_limit())
+            res, lost = await self._request("state", args, src, self._file_limit(), False)
             if lost:  # its files were copied, its state is gone: the copies would mix the two
                 raise InfrastructureError(
                     "fork_session: the source session was restarted during the copy",
@@ -748,7 +514,7 @@ class ShellService:
 
     async def _read_home(self, src: str) -> str:
         """The source's private HOME as one archive (base64; "" when it has none)."""
-        res, lost = await self._arequest("home", {}, src, self._file_limit())
+        res, lost = await self._request("home", {}, src, self._file_limit(), False)
         if lost:
             raise InfrastructureError(
                 "fork_session: the source session was restarted during the copy", retryable=True
@@ -774,69 +540,29 @@ class ShellService:
 
     def close_session(self, session_id: str) -> bool:
         """Kill every process the session started and free its files; False: no such session."""
-        _check_session(session_id, required=True)
-        self._booted.discard(session_id)
-        self._reported_lost(session_id)  # its next use is a new session, not a lost one
-        return self._python.close_session(session_id)
+        return run_inline(self._close_session(session_id, True))
 
     async def aclose_session(self, session_id: str) -> bool:
         """Async :meth:`close_session`."""
-        _check_session(session_id, required=True)
+        return await self._close_session(session_id, False)
+
+    async def _close_session(self, session_id: str, inline: bool) -> bool:
+        check_session(session_id, required=True)
         self._booted.discard(session_id)
-        self._reported_lost(session_id)
+        self._reported_lost(session_id)  # its next use is a new session, not a lost one
+        self._images.sessions.pop(session_id, None)
+        if inline:
+            return self._python.close_session(session_id)
         return await self._python.aclose_session(session_id)
 
     def isolation_report(self) -> dict[str, Any]:
-        """The isolation the sessions get: the Python executor's report, plus two shell layers.
-
-        ``disk_quota`` (the workspace tmpfs, which needs session namespaces) and
-        ``command_scope`` (commands cannot signal their session's supervisor:
-        Landlock ABI >= 6, i.e. the report's ``landlock`` layer with scoping).
-        """
-        report = dict(self._python.isolation_report())
-        layers = dict(report.get("layers", {}))
-        own_ns = bool(layers.get("session_namespaces", {}).get("active"))
-        quota = self.sandbox.disk_quota
-        layers["disk_quota"] = {
-            "active": own_ns and quota is not None,
-            "detail": f"each session's workspace is a private tmpfs of {quota} bytes"
-            if own_ns and quota is not None
-            else "off: needs session namespaces and a disk_quota; only file_size caps a file",
-        }
-        abi = _landlock_abi()
-        apart = (
-            "; each command's bash has a Landlock domain of its own: no process of another "
-            "command (a background job) can open its descriptors or memory "
-            "(/proc/<pid>/fd, /proc/<pid>/mem, pidfd_getfd), so none can write the command "
-            "pipe or output of the bash waiting for the next command"
-            if abi >= 1
-            else ""
-        )
-        layers["command_scope"] = {
-            "active": abi >= 6,
-            "detail": "commands run in a nested Landlock domain scoped for signals: "
-            "they cannot signal their session's supervisor" + apart
-            if abi >= 6
-            else f"off: needs Landlock ABI >= 6 (this kernel: {abi}); a command can kill "
-            "its session's supervisor, which loses the session" + apart,
-        }
-        # A shell fork_session makes fresh sessions (spawn_with_files), not forks sharing
-        # the source's namespaces as the executor's fork_session does: say what is true here.
-        nproc = layers.get("nproc_limit")
-        if nproc and "detail" in nproc:
-            layers["nproc_limit"] = {
-                **nproc,
-                "detail": nproc["detail"].replace(
-                    "its copies from fork_session share it", "each fork_session copy has its own"
-                ),
-            }
-        report["not_protected"] = [
-            _SHELL_COPIES if entry.startswith("copies made by fork_session") else entry
-            for entry in report.get("not_protected", [])
-        ]
-        report["layers"] = layers
+        """The isolation the sessions get: the Python executor's report, plus two shell layers
+        (see :func:`~toolservices.shell._report.shell_report`) and the image."""
+        report = shell_report(self._python.isolation_report(), disk_quota=self.sandbox.disk_quota)
         if self.image is not None:
             report["image"] = {"reference": self.image.reference, "digest": self.image.digest}
+        # the sessions started on another image (start_session(image=...)), by id
+        report["session_images"] = self._images.report()
         return report
 
     def stats(self) -> dict[str, Any]:
@@ -879,56 +605,13 @@ class ShellService:
             "max_file_size": self.max_file_size,
             "max_list": self.max_list,
             # the image travels by name: a replica pulls it into its own node's cache
-            "sandbox": dataclasses.replace(self.sandbox, root_layers=()),
+            "sandbox": dataclasses.replace(self.sandbox, root_layers=(), image_caches=()),
             **self._image_args,
             "disk_quota": None,
             "spares": self._python.spares,
             "command_stack": self.command_stack,
             "image_workdir": self.image_workdir,
         }
-
-
-#: What a shell's fork_session copies share (its report says it instead of the executor's).
-_SHELL_COPIES = (
-    "copies made by fork_session are fresh sessions (own /tmp, /dev/shm, process budget, "
-    "disk quota and memory group) that start with a copy of the source's workspace, HOME "
-    "and shell state; background processes of the source are not copied"
-)
-
-
-def shell_config(sandbox: object) -> SandboxConfig:
-    """The sandbox of a shell service: ``sandbox``, or the defaults with :data:`SHELL_NPROC`;
-    ``address_space="auto"`` becomes ``"cgroup"`` (toolchains reserve address space)."""
-    config = (
-        dataclasses.replace(default_config(), nproc=SHELL_NPROC)
-        if sandbox is None
-        else check_config(sandbox)
-    )
-    if config.address_space == "auto":
-        config = dataclasses.replace(config, address_space="cgroup")
-    # the host's toolchains read their configuration there (a JDK's conf/ links into it)
-    wanted = [p for pattern in _TOOLCHAIN_ETC for p in sorted(glob.glob(pattern))]
-    extra = tuple(p for p in wanted if p not in config.extra_ro_paths)
-    if extra:
-        config = dataclasses.replace(config, extra_ro_paths=(*config.extra_ro_paths, *extra))
-    return config
-
-
-def _has_bash(image: Image) -> bool:
-    """Whether some layer lays ``bin/bash`` or ``usr/bin/bash`` (a file or a link to one)."""
-    return any(
-        os.path.lexists(os.path.join(layer, name))
-        for layer in image.layers
-        for name in ("bin/bash", "usr/bin/bash")
-    )
-
-
-def start_dir(image: Image | None) -> str | None:
-    """Where a session on ``image`` starts: its ``WorkingDir``; None (the workspace) when
-    it names none or ``/`` (docker's default, the same as none)."""
-    if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
-        return None
-    return image.working_dir
 
 
 def _rebuild(kwargs: dict[str, Any]) -> ShellService:

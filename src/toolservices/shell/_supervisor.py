@@ -40,7 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or not __name__.startswith("_toolservices_"):  # on the host (tests)
-    from toolservices.shell import _command, _files, _native, _procs, _terminal
+    from toolservices.shell import _command, _files, _native, _procs, _pyworker, _terminal
     from toolservices.shell._spawner import Spawner
 else:  # in a session: loaded just before this one (see ``_service._CODE``)
     _procs = sys.modules["_toolservices_shell_procs"]
@@ -48,6 +48,7 @@ else:  # in a session: loaded just before this one (see ``_service._CODE``)
     _terminal = sys.modules["_toolservices_shell_terminal"]
     _command = sys.modules["_toolservices_shell_command"]
     _native = sys.modules["_toolservices_shell_native"]
+    _pyworker = sys.modules["_toolservices_shell_python"]
     Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
 
 _MAX_LINGERING = 64
@@ -106,15 +107,13 @@ class Shell:
         """HOME as a base64 tar, for ``fork_session`` (empty when HOME is the workspace)."""
         if self.home == self.workspace or not os.path.isdir(self.home):
             return {"ok": True, "home": ""}
-        data = _terminal.pack_home(self.home, self.max_file)
-        if data is None:
-            return {
-                "ok": False,
-                "errno": "EFBIG",
-                "message": f"HOME ({self.home}) holds more than {self.max_file} bytes: "
-                "too much to copy; remove caches there",
-            }
-        return {"ok": True, "home": base64.b64encode(data).decode()}
+        reply = _files.get_archive(self.home, self.max_file, arcname=".")
+        if reply.get("errno") == "EFBIG":
+            reply["message"] = (
+                f"HOME ({self.home}) holds more than {self.max_file} bytes: "
+                "too much to copy; remove caches there"
+            )
+        return {"ok": True, "home": reply["data"]} if reply["ok"] else reply
 
     def adopt(self, state: str, source: str, home: str = "") -> dict[str, Any]:
         """Take a shell state saved by another session (``fork_session``: a fresh copy).
@@ -129,10 +128,9 @@ class Shell:
         if source != self.workspace:
             state = state.replace(source, self.workspace)
         if home:
-            try:
-                _terminal.unpack_home(home, self.home)
-            except (OSError, ValueError) as exc:  # tarfile errors are ValueErrors or OSErrors
-                return {"ok": False, "errno": "EIO", "message": f"cannot copy HOME: {exc}"}
+            copied = _files.put_archive(self.home, home)
+            if not copied["ok"]:
+                return {**copied, "message": f"cannot copy HOME: {copied['message']}"}
         self.state = state
         self.generation += 1  # a spare primed with the state this session started with is stale
         return {"ok": True}
@@ -457,6 +455,8 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
         reply = shell.home_archive()
     elif op == "adopt":
         reply = shell.adopt(args["state"], args["workspace"], args.get("home", ""))
+    elif op.startswith("python"):  # the Python tool's interpreter in this session
+        reply = _pyworker.call(op, args, config, shell)
     else:
         reply = {"ok": False, "errno": "EINVAL", "message": f"unknown operation {op!r}"}
     # the caller's secret, which no process of the session can read (it travels in the

@@ -3,13 +3,11 @@
 Standard library only; sent to the session with ``_supervisor`` (see there),
 which calls these when it starts its spawner: the commands' limits (a usual
 soft stack), their environment (a private HOME outside the workspace with a
-git identity, an honest ``nproc``, fast failures without a network) and the
-copy of HOME that ``fork_session`` hands to each copy.
+git identity, an honest ``nproc``, fast failures without a network).
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import resource
@@ -62,27 +60,6 @@ def command_env(env: dict[str, str], home: str, offline: bool) -> dict[str, str]
         env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
         env.setdefault("npm_config_offline", "true")
     return env
-
-
-def pack_home(home: str, limit: int) -> bytes | None:
-    """HOME as an uncompressed tar; None when it is larger than ``limit``."""
-    import io  # only forks need these: not loaded into every session
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.add(home, arcname=".")
-    data = buffer.getvalue()
-    return data if len(data) <= limit else None
-
-
-def unpack_home(data_b64: str, home: str) -> None:
-    import io
-    import tarfile
-
-    os.makedirs(home, 0o700, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data_b64)), mode="r") as archive:
-        archive.extractall(home, filter="data")
 
 
 def command_limits(stack: int | None) -> None:

@@ -102,10 +102,14 @@ class ToolservicesToolsetConfig(vf.ToolsetConfig):
       toolset's ``outcome`` and goes to the rollout's ``trace.state`` when
       the task declares :class:`ToolservicesState`, for
       :func:`finalize_reward`.
+    * ``python_in_shell``: ``python`` runs in the rollout's shell session
+      (``python_tool(shell=...)``): one environment for both, a file one
+      writes the other sees (docs/episodes.md). Off: a session of its own.
     """
 
     tools: list[str] = list(TOOLS)
     timeout: float = 10.0
+    python_in_shell: bool = False
     setup: str | None = None
     finalize: str | None = None
 
@@ -156,7 +160,8 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
             # handler it found and raises the signal again: with this handler that
             # unwinds through the exit stack instead of killing the process there.
             signal.signal(signal.SIGTERM, _unwind)
-        if "python" in names:
+        in_shell = "python" in names and self.config.python_in_shell
+        if "python" in names and not in_shell:
             from toolservices.env import python_tool
             from toolservices.python import PythonExecutorService
 
@@ -164,12 +169,14 @@ class ToolservicesToolset(vf.Toolset[ToolservicesToolsetConfig]):
             executor = PythonExecutorService(pool_size=1, timeout=self.config.timeout, spares=0)
             stack.push_async_callback(executor.aclose)
             tools.append(python_tool(executor))
-        if _SHELL_TOOLS.intersection(names):
-            from toolservices.env import shell_tools
+        if _SHELL_TOOLS.intersection(names) or in_shell:
+            from toolservices.env import python_tool, shell_tools
             from toolservices.shell import ShellService
 
             shell = ShellService(pool_size=1, timeout=self.config.timeout, spares=0)
             stack.push_async_callback(shell.aclose)
+            if in_shell:
+                tools.append(python_tool(shell=shell))
             tools += [t for t in shell_tools(shell) if t.name in names]
         spec = adapter_spec(
             tools,

@@ -28,7 +28,9 @@ Shell tools: ``tool: bash`` (or ``read_file``, ``write_file``, ``str_replace``),
 ``shell: {pool_size: 8, timeout: 30}`` (keyword arguments of ``ShellService``). The
 shell tools of one worker with the same ``shell`` config share one service and, in a
 trajectory of the agent loop, one shell session (one episode), so a file written with
-``write_file`` is there for ``bash``.
+``write_file`` is there for ``bash``. ``tool: python`` with ``python_in_shell: true``
+(and the same ``shell`` config) runs the code in that shell session too
+(``python_tool(shell=...)``, docs/episodes.md): one environment for all of them.
 
 Episode hooks: ``setup: "package.module:function"`` and ``finalize: ...`` in a
 tool's config. Under ``toolservices_agent`` setup runs before the first turn
@@ -222,7 +224,8 @@ class ToolservicesTool(BaseTool):
     name or an import path), ``timeout`` (seconds per call, default 10),
     ``executor`` (keyword arguments of :class:`~toolservices.PythonExecutorService`
     for the python tool), ``shell`` (keyword arguments of ``ShellService`` for
-    the shell tools), ``name`` (rename the python tool), ``setup`` and
+    the shell tools), ``python_in_shell`` (the python tool runs in the
+    trajectory's shell session), ``name`` (rename the python tool), ``setup`` and
     ``finalize`` (``"package.module:function"``: episode hooks, see
     :class:`~toolservices.Episode`; the episode's ``state`` is the
     ``create_kwargs`` verl passes to ``create``). Under
@@ -241,10 +244,17 @@ class ToolservicesTool(BaseTool):
         #: The tools that share one episode per trajectory: a worker's shell tools on
         #: one service share theirs; any other tool has its own.
         self.group: str
-        if config.get("tool") in _SHELL_TOOLS:
-            # all four in the episode: the worker's shell tools share it per trajectory
+        in_shell = config.get("tool") == "python" and bool(config.get("python_in_shell"))
+        if in_shell and config.get("name") not in (None, "python"):
+            raise UserError(
+                "python_in_shell: the python tool keeps its name 'python' (the shell tools' "
+                "episodes know it by that name)"
+            )
+        if config.get("tool") in _SHELL_TOOLS or in_shell:
+            # all of them in the episode: the worker's shell tools (and a python tool with
+            # python_in_shell) share it per trajectory, whichever of them makes it
             shell = shared_shell(**dict(config.get("shell") or {}))
-            tools = shell_tools(shell)
+            tools = [python_tool(shell=shell), *shell_tools(shell)]
             self.tool = next(t for t in tools if t.name == config["tool"])
             self.group = f"shell-{id(shell)}"
             self.spec = adapter_spec(

@@ -1,6 +1,10 @@
 """The host side: what runs in the caller's process (and on the library's event loop).
 
-* ``_service``: :class:`PythonExecutorService`, the pool of sessions;
+* ``_service``: :class:`PythonExecutorService`: its configuration and its sync and async faces;
+* ``_sessions``: the session table (a call in a session or a fresh interpreter,
+  eviction, closing and copying sessions), a base of the service;
+* ``_pool``: the fork server and the spare interpreters, the base below it;
+* ``_args``: the checks of the arguments; the image a service runs on and its sandbox;
 * ``_admission``: the queue count and the gates every call passes (both routes);
 * ``_gate``: the thread-safe counting lock behind them;
 * ``_client``: the fork-server process and its control channel, one
@@ -14,6 +18,7 @@
 
 from __future__ import annotations
 
+from toolservices.python.host._args import pull_image
 from toolservices.python.host._persistent import PersistentPythonProcess
 from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
@@ -27,5 +32,6 @@ __all__ = [
     "PythonExecutorService",
     "ResultMapping",
     "default_max_sessions",
+    "pull_image",
     "self_test",
 ]

@@ -291,13 +291,18 @@ class ForkServerClient:
         async with self.lock:
             return await self.request_locked(message, fds)
 
-    async def spawn(self, *, seed: SessionHandle | None = None) -> SessionHandle:
-        """A new session; with ``seed`` (a live session) holding a copy of its files."""
-        ours, workdir = await self.start_spawn(seed=seed)
+    async def spawn(
+        self, *, seed: SessionHandle | None = None, root: dict[str, Any] | None = None
+    ) -> SessionHandle:
+        """A new session; with ``seed`` (a live session) holding a copy of its files; with
+        ``root`` on that image instead of the launch's (see ``Spawn``)."""
+        ours, workdir = await self.start_spawn(seed=seed, root=root)
         limit = SESSION_START_TIMEOUT if seed is None else SEED_START_TIMEOUT
         return await SessionHandle.connect(self, ours, workdir, start_timeout=limit)
 
-    async def start_spawn(self, *, seed: SessionHandle | None = None) -> tuple[socket.socket, str]:
+    async def start_spawn(
+        self, *, seed: SessionHandle | None = None, root: dict[str, Any] | None = None
+    ) -> tuple[socket.socket, str]:
         """The SPAWN request alone: the new session's channel and workdir (it says HELLO
         there once started; :meth:`SessionHandle.connect` waits for that)."""
         try:
@@ -309,7 +314,7 @@ class ForkServerClient:
         source = None if seed is None else seed.workdir
         fds = (theirs.fileno(), *(() if seed is None else seed.ns_fds))
         try:
-            reply = await self.request(Spawn(seed=source), fds)
+            reply = await self.request(Spawn(seed=source, root=root), fds)
         except BaseException:
             ours.close()
             raise

@@ -27,6 +27,7 @@ if __name__ == "toolservices.python.runtime":  # the parent's import, not a runt
         remove_tree,
         uid_tasks,
     )
+    from ._imagepy import runtime_zip_bytes
     from ._memcg import ENV as MEMCG_ENV
     from ._protocol import (
         ANC_SPACE,
@@ -89,6 +90,7 @@ __all__ = [
     "landlock_abi",
     "new_seq",
     "remove_tree",
+    "runtime_zip_bytes",
     "script",
     "uid_tasks",
 ]

@@ -36,7 +36,7 @@ from ._linux import (
     set_subreaper,
 )
 from ._netns import bring_loopback_up, loopback_flags
-from ._rootfs import enter_session_root, root_landlock_paths, upper_of
+from ._rootfs import apply_root_env, enter_session_root, root_landlock_paths, upper_of
 from ._seed import copy_into, open_seed
 
 __all__ = [
@@ -428,6 +428,18 @@ def fixed_workspace(state: dict[str, Any] | None = None) -> str | None:
     return session_ns.get("workspace") if session_ns else None
 
 
+def image_layers(state: dict[str, Any] | None, root: dict[str, Any] | None) -> list[str]:
+    """The layers (top first) of a session's image root: ``root``'s (a SPAWN request's),
+    else the launch state's; empty for the host view. SessionSetupError when there is an
+    image but no session namespaces to stack it in."""
+    session_ns = (state or {}).get("session_ns") or {}
+    if root is None:
+        return list(session_ns.get("root") or ())
+    if not session_ns:
+        raise SessionSetupError("a session on an image needs session namespaces")
+    return list(root["layers"])
+
+
 def own_pids(state: dict[str, Any] | None = None) -> bool:
     """Whether every session has a PID namespace of its own (``SandboxConfig.own_pids``)."""
     state = _load_state() if state is None else state
@@ -442,6 +454,7 @@ def enter_session(
     home: str | None = None,
     seed_fd: int | None = None,
     upper_seed: int | None = None,
+    root: dict[str, Any] | None = None,
 ) -> str:
     """Confine the calling process (a freshly forked session) before it runs user code.
 
@@ -453,7 +466,8 @@ def enter_session(
     launcher could not apply it. ``workdir`` is the directory the session may
     write (its lineage), ``home`` its own directory in it (``workdir`` by
     default); returns where it works: ``home``, or the fixed workspace path
-    that shows it. The layer
+    that shows it. ``root``: an image for this session instead of the launch
+    state's (a SPAWN request's, see ``_protocol.Spawn``). The layer
     list comes from the server's launch state; ``state`` is only needed when
     the server was not started through ``plan_server_launch`` (the sandbox's
     ``enter_session`` builds it from a ``SandboxConfig``).
@@ -477,6 +491,9 @@ def enter_session(
     session_ns = state.get("session_ns")
     own = home or workdir
     fixed = fixed_workspace(state)
+    layers = image_layers(state, root)
+    if root is not None:
+        apply_root_env(root)
     if session_ns:  # before the rlimits: a new user namespace starts its own NPROC count
         enter_session_namespaces(
             lineage=workdir,
@@ -487,7 +504,7 @@ def enter_session(
             home=own,
             own_pids=own_pids(state),
             loopback=bool(session_ns.get("loopback")),
-            root=session_ns.get("root") or (),
+            root=layers,
             upper_seed=upper_seed,
         )
     where = fixed or own
@@ -519,8 +536,8 @@ def enter_session(
     if landlock is not None:
         own_tmp = [p for p in SESSION_TMPFS if session_ns and p not in landlock["write"]]
         read, write = landlock["read"], landlock["write"]
-        if session_ns and session_ns.get("root"):
-            read, write = root_landlock_paths()
+        if session_ns and layers:
+            read, write = root_landlock_paths(own_pids(state))
         apply_landlock(
             read=read,
             write=[workdir, *([fixed] if fixed else []), *write, *own_tmp],
@@ -600,6 +617,7 @@ def fork_confined(
     prepare: Callable[[], None] | None = None,
     failed: Callable[[BaseException], None] | None = None,
     seed: tuple[str, list[int]] | None = None,
+    root: dict[str, Any] | None = None,
 ) -> int:
     """Fork a session child and confine it: 0 in the child (confined), its pid in the parent.
 
@@ -611,7 +629,8 @@ def fork_confined(
     path that shows it). ``lineage`` is the directory the session may write
     (``workdir`` by default). ``seed`` (a live session's workdir, and
     descriptors of its namespaces or a pidfd of it, see ``_seed``) fills
-    the new session's directory with a copy of that session's files first.
+    the new session's directory with a copy of that session's files first;
+    ``root``: the session's image when not the launch state's (the seed's).
     If any step raises, ``failed(exc)`` reports it and the child exits with
     status 71. With ``own_pids`` in the launch state the session is a
     grandchild (pid 1 of its own PID namespace) that becomes our child when
@@ -653,7 +672,7 @@ def fork_confined(
             # namespace descriptors come from a session at the fixed workspace (_seed)
             where = (len(seed[1]) == 2 and fixed_workspace(state)) or seed[0]
             seed_fd = open_seed(seed[1], where, enter=session_ns)
-            if session_ns and len(seed[1]) == 2 and state and state["session_ns"].get("root"):
+            if session_ns and len(seed[1]) == 2 and image_layers(state, root):
                 # an image session's writable layer travels too (see _rootfs)
                 hidden, upper = upper_of(os.path.dirname(seed[0].rstrip("/")))
                 upper_fd = open_seed(seed[1], upper, enter=True, reveal=hidden)
@@ -661,7 +680,11 @@ def fork_confined(
                 os.close(fd)
         try:
             enter_session(
-                workdir=lineage or workdir, home=workdir, seed_fd=seed_fd, upper_seed=upper_fd
+                workdir=lineage or workdir,
+                home=workdir,
+                seed_fd=seed_fd,
+                upper_seed=upper_fd,
+                root=root,
             )
         finally:
             if seed_fd is not None:

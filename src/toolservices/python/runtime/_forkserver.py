@@ -41,6 +41,7 @@ import signal
 import socket
 import sys
 import traceback
+from typing import Any
 
 from ._confine import _load_state, fork_confined, remove_tree
 from ._imagepy import exec_image_python, root_python, runtime_zip
@@ -64,6 +65,7 @@ from ._protocol import (
     recv_frame,
     send_message,
 )
+from ._rootfs import check_root, preload_image_modules
 from ._worker import serve_session, set_default_thread_stack
 
 __all__ = ["children_of", "main"]
@@ -162,6 +164,8 @@ class ForkServer:
         self.memcg = MemoryGroups.from_environ()
         #: sessions on an image's own Python exec it with the runtime from this zip
         self.image_python = root_python(_load_state())
+        #: sessions on another image than the launch state's (SPAWN's ``root``): workdir -> it
+        self.roots: dict[str, dict[str, Any]] = {}
         self.runtime_zip = runtime_zip() if self.image_python else -1
 
     # --- process bookkeeping -------------------------------------------------------------
@@ -229,8 +233,10 @@ class ForkServer:
         chan_fd, ns = frame.fds[0], list(frame.fds[1:])
         seed = None
         try:
-            source = Spawn.decode(frame).seed
+            request = Spawn.decode(frame)
+            source, root = request.seed, check_root(request.root)
             if source is not None:
+                root = self.roots.get(source)  # a copy stands on its source's image
                 pid = self.sessions.get(source)
                 if pid is None:
                     raise ValueError("the seed session is not a live session")
@@ -241,12 +247,14 @@ class ForkServer:
                 os.close(fd)
             raise
         try:
-            return self._spawn(chan_fd, seed)
+            return self._spawn(chan_fd, seed, root)
         finally:
             for fd in seed[1] if seed is not None else ns:
                 os.close(fd)
 
-    def _spawn(self, chan_fd: int, seed: tuple[str, list[int]] | None) -> Ok:
+    def _spawn(
+        self, chan_fd: int, seed: tuple[str, list[int]] | None, root: dict[str, Any] | None
+    ) -> Ok:
         lineage = _new_dir(self.base, "s")
         workdir = os.path.join(lineage, "w0")
         os.mkdir(workdir, 0o700)
@@ -258,9 +266,11 @@ class ForkServer:
             except OSError:
                 self._release_dir(workdir)
                 raise
-        pid = self._fork_session(chan_fd, lineage, workdir, group, seed)
+        pid = self._fork_session(chan_fd, lineage, workdir, group, seed, root)
         os.close(chan_fd)
         self.sessions[workdir] = pid
+        if root is not None:
+            self.roots[workdir] = root
         return Ok(pid=pid, workdir=workdir)
 
     def _new_fork_dirs(self, src_workdir: str, n: int) -> list[str]:
@@ -279,6 +289,7 @@ class ForkServer:
         if members is None or workdir not in members:
             return
         members.discard(workdir)
+        self.roots.pop(workdir, None)
         _remove(workdir)
         if not members:
             del self.lineages[lineage]
@@ -293,6 +304,7 @@ class ForkServer:
         workdir: str,
         group: str | None,
         seed: tuple[str, list[int]] | None = None,
+        root: dict[str, Any] | None = None,
     ) -> int:
         """Fork and confine a session (the launch plan put what the layers need in our
         environment); in the child, serve it and never return."""
@@ -313,7 +325,9 @@ class ForkServer:
             message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             send_message(chan, Error(message), 0)
 
-        pid = fork_confined(workdir, lineage=lineage, prepare=prepare, failed=failed, seed=seed)
+        pid = fork_confined(
+            workdir, lineage=lineage, prepare=prepare, failed=failed, seed=seed, root=root
+        )
         if pid == 0 and self.image_python:
             try:
                 exec_image_python(
@@ -453,6 +467,9 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(name)
         except Exception as exc:  # reported to the parent, which raises a UserError
             failed[name] = f"{type(exc).__name__}: {exc}"
+    session_ns = (_load_state() or {}).get("session_ns") or {}
+    if session_ns.get("images"):
+        preload_image_modules()
     gc.collect()
     gc.freeze()  # forked sessions then share these pages instead of copying them on first GC
     set_subreaper(True)

@@ -49,8 +49,31 @@ def root_python(state: dict[str, object] | None) -> str:
     return str(session_ns.get("python") or "") if isinstance(session_ns, dict) else ""
 
 
-def runtime_zip() -> int:
-    """A memfd holding this runtime as a zip archive with a ``__main__``."""
+def _pyc(source: bytes, name: str) -> bytes:
+    """``source`` compiled by this interpreter, as an unchecked hash-based ``.pyc`` (PEP 552):
+    an image's Python of the same version (magic number) loads it instead of compiling the
+    runtime at every start (half the CPU of a judge's request on the Debian image here);
+    another version ignores it and compiles the ``.py`` beside it."""
+    import importlib.util
+    import marshal
+
+    code = compile(source, name, "exec", dont_inherit=True)
+    flags = (0b01).to_bytes(4, "little")  # hash-based, not checked against the source
+    return (
+        importlib.util.MAGIC_NUMBER
+        + flags
+        + importlib.util.source_hash(source)
+        + marshal.dumps(code)
+    )
+
+
+def runtime_zip_bytes() -> bytes:
+    """This runtime as a zip archive with a ``__main__`` (what :func:`runtime_zip` holds).
+
+    A shell session on an image gets these bytes from the host (its root has
+    neither the runtime's files nor ``zipfile``) and seals them with
+    :func:`sealed_memfd` for the Python tool's interpreter.
+    """
     import io
     import zipfile  # only here: it imports threading, which no fork server may hold
 
@@ -60,15 +83,28 @@ def runtime_zip() -> int:
         archive.writestr("__main__.py", _MAIN)
         for name in sorted(os.listdir(here)):
             if name.endswith(".py"):
-                archive.write(os.path.join(here, name), f"{PACKAGE}/{name}")
-    fd = os.memfd_create("toolservices-runtime", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    view = memoryview(buffer.getvalue())
+                with open(os.path.join(here, name), "rb") as fh:
+                    source = fh.read()
+                archive.writestr(f"{PACKAGE}/{name}", source)
+                archive.writestr(f"{PACKAGE}/{name}c", _pyc(source, f"{PACKAGE}/{name}"))
+    return buffer.getvalue()
+
+
+def sealed_memfd(data: bytes, name: str = "toolservices-runtime") -> int:
+    """A memfd holding ``data``, sealed: no process that gets it can change it."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
     # every image session gets this one file: sealed, none of them can change it for the next
     seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     return fd
+
+
+def runtime_zip() -> int:
+    """A memfd holding this runtime as a zip archive with a ``__main__``."""
+    return sealed_memfd(runtime_zip_bytes())
 
 
 def exec_image_python(

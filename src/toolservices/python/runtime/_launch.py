@@ -68,11 +68,17 @@ class LaunchError(SetupError):
     pass
 
 
-def _make_reachable(groups: list[dict[str, Any]]) -> None:
-    """Mount a tmpfs over each blocking ancestor and bind the needed paths back."""
+def _private_mounts() -> None:
+    """A mount namespace of the server's own: what it mounts only it and its sessions see."""
     lib = libc()
-    check(lib.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) to reach the interpreter")
+    check(lib.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) for the server's own mounts")
     check(lib.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
+
+
+def _make_reachable(groups: list[dict[str, Any]]) -> None:
+    """Mount a tmpfs over each blocking ancestor and bind the needed paths back (in the
+    server's own mount namespace: :func:`_private_mounts` first)."""
+    lib = libc()
     for group in groups:
         ancestor = group["ancestor"]
         # Open the needed paths in this namespace before they are covered.
@@ -132,13 +138,23 @@ def _raise_stack_limit() -> None:
 
 
 def launch(spec: dict[str, Any]) -> None:
+    as_uid = spec.get("uid") is not None
+    idmap = spec.get("idmap") if as_uid else None
+    optional = spec.get("idmap_optional") if as_uid else None
+    if spec.get("reach") or idmap or optional:
+        _private_mounts()
     if spec.get("reach"):
         _make_reachable(spec["reach"])
-    if spec.get("idmap") and spec.get("uid") is not None:
-        if not spec.get("reach"):  # a private mount namespace: only the server sees the view
-            check(libc().unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) for the image cache")
-            check(libc().mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "private mounts")
-        idmap_mounts(spec["idmap"], spec["uid"], spec["gid"])
+    if idmap:
+        idmap_mounts(idmap, spec["uid"], spec["gid"])
+    for path in optional or ():  # sessions on other images only: the server runs without
+        try:
+            idmap_mounts([path], spec["uid"], spec["gid"])
+        except (SetupError, OSError) as exc:
+            sys.stderr.write(
+                f"toolservices-sandbox: no idmapped view of {path} ({exc}): sessions on "
+                "another image than the service's cannot start\n"
+            )
     if spec.get("uid") is not None:
         _drop(spec["uid"], spec["gid"])
     if spec.get("subreaper"):

@@ -280,10 +280,14 @@ class Spawn(Message):
     """parent -> fork server: fork a session onto the attached channel end.
 
     ``seed``: the workdir of a live session whose files the new one starts with.
+    ``root``: an image as this session's root instead of the launch state's
+    (``{"layers": [...top first], "env": {name: value or None to unset}}``);
+    a seeded session takes its source's.
     """
 
     KIND = Kind.SPAWN
     seed: str | None = None
+    root: dict[str, Any] | None = None
 
 
 @dataclass

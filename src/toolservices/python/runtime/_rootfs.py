@@ -21,10 +21,17 @@ import ctypes
 import os
 import stat
 from collections.abc import Sequence
+from typing import Any
 
 from ._linux import SetupError, check, libc, mount
 
-__all__ = ["MAX_OVERLAY_OPTIONS", "enter_image_root", "overlay_options"]
+__all__ = [
+    "MAX_OVERLAY_OPTIONS",
+    "apply_root_env",
+    "check_root",
+    "enter_image_root",
+    "overlay_options",
+]
 
 MAX_OVERLAY_OPTIONS = 4095
 _MS_BIND = 4096
@@ -32,6 +39,8 @@ _MS_REC = 16384
 _MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
 _MNT_DETACH = 2
 # pivot_root has no libc wrapper: its syscall number (asm/unistd.h) by architecture.
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
@@ -99,7 +108,8 @@ def enter_image_root(
     ``upper_base`` (an empty directory on the session's own tmpfs) gets the
     overlay's ``upper``, ``work`` and mount point ``root``. Each path in
     ``binds`` (``/proc``, ``/dev``, the session's ``/tmp``, its workspace...) is
-    bound at the same path inside, recursively, made when the image lacks it.
+    bound at the same path inside, recursively, made when the image lacks it;
+    ``/proc`` read-only.
     Returns the mount point as it was seen before the switch.
     """
     upper, work, root = (os.path.join(upper_base, n) for n in ("upper", "work", "root"))
@@ -126,6 +136,9 @@ def enter_image_root(
             if not os.path.exists(inside):
                 os.close(os.open(inside, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
         mount(path, inside, None, _MS_BIND | _MS_REC, None)
+        if path == "/proc":  # read, never written (Landlock may grant writes to all of /)
+            flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+            mount("none", inside, None, flags, None)
     old = os.path.join(root, _OLD)
     os.makedirs(old, 0o700, exist_ok=True)
     lib = libc()
@@ -171,6 +184,18 @@ def upper_of(lineage: str) -> tuple[str, str]:
     return base, os.path.join(base, "upper")
 
 
+def preload_image_modules() -> None:
+    """Import what a session's interpreter needs from the host's standard library once it
+    stands on an image (whose ``/usr`` is its own): in the fork server, so that every
+    session shares these pages instead of importing them itself; in a session when the
+    server did not (no-ops when it did)."""
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:  # an interpreter built without bz2 or lzma
+            continue
+
+
 def enter_session_root(
     lowerdirs: Sequence[str], *, lineage: str, binds: Sequence[str], upper_seed: int | None = None
 ) -> None:
@@ -185,11 +210,7 @@ def enter_session_root(
             copy_layer(upper_seed, dest)
         finally:
             os.close(dest)
-    for name in _PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:  # an interpreter built without bz2 or lzma
-            continue
+    preload_image_modules()
     upper_base = upper_of(lineage)[0]
     os.makedirs(upper_base, 0o700, exist_ok=True)
     enter_image_root(lowerdirs, upper_base=upper_base, binds=("/proc", "/dev", *binds, lineage))
@@ -240,18 +261,54 @@ def _copy_xattrs(src: int, dest: int) -> None:
             os.setxattr(dest, attr, os.getxattr(src, attr))
 
 
-def root_landlock_paths() -> tuple[list[str], list[str]]:
-    """Landlock's (read, write) lists in an image root: read all of it, write every
-    top-level directory but ``/proc`` and ``/sys`` (the root is the session's own writable
-    layer, ``/dev`` its own tmpfs). Not ``/`` itself: a rule there would reach ``/proc``,
-    where the other sessions' processes (the same uid outside) have files this session
-    would own. So a new top-level directory cannot be made."""
+def root_landlock_paths(own_proc: bool) -> tuple[list[str], list[str]]:
+    """Landlock's (read, write) lists in an image root: read all of it; with a ``/proc`` of
+    the session's own (its own PID namespace), write all of it, so that new top-level
+    directories can be made (``mkdir /opt``, a ``WorkingDir`` of ``/newtop/app``); what
+    the session may not change there (``/sys``, ``/proc/sys``, the devices) is the real
+    root's, whom its user namespace does not map. Without one, every top-level directory
+    but ``/proc`` and ``/sys``, not ``/`` itself: a rule there would reach the shared
+    ``/proc``, where the other sessions' processes (the same uid outside) have files this
+    session would own."""
+    if own_proc:
+        return ["/"], ["/"]
     write = [
         f"/{name}"
         for name in sorted(os.listdir("/"))
         if name not in ("proc", "sys") and os.path.isdir(f"/{name}")
     ]
     return ["/"], write
+
+
+def check_root(root: object) -> dict[str, Any] | None:
+    """A SPAWN request's ``root`` (see ``_protocol.Spawn``) checked: absolute layer paths,
+    an environment of names to strings or None; ValueError naming what is wrong."""
+    if root is None:
+        return None
+    if not isinstance(root, dict):
+        raise ValueError("SPAWN root must be an object")
+    layers, env = root.get("layers"), root.get("env", {})
+    if (
+        not isinstance(layers, list)
+        or not layers
+        or not all(isinstance(p, str) and p.startswith("/") for p in layers)
+    ):
+        raise ValueError("SPAWN root needs layers: a non-empty list of absolute paths")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k and "=" not in k and (v is None or isinstance(v, str))
+        for k, v in env.items()
+    ):
+        raise ValueError("SPAWN root env must map variable names to strings or null")
+    return {"layers": list(layers), "env": dict(env)}
+
+
+def apply_root_env(root: dict[str, Any]) -> None:
+    """The image's environment over the launch state's: set, or unset (None) each name."""
+    for name, value in root["env"].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 # --- the launcher's side (as root, before it drops to the dedicated uid) ----------------

@@ -29,6 +29,7 @@ __all__ = [
     "default_config",
     "fast_tmp_dir",
     "image_config",
+    "layer_dirs",
     "with_network",
 ]
 
@@ -131,6 +132,10 @@ class SandboxConfig:
     #: with ``root_layers``: the image's own Python (a path in its root), which each session
     #: then runs instead of the host's (``PythonExecutorService(image=...)``, docs/python.md)
     root_python: str = ""
+    #: directories of cached layers (an image cache's ``layers/``) that sessions may stack
+    #: an image from besides ``root_layers``' own: ``ShellService.start_session(image=...)``
+    #: names the layers when it makes the session (docs/images.md)
+    image_caches: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -206,9 +211,12 @@ class SandboxConfig:
             problems.append(f"{STATE_ENV} is reserved for the sandbox itself")
         if self.base_dir is not None and not os.path.isdir(self.base_dir):
             problems.append(f"base_dir={self.base_dir!r} is not an existing directory")
-        layers = tuple(self.root_layers)
+        layers, caches = tuple(self.root_layers), tuple(self.image_caches)
         problems += [
-            f"root_layers entry {p!r} must be absolute" for p in layers if not os.path.isabs(p)
+            f"{what} entry {p!r} must be absolute"
+            for what, paths in (("root_layers", layers), ("image_caches", caches))
+            for p in paths
+            if not os.path.isabs(p)
         ]
         if self.root_python and (not layers or not self.root_python.startswith("/")):
             problems.append("root_python must be an absolute path in an image's root_layers")
@@ -217,6 +225,7 @@ class SandboxConfig:
         if problems:
             raise UserError("invalid SandboxConfig:\n  " + "\n  ".join(problems))
         object.__setattr__(self, "root_layers", layers)
+        object.__setattr__(self, "image_caches", caches)
         object.__setattr__(self, "extra_ro_paths", paths)
         object.__setattr__(self, "env_allowlist", allow)
         object.__setattr__(self, "extra_env", _FrozenEnv(extra))
@@ -279,6 +288,12 @@ def with_network(config: SandboxConfig, network: object) -> SandboxConfig:
     if network is None:
         return config
     return replace(config, network=network_mode(network))
+
+
+def layer_dirs(config: SandboxConfig) -> list[str]:
+    """The directories sessions' image layers are in (the image caches' ``layers/``): shown
+    read-only to the server and, when it runs as the dedicated uid, idmapped (``_launch``)."""
+    return sorted({os.path.dirname(p) for p in config.root_layers} | set(config.image_caches))
 
 
 def image_config(config: SandboxConfig, image: Image) -> SandboxConfig:

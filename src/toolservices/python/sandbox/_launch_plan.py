@@ -164,6 +164,10 @@ def session_state(
             # each session its own network namespace with only lo up (docs/sandbox.md)
             "loopback": config.network == "loopback",
             "root": list(getattr(config, "root_layers", ())),
+            # sessions may stand on an image (the service's, or one a SPAWN names)
+            "images": bool(
+                getattr(config, "root_layers", ()) or getattr(config, "image_caches", ())
+            ),
             "python": getattr(config, "root_python", ""),
         }
         if session_ns

@@ -31,7 +31,13 @@ from toolservices.python.runtime import STATE_ENV, landlock_abi, remove_tree
 from toolservices.python.runtime import uid_tasks as _uid_tasks_here
 from toolservices.python.sandbox import _memcg
 from toolservices.python.sandbox import _probe as probe_mod
-from toolservices.python.sandbox._config import LEVELS, WORKSPACE, WORKSPACE_L2, SandboxConfig
+from toolservices.python.sandbox._config import (
+    LEVELS,
+    WORKSPACE,
+    WORKSPACE_L2,
+    SandboxConfig,
+    layer_dirs,
+)
 from toolservices.python.sandbox._launch_plan import (
     _INSIDE_BASE,
     WORKDIR_BASE_PLACEHOLDER,
@@ -104,7 +110,7 @@ class _Attempt:
 def _ro_paths(config: SandboxConfig, paths: probe_mod.PythonPaths) -> list[str]:
     wanted = list(_SYSTEM_RO) + (list(_NETWORK_RO) if config.network != "none" else [])
     wanted += list(paths.read_paths) + list(config.extra_ro_paths)
-    wanted += sorted({os.path.dirname(p) for p in config.root_layers})  # the image cache
+    wanted += layer_dirs(config)  # the image caches
     result: list[str] = []
     for path in wanted:
         if os.path.exists(path) and path not in result:
@@ -615,6 +621,7 @@ def _spec(
     env: dict[str, str],
 ) -> dict[str, Any]:
     rlimits: dict[str, int] = {"CORE": 0}
+    root_dirs = {os.path.dirname(p) for p in config.root_layers}
     if config.file_size is not None:
         rlimits["FSIZE"] = config.file_size
     seccomp = None
@@ -624,8 +631,10 @@ def _spec(
         "uid": uid,
         "gid": uid,
         "reach": reach,
-        # the image cache shown owned by the dedicated uid (root pulled it): see _launch
-        "idmap": sorted({os.path.dirname(p) for p in config.root_layers})
+        # the image cache shown owned by the dedicated uid (root pulled it): see _launch;
+        # the service image's layers need it, other images' (image_caches) may go without
+        "idmap": sorted(root_dirs) if uid is not None else [],
+        "idmap_optional": [p for p in layer_dirs(config) if p not in root_dirs and os.path.isdir(p)]
         if uid is not None
         else [],
         "subreaper": attempt.bwrap is None,

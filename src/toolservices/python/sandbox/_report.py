@@ -273,11 +273,17 @@ def _process_layers(
     if nproc is None:
         layers["nproc_limit"] = _layer(False, why="disabled (SandboxConfig(nproc=None))")
     elif own_ns:
+        # own_pids rules out copies of an interpreter's memory: every copy is a fresh session
+        # (spawn_with_files, which a ShellService's fork_session is)
+        copies = (
+            "each fork_session copy has its own: with own_pids copies are fresh sessions"
+            if getattr(config, "own_pids", False)
+            else "its copies from fork_session share it"
+        )
         layers["nproc_limit"] = _layer(
             True,
             f"RLIMIT_NPROC counted in the session's own user namespace: {nproc} processes and "
-            "threads per session (its copies from fork_session share it), whatever the other "
-            "sessions or the caller run",
+            f"threads per session ({copies}), whatever the other sessions or the caller run",
         )
     else:
         owner = f"dedicated uid {uid}" if uid is not None else f"the caller's uid {caller_uid}"
