@@ -4,15 +4,16 @@ Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_shell.py [--quick] [--idle
      [--sandlock-python /path/to/venv/bin/python]
 
 Measures session creation (first command in a new session), an ``echo hi``
-round trip in a live session, ``ls`` in a 1,000-file workspace,
-``fork_session`` of a session holding 100 MB in 1,000 files, and the PSS of
-idle sessions. Creation and ``echo`` are measured twice: back to back, and
-after a 20 ms pause (as between the turns of an episode: the spare bash and
-the spare sessions are ready). Beside each: ``subprocess.run(["bash", "-c",
-cmd])`` (no sandbox: the floor), one ``bwrap`` process per command (a simple
-sandbox: new namespaces, read-only /usr, a tmpfs workspace) and, given an
-interpreter that has sandlock installed, one sandlock sandbox per command
-(``_sandlock_shell.py``). Prints medians (p50).
+round trip in a live session, a command that changes the shell state each
+time, ``ls`` in a 1,000-file workspace, ``fork_session`` of a session holding
+100 MB in 1,000 files, and the PSS of idle sessions. Creation and ``echo``
+are measured twice: back to back, and after a 20 ms pause (as between the
+turns of an episode: the spare bash and the spare sessions are ready).
+Beside each: ``subprocess.run(["bash", "-c", cmd])`` (no sandbox: the floor),
+one ``bwrap`` process per command (a simple sandbox: new namespaces,
+read-only /usr, a tmpfs workspace) and, given an interpreter that has
+sandlock installed, one sandlock sandbox per command (``_sandlock_shell.py``).
+Prints medians (p50).
 """
 
 from __future__ import annotations
@@ -192,6 +193,12 @@ def main() -> None:
         )
         echo = paused(lambda: shell.run("echo hi", session_id=sid), n * 2)
         row("  same, 20 ms apart (spare bash ready)", median(echo), None, None, "<= 1 ms")
+        # a command that changes the state each time: the live bash makes a new master
+        counter = iter(range(10**9))
+        changing = measure(
+            lambda: shell.run(f"export N={next(counter)}; cd .", session_id=sid), repeats=n
+        )
+        row("state-changing command (export), b2b", median(changing), None, None, "")
 
         shell.run(SMALL, session_id=sid, timeout=60)
         ls_ours = measure(lambda: shell.run("ls many", session_id=sid), repeats=n)

@@ -949,7 +949,9 @@ def test_a_background_job_cannot_hijack_the_next_command(shell: ShellService) ->
             time.sleep(0.01)
     else:
         raise AssertionError("the job never finished")
-    assert log.startswith("found 1\n"), log
+    # the bash waiting for the next command: a spare, or (with the builtin) the master and
+    # the copy made ahead of the next command; each of them refused every attempt
+    assert log.startswith("found ") and int(log.split()[1]) >= 1, log
     assert not [line for line in log.splitlines() if line.endswith(("written", "opened", "got"))]
     _session_still_honest(shell, sid)
     shell.close_session(sid)

@@ -42,9 +42,13 @@ _CODE = {
             compile((_HERE / f"{file}.py").read_text("utf-8"), f"<{name}>", "exec", optimize=2)
         )
     ).decode()
-    for name, file in (
+    for name, file in (  # each after the modules it uses (the supervisor's split: shell.md)
+        ("_toolservices_shell_procs", "_procs"),
+        ("_toolservices_shell_files", "_files"),
         ("_toolservices_shell_spawner", "_spawner"),
         ("_toolservices_shell_terminal", "_terminal"),
+        ("_toolservices_shell_command", "_command"),
+        ("_toolservices_shell_native", "_native"),
         ("_toolservices_shell_python", "_pyworker"),
         ("_toolservices_shell", "_supervisor"),
     )

@@ -26,6 +26,7 @@ from toolservices.shell._config import (
     shell_config,
 )
 from toolservices.shell._images import SessionImages, start_dir
+from toolservices.shell._native import library as native_library
 from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
 from toolservices.shell._requests import SupervisorRequests, warmup_code
@@ -140,6 +141,9 @@ class ShellService(SupervisorRequests):
                 "offline": config.network != "host",
                 # an image's WorkingDir: where a new session's first command starts
                 "start_dir": start_dir(self.image) if image_workdir else None,
+                # the bash builtin that lets one live bash serve the commands (shell.md); an
+                # image's bash may not be the one it was built for: a bash per command there
+                "native": native_library() if self.image is None else None,
                 # every reply carries it: a line the session forged cannot (see _reply)
                 "token": secrets.token_hex(16),
                 # the Python tool's interpreter: None forks the supervisor, else the image's
@@ -442,7 +446,8 @@ class ShellService(SupervisorRequests):
         if image is not None:
             here = start_dir(image) if self.image_workdir else None
             roots = self._python.session_roots
-            self._images.put(session, image, {**self._config, "start_dir": here}, roots)
+            config = {**self._config, "start_dir": here, "native": None}  # its own bash
+            self._images.put(session, image, config, roots)
             roots[session] = self._images.root(image)
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at

@@ -77,6 +77,7 @@ def command_limits(stack: int | None) -> None:
     target = stack if hard == resource.RLIM_INFINITY else min(stack, hard)
     if soft == resource.RLIM_INFINITY or soft > target:
         resource.setrlimit(resource.RLIMIT_STACK, (target, hard))
+    _printed.clear()
 
 
 #: ``ulimit -a`` (bash, not in POSIX mode) flag: the limit and the unit it is printed in
@@ -122,10 +123,21 @@ def compact_limits(state: str) -> str:
     return state[: found.start()] + "".join(lines) + state[found.end() :]
 
 
+#: this process's limits as ``ulimit -a`` prints them (they never change once the
+#: session's supervisor set them up: read once, not 32 system calls a command)
+_printed: dict[tuple[str, int], str | None] = {}
+
+
 def _current(flag: str, index: int) -> str | None:
     """This process's soft (0) or hard (1) limit as ``ulimit -a`` prints it; None: unknown."""
-    known = _ULIMITS.get(flag)
-    if known is None:
-        return None
-    value = resource.getrlimit(known[0])[index]
-    return "unlimited" if value == resource.RLIM_INFINITY else str(value // known[1])
+    key = (flag, index)
+    if key not in _printed:
+        known = _ULIMITS.get(flag)
+        if known is None:
+            _printed[key] = None
+        else:
+            value = resource.getrlimit(known[0])[index]
+            _printed[key] = (
+                "unlimited" if value == resource.RLIM_INFINITY else str(value // known[1])
+            )
+    return _printed[key]
