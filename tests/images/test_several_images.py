@@ -263,9 +263,10 @@ def test_a_malformed_root_makes_no_session(tmp_path: Path) -> None:
     """Through the real fork server: the call fails saying so, the service carries on."""
     from toolservices.errors import InfrastructureError
     from toolservices.python import PythonExecutorService
+    from toolservices.python.host import SpawnRoot
 
     with PythonExecutorService(pool_size=1, spares=0) as python:
-        python.session_roots["bad"] = {"layers": ["relative"], "env": {}}
+        python.session_roots["bad"] = SpawnRoot({"layers": ["relative"], "env": {}})
         with pytest.raises(InfrastructureError, match="SPAWN root needs layers"):
             python.execute("print(1)", session_id="bad")
         assert python.execute("print(2)", session_id="good").stdout == "2\n"

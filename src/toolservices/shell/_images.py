@@ -23,7 +23,9 @@ import anyio.to_thread
 
 from toolservices.errors import UserError
 from toolservices.images import Image, ImageStore
+from toolservices.python.host import SpawnRoot
 from toolservices.python.sandbox import SandboxConfig
+from toolservices.shell._requests import warmup_code
 
 __all__ = ["SessionImages", "check_bash", "has_bash", "start_dir"]
 
@@ -126,14 +128,20 @@ class SessionImages:
         """:meth:`pull` in a worker thread (a pull is minutes of I/O at worst)."""
         return await anyio.to_thread.run_sync(self.pull, reference)
 
-    def root(self, image: Image) -> dict[str, Any]:
-        """The SPAWN request's ``root`` for a session on ``image``: its layers (top first) and
-        its Env over the service's (the service image's names it lacks are unset)."""
+    def root(self, image: Image) -> SpawnRoot:
+        """The root of a session on ``image`` (after :meth:`put`): the SPAWN request's, its
+        layers (top first) and its Env over the service's (the service image's names it
+        lacks are unset); and what its image's spare runs ahead of need, as the service's
+        spares do: load the supervisor, start the first bash, with this image's
+        configuration (its WorkingDir)."""
         env: dict[str, str | None] = {}
         if self.default is not None:
             env = dict.fromkeys(self.default.environment())
         env.update(image.environment())
-        return {"layers": list(image.lowerdirs), "env": env}
+        return SpawnRoot(
+            {"layers": list(image.lowerdirs), "env": env},
+            warmup=warmup_code(self._configs[image.digest]),
+        )
 
     def put(
         self, session: str, image: Image, config: dict[str, Any], live: Collection[str]

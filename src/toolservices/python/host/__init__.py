@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from toolservices.python.host._args import pull_image
 from toolservices.python.host._persistent import PersistentPythonProcess
+from toolservices.python.host._pool import SpawnRoot
 from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
 from toolservices.python.host._service import PythonExecutorService
@@ -33,5 +34,6 @@ __all__ = [
     "ResultMapping",
     "default_max_sessions",
     "pull_image",
+    "SpawnRoot",
     "self_test",
 ]
