@@ -225,6 +225,7 @@ class ServerPool:
         if root is None:
             return self._spares.pop() if self._spares else await self._spawn()
         if self.spares == 0 or self.image_spares < 1:
+            self._bump("image_spawns")
             return await self._spawn(root)
         warm = self._image_spares.pop(root.key, None)
         if warm is None:
