@@ -170,18 +170,27 @@ class ServerPool:
         return None
 
     def _schedule_refill(self) -> None:
-        short = len(self._spares) < self.spares or self._image_to_fill() is not None
-        if not self._refilling and short and not self._closed:
+        if not self._refilling and not self._closed and self._next_spare()[0]:
             self._refilling = True
             self._spawn_background(self._refill())
 
+    def _next_spare(self) -> tuple[bool, _ImageSpare | None]:
+        """Which spare to make next: whether one is needed, and on which other image (None:
+        the service's). The service image's first while none of them stands, then each
+        recently used image's (most recent first), then the rest of the service image's."""
+        short = len(self._spares) < self.spares
+        if short and not self._spares:
+            return True, None
+        warm = self._image_to_fill()
+        return warm is not None or short, warm
+
     async def _refill(self) -> None:
-        """One spare at a time, the service image's first, in the background (after the call
-        that took one: a spawn and its warm-up never compete with that call's start)."""
+        """One spare at a time, in the background (after the call that took one: a spawn and
+        its warm-up never compete with that call's start)."""
         try:
             while not self._closed:
-                warm = None if len(self._spares) < self.spares else self._image_to_fill()
-                if warm is None and len(self._spares) >= self.spares:
+                needed, warm = self._next_spare()
+                if not needed:
                     return
                 server = self._server
                 if server is None or not server.alive:
