@@ -3,7 +3,8 @@
 * ``_service``: :class:`PythonExecutorService`: its configuration and its sync and async faces;
 * ``_sessions``: the session table (a call in a session or a fresh interpreter,
   eviction, closing and copying sessions), a base of the service;
-* ``_pool``: the fork server and the spare interpreters, the base below it;
+* ``_pool``: the fork server and the spare interpreters (on the service's image, and on
+  the other images sessions were last started on: :class:`SpawnRoot`), the base below it;
 * ``_args``: the checks of the arguments; the image a service runs on and its sandbox;
 * ``_admission``: the queue count and the gates every call passes (both routes);
 * ``_gate``: the thread-safe counting lock behind them;
@@ -32,8 +33,8 @@ __all__ = [
     "PersistentPythonProcess",
     "PythonExecutorService",
     "ResultMapping",
+    "SpawnRoot",
     "default_max_sessions",
     "pull_image",
-    "SpawnRoot",
     "self_test",
 ]
