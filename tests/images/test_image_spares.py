@@ -4,12 +4,13 @@ A service on image ``a``; sessions on other images (``b``, ``c0``..``c3``), each
 with a WorkingDir, an Env and a file of its own. The 2nd session on an image is
 served by that image's spare (the executor's counters say so, not timing), which
 stands on that image and was warmed with its configuration; beyond
-``IMAGE_SPARES`` images the least recently used one's spare goes; ``close()``
+``image_spares`` images the least recently used one's spare goes; ``close()``
 leaves no process.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import psutil
@@ -18,11 +19,12 @@ from _build import bash_layer, busybox_layer, oci_layout
 from test_several_images import _own_layer
 from tests._wait import wait_until
 
-from toolservices.python.host import SpawnRoot
-from toolservices.python.host._pool import IMAGE_SPARES
+from toolservices.errors import UserError
+from toolservices.python.host import IMAGE_SPARES, SpawnRoot
 from toolservices.shell import ShellService
 
-OTHERS = ("b", *(f"c{i}" for i in range(IMAGE_SPARES)))
+BOUND = 2  # image_spares of the LRU test
+OTHERS = ("b", *(f"c{i}" for i in range(BOUND)))
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +86,10 @@ def test_the_next_session_on_an_image_comes_from_its_spare(images: dict[str, str
 
 
 def test_the_least_recently_used_image_loses_its_spare(images: dict[str, str]) -> None:
-    with _service(images) as service:
+    with _service(images, image_spares=BOUND) as service:
         for k, name in enumerate(OTHERS):  # one image more than the bound
             service.start_session(f"first-{name}", image=images[name])
-            wait_until(_standing(service, min(k + 1, IMAGE_SPARES)))
+            wait_until(_standing(service, min(k + 1, BOUND)))
         assert service.stats()["image_spawns"] == len(OTHERS)
         # the newest images kept theirs: served by a spare
         newest = OTHERS[-1]
@@ -98,8 +100,11 @@ def test_the_least_recently_used_image_loses_its_spare(images: dict[str, str]) -
         service.start_session("again-b", image=images["b"])
         stats = service.stats()
         assert (stats["image_spawns"], stats["image_spares_taken"]) == (len(OTHERS) + 1, 1)
-        wait_until(_standing(service, IMAGE_SPARES))  # never more than the bound
+        wait_until(_standing(service, BOUND))  # never more than the bound
         assert service.run("pwd", session_id="again-b").stdout == "/wb\n"
+        copy = pickle.loads(pickle.dumps(service))  # a replica keeps the bound
+        assert copy._python.image_spares == BOUND
+        copy.close()
 
 
 def test_close_leaves_no_process(images: dict[str, str]) -> None:
@@ -119,14 +124,23 @@ def test_close_leaves_no_process(images: dict[str, str]) -> None:
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
-def test_no_image_spares_without_spares(images: dict[str, str]) -> None:
-    with _service(images, spares=0) as service:
+@pytest.mark.parametrize("knob", [{"spares": 0}, {"image_spares": 0}])
+def test_no_image_spares_when_turned_off(images: dict[str, str], knob: dict[str, int]) -> None:
+    with _service(images, **knob) as service:
         for n in (1, 2):
             service.start_session(f"b{n}", image=images["b"])
             assert service.run("pwd", session_id=f"b{n}").stdout == "/wb\n"
         stats = service.stats()
         assert (stats["image_spawns"], stats["image_spares_taken"]) == (2, 0)
-        assert stats["image_spares"] == stats["spares"] == 0
+        assert stats["image_spares"] == 0
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "4"])
+def test_a_bad_image_spares_is_refused(bad: object) -> None:
+    with pytest.raises(UserError, match="image_spares must be an int >= 0"):
+        ShellService(pool_size=1, image_spares=bad)  # type: ignore[arg-type]
+    with ShellService(pool_size=1) as default:
+        assert default._python.image_spares == IMAGE_SPARES
 
 
 def test_equal_roots_share_one_spare() -> None:

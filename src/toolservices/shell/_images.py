@@ -27,7 +27,7 @@ from toolservices.python.host import SpawnRoot
 from toolservices.python.sandbox import SandboxConfig
 from toolservices.shell._requests import warmup_code
 
-__all__ = ["SessionImages", "check_bash", "has_bash", "start_dir"]
+__all__ = ["SessionImages", "check_bash", "check_image_spares", "has_bash", "start_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,16 @@ def start_dir(image: Image | None) -> str | None:
     if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
         return None
     return image.working_dir
+
+
+def check_image_spares(image_spares: object) -> int:
+    """``ShellService(image_spares=...)``: an int >= 0, else a UserError saying so."""
+    if isinstance(image_spares, bool) or not isinstance(image_spares, int) or image_spares < 0:
+        raise UserError(
+            f"image_spares must be an int >= 0 (other images that keep a warm spare), "
+            f"got {image_spares!r}"
+        )
+    return image_spares
 
 
 def check_bash(image: Image, reference: str) -> Image:

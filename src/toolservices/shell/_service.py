@@ -12,7 +12,7 @@ from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
-from toolservices.python.host import default_max_sessions, pull_image
+from toolservices.python.host import IMAGE_SPARES, default_max_sessions, pull_image
 from toolservices.python.sandbox import with_network
 from toolservices.shell._checks import check_path, encode, entry, largest_variable, lone_surrogate
 from toolservices.shell._config import (
@@ -26,7 +26,7 @@ from toolservices.shell._config import (
     session_sandbox,
     shell_config,
 )
-from toolservices.shell._images import SessionImages, start_dir
+from toolservices.shell._images import SessionImages, check_image_spares, start_dir
 from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
 from toolservices.shell._requests import SupervisorRequests, warmup_code
@@ -78,6 +78,10 @@ class ShellService(SupervisorRequests):
       ``WorkingDir`` (the default, as ``docker run``) or, False, in its workspace
       (where relative paths of the file tools land: a harness that writes files
       and then runs them, like the code judge).
+    * ``image_spares``: how many other images than the service's (the last ones
+      ``start_session(image=...)`` used) keep one warm spare each, so that the
+      next session on such an image starts like one on the service's image
+      (docs/images.md); none with ``spares=0``.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class ShellService(SupervisorRequests):
         image_cache: str | None = None,
         insecure_registries: tuple[str, ...] | list[str] = (),
         image_workdir: bool = True,
+        image_spares: int = IMAGE_SPARES,
     ) -> None:
         self.timeout = check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -164,6 +169,7 @@ class ShellService(SupervisorRequests):
             # a new session's first command then finds them ready
             warmup=warmup_code(self._config_text),
         )
+        self._python.image_spares = check_image_spares(image_spares)
         self.pool_size = pool_size
         self.max_sessions = max_sessions
         self.max_queue = max_queue
@@ -606,6 +612,7 @@ class ShellService(SupervisorRequests):
             "spares": self._python.spares,
             "command_stack": self.command_stack,
             "image_workdir": self.image_workdir,
+            "image_spares": self._python.image_spares,
         }
 
 

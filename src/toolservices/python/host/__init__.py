@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from toolservices.python.host._args import pull_image
 from toolservices.python.host._persistent import PersistentPythonProcess
-from toolservices.python.host._pool import SpawnRoot
+from toolservices.python.host._pool import IMAGE_SPARES, SpawnRoot
 from toolservices.python.host._result import ExceptionInfo, ExecResult, ResultMapping
 from toolservices.python.host._selftest import self_test
 from toolservices.python.host._service import PythonExecutorService
 from toolservices.python.host._sizing import default_max_sessions
 
 __all__ = [
+    "IMAGE_SPARES",
     "ExceptionInfo",
     "ExecResult",
     "PersistentPythonProcess",
