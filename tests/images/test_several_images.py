@@ -212,6 +212,9 @@ def test_a_debian_session_beside_busybox_ones(shell: ShellService, tmp_path: Pat
             session_id="deb",
         )
         assert out.stdout == 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\npytest\n/repo\n'
+        # its Python tool runs its image's python3 (the service's image has none)
+        py = shell.run_python("import sys, pytest; print(sys.executable)", session_id="deb")
+        assert py.stdout == "/usr/bin/python3\n", py
         assert shell.run("test -e /usr/bin/python3 || echo busybox", session_id="bb").stdout == (
             "busybox\n"
         )

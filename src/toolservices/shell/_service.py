@@ -449,7 +449,9 @@ class ShellService(SupervisorRequests):
         if image is not None:
             here = start_dir(image) if self.image_workdir else None
             roots = self._python.session_roots
-            self._images.put(session, image, {**self._config, "start_dir": here}, roots)
+            # its own WorkingDir, and its own python3 for the Python tool
+            config = {**self._config, "start_dir": here, "python": python_config(image)}
+            self._images.put(session, image, config, roots)
             roots[session] = self._images.root(image)
 
     # A copy is a fresh session (own namespaces, disk quota, process budget, workspace at
