@@ -148,3 +148,25 @@ def test_equal_roots_share_one_spare() -> None:
     same = SpawnRoot({"env": {"B": None, "A": "1"}, "layers": ["/c/layers/x"]}, warmup="pass")
     other = SpawnRoot({"layers": ["/c/layers/y"], "env": {"A": "1", "B": None}})
     assert one.key == same.key != other.key
+
+
+def test_an_image_whose_spare_fails_is_not_tried_after_every_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A root the fork server refuses (as an image whose spare cannot start would be): one
+    try, one warning, then not again until a session on it is started again."""
+    from toolservices.errors import InfrastructureError
+    from toolservices.python import PythonExecutorService
+
+    def tries() -> int:
+        return sum("could not prepare a spare" in r.getMessage() for r in caplog.records)
+
+    with PythonExecutorService(pool_size=1, spares=1) as python:
+        python.session_roots["bad"] = SpawnRoot({"layers": ["relative"], "env": {}})
+        with pytest.raises(InfrastructureError, match="SPAWN root"):
+            python.execute("print(1)", session_id="bad")  # remembered as a recent image
+        for _ in range(4):  # each fresh call orders the spares it lacks
+            assert python.execute("print(2)").stdout == "2\n"
+            wait_until(lambda: not python._refilling)
+        assert tries() == 1
+        assert python.stats()["image_spawns"] == 1

@@ -187,6 +187,7 @@ class ServerPool:
     async def _refill(self) -> None:
         """One spare at a time, in the background (after the call that took one: a spawn and
         its warm-up never compete with that call's start)."""
+        warm = None
         try:
             while not self._closed:
                 needed, warm = self._next_spare()
@@ -202,6 +203,7 @@ class ServerPool:
                 ran = await spare.run(code, limit=SPAWN_WARMUP_TIMEOUT, fresh=True)
                 if self._closed or server is not self._server or not ran.success:
                     await self._discard(spare)
+                    self._forget_image(warm, ran.success)
                     return
                 if warm is None:
                     self._spares.append(spare)
@@ -213,8 +215,15 @@ class ServerPool:
             server = self._server
             if not self._closed and server is not None and not server.stopping:
                 log.warning("could not prepare a spare Python interpreter: %s", exc)
+                self._forget_image(warm, False)
         finally:
             self._refilling = False
+
+    def _forget_image(self, warm: _ImageSpare | None, warmed: bool) -> None:
+        """An image whose spare could not be made is not tried again after every call: only
+        after its next session (which makes it the most recently used again)."""
+        if warm is not None and not warmed and self._image_spares.get(warm.root.key) is warm:
+            del self._image_spares[warm.root.key]
 
     async def _spawn(self, root: SpawnRoot | None = None) -> SessionHandle:
         """A new interpreter (on ``root``'s image: see ``session_roots``); restarts a fork
