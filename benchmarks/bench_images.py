@@ -17,7 +17,10 @@ Run (as root or a user with unprivileged user namespaces; skopeo and umoci for t
 4. ``ShellService(image=...)`` beside ``ShellService()`` (host root), both loopback: a new
    session + first command (p50), and the PSS of ``--idle`` idle sessions each; and a
    session on another (cached) image of the image service, ``start_session(image=...)`` +
-   first command (no spare stands on that image: it is spawned on the call).
+   first command: the 2nd..nth session on that image (the first was started before),
+   served by the spare kept on it. ``--gap`` seconds pass between rounds (a rollout's
+   model turn between sessions; 0: back to back, when one spare per image cannot be
+   refilled in time).
 5. ``fork_session`` of an image session that wrote 50 MB into its root (``/usr``), beside
    a host-root session with 50 MB in its workspace (p50 of 5 forks of one copy each).
 """
@@ -280,7 +283,7 @@ def _show_copies(image_layers: tuple[str, ...], names: tuple[str, ...]) -> None:
         )
 
 
-def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
+def bench_image_sessions(work: str, repeats: int, idle: int, gap: float) -> None:
     oci = os.path.join(work, "shell-image")
     oci_layout(oci, [busybox_layer("gzip"), bash_layer("gzip")])
     other = os.path.join(work, "shell-image-2")  # the same layers and one more
@@ -297,6 +300,7 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
             shell.run("true", session_id="warm")
         img.start_session("other-warm", image=f"oci:{other}")  # pulled once, here
         for i in range(repeats):  # interleaved: the same load for all
+            time.sleep(gap)
             for name, shell in shells.items():
                 started = time.perf_counter()
                 shell.run("true", session_id=f"new-{i}")
@@ -326,6 +330,8 @@ def bench_image_sessions(work: str, repeats: int, idle: int) -> None:
                 shell.run("true", session_id=f"idle-{i}")
             pss[name] = (_tree_pss() - before) / idle
         assert img.image is not None
+        counts = {k: v for k, v in img.stats().items() if k.startswith("image_")}
+        print(f"\n   the image service's sessions on another image: {counts}")
         print(f"\n   {idle} idle image sessions (+ spares): the image cache's files they map")
         _show_copies(img.image.layers, ("bash", "libc.so.6"))
     print(
@@ -348,6 +354,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--idle", type=int, default=64, help="idle sessions for the PSS figure")
     parser.add_argument("--sections", default="1234", help="which sections to run (default all)")
+    parser.add_argument("--gap", type=float, default=0.05, help="seconds between new sessions")
     args = parser.parse_args()
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as work:
@@ -356,7 +363,7 @@ def main() -> None:
         if "1" in args.sections:
             bench_pull(work, max(3, args.repeats // 5))
         if "4" in args.sections:
-            bench_image_sessions(work, args.repeats, args.idle)
+            bench_image_sessions(work, args.repeats, args.idle, args.gap)
     if "3" in args.sections:
         bench_network(args.repeats)
     print(f"load average after: {os.getloadavg()}")

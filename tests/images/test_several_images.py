@@ -212,6 +212,9 @@ def test_a_debian_session_beside_busybox_ones(shell: ShellService, tmp_path: Pat
             session_id="deb",
         )
         assert out.stdout == 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\npytest\n/repo\n'
+        # its Python tool runs its image's python3 (the service's image has none)
+        py = shell.run_python("import sys, pytest; print(sys.executable)", session_id="deb")
+        assert py.stdout == "/usr/bin/python3\n", py
         assert shell.run("test -e /usr/bin/python3 || echo busybox", session_id="bb").stdout == (
             "busybox\n"
         )
@@ -263,9 +266,10 @@ def test_a_malformed_root_makes_no_session(tmp_path: Path) -> None:
     """Through the real fork server: the call fails saying so, the service carries on."""
     from toolservices.errors import InfrastructureError
     from toolservices.python import PythonExecutorService
+    from toolservices.python.host import SpawnRoot
 
     with PythonExecutorService(pool_size=1, spares=0) as python:
-        python.session_roots["bad"] = {"layers": ["relative"], "env": {}}
+        python.session_roots["bad"] = SpawnRoot({"layers": ["relative"], "env": {}})
         with pytest.raises(InfrastructureError, match="SPAWN root needs layers"):
             python.execute("print(1)", session_id="bad")
         assert python.execute("print(2)", session_id="good").stdout == "2\n"

@@ -23,9 +23,11 @@ import anyio.to_thread
 
 from toolservices.errors import UserError
 from toolservices.images import Image, ImageStore
+from toolservices.python.host import SpawnRoot
 from toolservices.python.sandbox import SandboxConfig
+from toolservices.shell._requests import warmup_code
 
-__all__ = ["SessionImages", "check_bash", "has_bash", "start_dir"]
+__all__ = ["SessionImages", "check_bash", "check_image_spares", "has_bash", "start_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,16 @@ def start_dir(image: Image | None) -> str | None:
     if image is None or image.working_dir in ("", "/") or not image.working_dir.startswith("/"):
         return None
     return image.working_dir
+
+
+def check_image_spares(image_spares: object) -> int:
+    """``ShellService(image_spares=...)``: an int >= 0, else a UserError saying so."""
+    if isinstance(image_spares, bool) or not isinstance(image_spares, int) or image_spares < 0:
+        raise UserError(
+            f"image_spares must be an int >= 0 (other images that keep a warm spare), "
+            f"got {image_spares!r}"
+        )
+    return image_spares
 
 
 def check_bash(image: Image, reference: str) -> Image:
@@ -126,14 +138,20 @@ class SessionImages:
         """:meth:`pull` in a worker thread (a pull is minutes of I/O at worst)."""
         return await anyio.to_thread.run_sync(self.pull, reference)
 
-    def root(self, image: Image) -> dict[str, Any]:
-        """The SPAWN request's ``root`` for a session on ``image``: its layers (top first) and
-        its Env over the service's (the service image's names it lacks are unset)."""
+    def root(self, image: Image) -> SpawnRoot:
+        """The root of a session on ``image`` (after :meth:`put`): the SPAWN request's, its
+        layers (top first) and its Env over the service's (the service image's names it
+        lacks are unset); and what its image's spare runs ahead of need, as the service's
+        spares do: load the supervisor, start the first bash, with this image's
+        configuration (its WorkingDir)."""
         env: dict[str, str | None] = {}
         if self.default is not None:
             env = dict.fromkeys(self.default.environment())
         env.update(image.environment())
-        return {"layers": list(image.lowerdirs), "env": env}
+        return SpawnRoot(
+            {"layers": list(image.lowerdirs), "env": env},
+            warmup=warmup_code(self._configs[image.digest]),
+        )
 
     def put(
         self, session: str, image: Image, config: dict[str, Any], live: Collection[str]

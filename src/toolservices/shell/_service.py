@@ -12,7 +12,12 @@ from toolservices._portal import run_inline, run_sync
 from toolservices.errors import InfrastructureError, UserError
 from toolservices.images import Image, ImageStore
 from toolservices.python import ExecResult, PythonExecutorService
-from toolservices.python.host import check_timeout, default_max_sessions, pull_image
+from toolservices.python.host import (
+    IMAGE_SPARES,
+    check_timeout,
+    default_max_sessions,
+    pull_image,
+)
 from toolservices.python.sandbox import with_network
 from toolservices.shell._checks import check_path, encode, entry, largest_variable, lone_surrogate
 from toolservices.shell._config import (
@@ -25,7 +30,7 @@ from toolservices.shell._config import (
     session_sandbox,
     shell_config,
 )
-from toolservices.shell._images import SessionImages, start_dir
+from toolservices.shell._images import SessionImages, check_image_spares, start_dir
 from toolservices.shell._native import library as native_library
 from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
@@ -78,6 +83,10 @@ class ShellService(SupervisorRequests):
       ``WorkingDir`` (the default, as ``docker run``) or, False, in its workspace
       (where relative paths of the file tools land: a harness that writes files
       and then runs them, like the code judge).
+    * ``image_spares``: how many other images than the service's (the last ones
+      ``start_session(image=...)`` used) keep one warm spare each, so that the
+      next session on such an image starts like one on the service's image
+      (docs/images.md); none with ``spares=0``.
     """
 
     def __init__(
@@ -99,6 +108,7 @@ class ShellService(SupervisorRequests):
         image_cache: str | None = None,
         insecure_registries: tuple[str, ...] | list[str] = (),
         image_workdir: bool = True,
+        image_spares: int = IMAGE_SPARES,
     ) -> None:
         self.timeout = check_timeout(timeout)
         if max_output < 1 or max_file_size < 1 or max_list < 1:
@@ -167,6 +177,7 @@ class ShellService(SupervisorRequests):
             # a new session's first command then finds them ready
             warmup=warmup_code(self._config_text),
         )
+        self._python.image_spares = check_image_spares(image_spares)
         self.pool_size = pool_size
         self.max_sessions = max_sessions
         self.max_queue = max_queue
@@ -446,7 +457,14 @@ class ShellService(SupervisorRequests):
         if image is not None:
             here = start_dir(image) if self.image_workdir else None
             roots = self._python.session_roots
-            config = {**self._config, "start_dir": here, "native": None}  # its own bash
+            # its own WorkingDir, its own bash (no builtin: not in its root), and its own
+            # python3 for the Python tool
+            config = {
+                **self._config,
+                "start_dir": here,
+                "native": None,
+                "python": python_config(image),
+            }
             self._images.put(session, image, config, roots)
             roots[session] = self._images.root(image)
 
@@ -611,6 +629,7 @@ class ShellService(SupervisorRequests):
             "spares": self._python.spares,
             "command_stack": self.command_stack,
             "image_workdir": self.image_workdir,
+            "image_spares": self._python.image_spares,
         }
 
 

@@ -248,6 +248,7 @@ class PythonExecutorService(SessionTable):
             "sessions": len(self._slots),
             "busy_sessions": self._admission.busy,
             "spares": len(self._spares),
+            "image_spares": self._image_spare_count(),
             "queued": self._admission.queued,
             "pool_size": self.pool_size,
             "max_sessions": self.max_sessions,

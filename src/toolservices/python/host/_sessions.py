@@ -16,14 +16,13 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from toolservices.errors import ExecutorBusyError, InfrastructureError, UserError
 from toolservices.python.host._admission import Admission, Ticket
 from toolservices.python.host._client import ForkServerClient, SessionHandle, SessionLost
 from toolservices.python.host._forking import fork_handles, seeded_handles
 from toolservices.python.host._gate import Gate
-from toolservices.python.host._pool import ServerPool
+from toolservices.python.host._pool import ServerPool, SpawnRoot
 from toolservices.python.host._result import ExecResult
 
 __all__ = ["EVICTED_MEMORY", "SessionTable", "Slot", "clock"]
@@ -59,10 +58,10 @@ class SessionTable(ServerPool):
         # mutated on the loop only; the direct path reads it from other threads
         self._slots: dict[str, Slot] = {}
         self._evicted: OrderedDict[str, None] = OrderedDict()
-        #: sessions on another image than the service's: id -> the SPAWN request's ``root``
-        #: (set before their first call, e.g. by ShellService.start_session); their
-        #: interpreters are spawned on it, never taken from the spares
-        self.session_roots: dict[str, dict[str, Any]] = {}
+        #: sessions on another image than the service's: id -> its root (set before their
+        #: first call, e.g. by ShellService.start_session); their interpreters are spawned
+        #: on it, or taken from the spare kept on it (see ``image_spares``)
+        self.session_roots: dict[str, SpawnRoot] = {}
         self._admission = Admission(pool_size=pool_size, max_queue=max_queue)
         self._limiter = self._admission.slots  # execution slots
         self._stats_lock = threading.Lock()  # counters are bumped from the loop and callers
@@ -76,6 +75,9 @@ class SessionTable(ServerPool):
                 "evictions",
                 "forks",
                 "failures",
+                # a session's interpreter on another image: its image's spare, or a new one
+                "image_spares_taken",
+                "image_spawns",
             ),
             0,
         )
