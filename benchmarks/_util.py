@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["fmt_time", "measure", "percentile"]
+__all__ = ["fmt_time", "measure", "percentile", "tree_cpu"]
 
 
 def measure(fn: Callable[[], Any], *, repeats: int, warmup: int = 3) -> list[float]:
@@ -39,3 +39,18 @@ def fmt_time(seconds: float) -> str:
 
 
 median = statistics.median
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and everything it started (live, or reaped by it)."""
+    import psutil  # only the benchmarks that count CPU need it
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total

@@ -38,7 +38,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "judge"))
 from _server import judge_server  # noqa: E402
-from _util import percentile  # noqa: E402
+from _util import percentile, tree_cpu  # noqa: E402
 
 PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 CPP = (
@@ -63,19 +63,6 @@ def server_pid(base: str) -> int:
         if listening and conn.pid is not None:
             return conn.pid
     raise RuntimeError(f"no process listens on {base}")
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of a server and everything it started (live or reaped) so far."""
-    total = 0.0
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
 
 
 def python_rps(base: str, n: int, clients: int) -> tuple[float, float, int]:

@@ -25,13 +25,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "images"))
 
-from _util import fmt_time  # noqa: E402
+from _util import fmt_time, tree_cpu  # noqa: E402
 
 from toolservices.judge import CodeJudge  # noqa: E402
 
@@ -39,19 +37,6 @@ PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 ROOTFS = os.environ.get("TOOLSERVICES_TEST_ROOTFS") or os.path.expanduser(
     "~/.cache/toolservices-tests/debian-bookworm-python.tar"
 )
-
-
-def tree_cpu() -> float:
-    """CPU seconds of this process and its descendants, with the children they reaped."""
-    total = 0.0
-    me = psutil.Process()
-    for proc in (me, *me.children(recursive=True)):
-        try:
-            t = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
 
 
 def image_reference(work: str) -> str:
@@ -105,14 +90,14 @@ def main() -> None:
                     assert all(r["status"] == "Success" for r in done), done
                 for name, judge in judges.items():
                     time.sleep(0.5)  # the other judge's spares refilled
-                    before = tree_cpu()
+                    before = tree_cpu(os.getpid())
                     for _ in range(args.requests):
                         started = time.perf_counter()
                         r = judge.run_code(PY, "python", stdin="1 2")
                         walls[name].append(time.perf_counter() - started)
                         assert r["run_result"]["stdout"] == "3\n", r
                     time.sleep(0.5)  # spares the requests used are made again: counted
-                    cpus[name].append((tree_cpu() - before) / args.requests)
+                    cpus[name].append((tree_cpu(os.getpid()) - before) / args.requests)
         finally:
             for judge in judges.values():
                 judge.close()
