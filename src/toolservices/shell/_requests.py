@@ -26,7 +26,7 @@ from toolservices.shell._result import ShellFileError, ShellResult
 if TYPE_CHECKING:
     from toolservices.shell._images import SessionImages
 
-__all__ = ["SupervisorRequests", "warmup_code"]
+__all__ = ["SupervisorRequests", "preload_code", "warmup_code"]
 
 #: the name the supervisor's entry point has in a session's globals
 _ENTRY = "__ts_shell__"
@@ -53,22 +53,42 @@ _CODE = {
         ("_toolservices_shell", "_supervisor"),
     )
 }
-# Idempotent: loading it again in a live session keeps its shell state.
+#: the supervisor's top module, loaded last: once it is in ``sys.modules`` all of them are
+_TOP = "_toolservices_shell"
+# Run once by the fork server (``preload_code``): every session then shares these modules'
+# pages copy-on-write instead of loading a private copy of them (docs/shell.md).
+_LOAD = (
+    "import binascii as _b, marshal as _ma, sys as _s, types as _t\n"
+    f"for _n, _c in {_CODE!r}.items():\n"
+    "    _m = _t.ModuleType(_n)\n"
+    "    _s.modules[_n] = _m\n"
+    "    exec(_ma.loads(_b.a2b_base64(_c)), _m.__dict__)\n"
+    "del _b, _ma, _s, _t, _m, _n, _c\n"
+)
+# A session binds the entry point from the preloaded modules: a few bytes to send.
+_BIND = (
+    f"if {_ENTRY!r} not in globals() and {_TOP!r} in __import__('sys').modules:\n"
+    f"    {_ENTRY} = __import__('sys').modules[{_TOP!r}].call\n"
+)
+# The same where the modules may be missing (an interpreter that did not come from the
+# fork server's preloaded state): loads them. Idempotent: a live session keeps its state.
 _BOOTSTRAP = (
-    f"if {_ENTRY!r} not in globals():\n"
-    "    import binascii as _b, marshal as _ma, sys as _s, types as _t\n"
-    f"    for _n, _c in {_CODE!r}.items():\n"
-    "        _m = _t.ModuleType(_n)\n"
-    "        _s.modules[_n] = _m\n"
-    "        exec(_ma.loads(_b.a2b_base64(_c)), _m.__dict__)\n"
-    f"    {_ENTRY} = _m.call\n"
-    "    del _b, _ma, _s, _t, _m, _n, _c\n"
+    _BIND
+    + f"if {_ENTRY!r} not in globals():\n"
+    + "".join(f"    {line}\n" for line in _LOAD.splitlines())
+    + f"    {_ENTRY} = __import__('sys').modules[{_TOP!r}].call\n"
 )
 
 
+def preload_code() -> str:
+    """What the executor's fork server runs once: the supervisor's modules, shared by all."""
+    return _LOAD
+
+
 def warmup_code(config_text: str) -> str:
-    """What a spare interpreter runs ahead of need: load the supervisor, start the first bash."""
-    return _BOOTSTRAP + f"{_ENTRY}('warm', {{}}, {config_text})\n"
+    """What a spare interpreter runs ahead of need: bind the supervisor, start the first bash
+    (a spare without it is left cold: its first request loads it)."""
+    return f"{_BIND}if {_ENTRY!r} in globals():\n    {_ENTRY}('warm', {{}}, {config_text})\n"
 
 
 def _text(data: bytes, total: int, cap: int) -> tuple[str, bool]:
@@ -97,9 +117,6 @@ class SupervisorRequests:
         self._config = config
         self._config_text = repr(config)  # in every request's source: written once
         self._lock = threading.Lock()
-        # sessions whose supervisor is loaded (as far as we know: an evicted one answers
-        # NameError and is loaded again), so that their calls skip the bootstrap
-        self._booted: set[str] = set()
         # sessions whose state or files were lost in a call that could not say so (a file
         # tool's, or a command whose supervisor died): their next command reports it
         self._lost: dict[str, None] = {}
@@ -128,7 +145,7 @@ class SupervisorRequests:
         if boot:
             return f"{_BOOTSTRAP}{call}\n"
         # a session without the supervisor says so (no exception: not a failed call)
-        return f"if {_ENTRY!r} in globals():\n    {call}\nelse:\n    print({_COLD!r})\n"
+        return f"{_BIND}if {_ENTRY!r} in globals():\n    {call}\nelse:\n    print({_COLD!r})\n"
 
     @staticmethod
     def _needs_boot(res: ExecResult) -> bool:
@@ -136,20 +153,6 @@ class SupervisorRequests:
             return res.stdout.endswith(_COLD + "\n")
         exc = res.exception
         return exc.type == "NameError" and _ENTRY in exc.message
-
-    def _booting(self, session_id: str | None) -> bool:
-        # a new session (or a fresh shell) most likely comes from a warmed spare (see
-        # ``warmup``), which has the supervisor: try without the bootstrap (68 KB to send
-        # and compile); a cold one answers NameError and gets it
-        if self._python.spares:
-            return False
-        return session_id is None or session_id not in self._booted
-
-    def _booted_now(self, session_id: str | None, res: ExecResult) -> None:
-        if session_id is not None and res.exception is None:
-            if len(self._booted) > 4 * self.max_sessions:
-                self._booted.clear()  # forgetting only costs a NameError round trip
-            self._booted.add(session_id)
 
     async def _execute(
         self, code: str, session_id: str | None, limit: float, inline: bool
@@ -163,14 +166,15 @@ class SupervisorRequests:
     async def _request(
         self, op: str, args: dict[str, Any], session_id: str | None, limit: float, inline: bool
     ) -> tuple[ExecResult, bool]:
-        code = self._code(op, args, self._booting(session_id), session_id)
+        # every session comes from the fork server, which preloaded the supervisor (see
+        # ``preload_code``): the request binds it; one that lacks it answers cold, and loads it
+        code = self._code(op, args, False, session_id)
         res = await self._execute(code, session_id, limit, inline)
         lost = res.restarted
         if self._needs_boot(res):
             code = self._code(op, args, True, session_id)
             res = await self._execute(code, session_id, limit, inline)
             lost = lost or res.restarted
-        self._booted_now(session_id, res)
         return res, self._note_lost(session_id, res, lost)
 
     def _note_lost(self, session_id: str | None, res: ExecResult, lost: bool) -> bool:

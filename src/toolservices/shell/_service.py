@@ -34,7 +34,7 @@ from toolservices.shell._images import SessionImages, check_image_spares, start_
 from toolservices.shell._native import library as native_library
 from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
-from toolservices.shell._requests import SupervisorRequests, warmup_code
+from toolservices.shell._requests import SupervisorRequests, preload_code, warmup_code
 from toolservices.shell._result import FileEntry, ShellFileError, ShellResult
 
 __all__ = ["ShellService"]
@@ -173,6 +173,8 @@ class ShellService(SupervisorRequests):
             max_output=reply + 64 * 1024,
             sandbox=config,
             spares=spares,
+            # the fork server loads the supervisor's modules once: sessions share its pages
+            preload_code=preload_code(),
             # spare interpreters load the supervisor and start the first bash ahead of need:
             # a new session's first command then finds them ready
             warmup=warmup_code(self._config_text),
@@ -565,7 +567,6 @@ class ShellService(SupervisorRequests):
 
     async def _close_session(self, session_id: str, inline: bool) -> bool:
         check_session(session_id, required=True)
-        self._booted.discard(session_id)
         self._reported_lost(session_id)  # its next use is a new session, not a lost one
         self._images.sessions.pop(session_id, None)
         self._python_lost(session_id, started=False)  # and its next Python call a new one

@@ -143,10 +143,12 @@ class ForkServerClient:
         max_output: int,
         busy_poll: float = 0.0,
         python: str | None = None,
+        preload_code: str = "",
     ) -> None:
         self.layers = layers
         self.sandbox = sandbox
         self.preload = preload
+        self.preload_code = preload_code
         self.max_output = max_output
         self.busy_poll = busy_poll
         self.python = python or sys.executable
@@ -207,7 +209,10 @@ class ForkServerClient:
         self.chan = Channel(ours, max_body=MAX_META)
         # the server takes the workdir base from its argv
         config = Config(
-            max_output=self.max_output, busy_poll=self.busy_poll, preload=list(self.preload)
+            max_output=self.max_output,
+            busy_poll=self.busy_poll,
+            preload=list(self.preload),
+            preload_code=self.preload_code,
         )
         try:
             with anyio.fail_after(SERVER_START_TIMEOUT):

@@ -68,6 +68,7 @@ class ServerPool:
 
     sandbox: Any
     preload: tuple[str, ...]
+    preload_code: str
     max_output: int
     busy_poll: float
     spares: int
@@ -106,6 +107,7 @@ class ServerPool:
                 layers=self._layers,
                 sandbox=self.sandbox,
                 preload=self.preload,
+                preload_code=self.preload_code,
                 max_output=self.max_output,
                 busy_poll=self.busy_poll,
             )

@@ -78,6 +78,11 @@ class PythonExecutorService(SessionTable):
       16,384; read at construction, so each Ray replica sizes itself from its
       own node (``docs/scaling.md``).
     * ``preload``: modules the fork server imports once (e.g. ``("numpy",)``).
+    * ``preload_code``: Python source the fork server runs once, after ``preload``,
+      before it forks any session: what it leaves in ``sys.modules`` every session
+      shares copy-on-write (``ShellService`` installs its supervisor's modules so).
+      It must not start threads. Not run for sessions on an ``image`` (they run the
+      image's own ``python3``).
     * ``sandbox``: the isolation settings (``SandboxConfig``); see
       :func:`~toolservices.python.isolation_report`.
     * ``network``: ``"loopback"`` (the default: each session its own network
@@ -112,6 +117,7 @@ class PythonExecutorService(SessionTable):
         *,
         max_sessions: int | None = None,
         preload: tuple[str, ...] | list[str] = (),
+        preload_code: str = "",
         sandbox: Any = None,
         max_output: int = 256 * 1024,
         max_queue: int | None = None,
@@ -140,12 +146,17 @@ class PythonExecutorService(SessionTable):
             raise UserError("max_output and max_queue must be positive, spares >= 0")
         if not isinstance(warmup, str):
             raise UserError(f"warmup must be a str of Python code, got {type(warmup).__name__}")
+        if not isinstance(preload_code, str):
+            raise UserError(
+                f"preload_code must be a str of Python code, got {type(preload_code).__name__}"
+            )
         if not 0 <= busy_poll <= 0.01:
             raise UserError(f"busy_poll must be between 0 and 0.01 seconds, got {busy_poll}")
         self.pool_size = pool_size
         self.timeout = float(timeout)
         self.max_sessions = max_sessions
         self.preload = tuple(preload)
+        self.preload_code = preload_code
         self.max_output = max_output
         self.max_queue = max_queue
         self.spares = spares
@@ -173,6 +184,7 @@ class PythonExecutorService(SessionTable):
             "timeout": self.timeout,
             "max_sessions": self._max_sessions_arg,
             "preload": self.preload,
+            "preload_code": self.preload_code,
             # the image travels by name: a replica pulls it into its own node's cache
             "sandbox": dataclasses.replace(self.sandbox, root_layers=(), root_python="")
             if self.image is not None

@@ -4,7 +4,7 @@ Run as ``python -s <package dir>/python/runtime/_forkserver.py --fd N --base DIR
 by the parent (by path, so that only the standard library and the
 runtime package are loaded, not ``toolservices``), never forked from it (the
 trainer may have imported torch; forking it is slower than a cold start). It
-imports the configured modules once, then
+imports the configured modules (and runs the configured ``preload_code``) once, then
 answers framed requests on its control socket one at a time:
 
 * ``SPAWN`` (with the session's channel end attached): make a private working
@@ -467,6 +467,11 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(name)
         except Exception as exc:  # reported to the parent, which raises a UserError
             failed[name] = f"{type(exc).__name__}: {exc}"
+    if config.preload_code:  # e.g. modules every session shares copy-on-write (ShellService's)
+        try:
+            exec(compile(config.preload_code, "<preload_code>", "exec"), {"__name__": "__preload__"})
+        except Exception as exc:  # reported like a failed preload
+            failed["preload_code"] = f"{type(exc).__name__}: {exc}"
     session_ns = (_load_state() or {}).get("session_ns") or {}
     if session_ns.get("images"):
         preload_image_modules()

@@ -267,12 +267,16 @@ class Forked(Message):
 
 @dataclass
 class Config(Message):
-    """parent -> fork server, first frame: what every session gets."""
+    """parent -> fork server, first frame: what every session gets.
+
+    ``preload_code``: source run once after ``preload`` is imported, before any fork.
+    """
 
     KIND = Kind.CONFIG
     max_output: int
     busy_poll: float = 0.0
     preload: list[str] = field(default_factory=list)
+    preload_code: str = ""
 
 
 @dataclass
