@@ -377,6 +377,24 @@ def test_preloaded_modules_are_already_imported() -> None:
         bad.execute("pass")
 
 
+def test_preload_code_runs_once_in_the_fork_server() -> None:
+    # it leaves a module whose pid is the fork server's: every session shares that one load
+    code = "import os, sys, types\nm = types.ModuleType('_shared')\nm.pid = os.getpid()\n"
+    code += "sys.modules['_shared'] = m\n"
+    show = "import os, sys\nprint(sys.modules['_shared'].pid, os.getpid())"
+    with PythonExecutorService(pool_size=1, preload_code=code) as svc:
+        loaded = {svc.execute(show, session_id=f"s{i}").stdout.split()[0] for i in range(2)}
+        fresh = svc.execute(show).stdout.split()
+        assert loaded == {fresh[0]} and fresh[0] != fresh[1], (loaded, fresh)
+    with (
+        PythonExecutorService(pool_size=1, preload_code="raise ValueError('no luck')") as bad,
+        pytest.raises(UserError, match="preload_code.*no luck"),
+    ):
+        bad.execute("pass")
+    with pytest.raises(UserError, match="preload_code must be a str"):
+        PythonExecutorService(preload_code=b"pass")  # type: ignore[arg-type]
+
+
 def test_many_sessions_many_threads_then_nothing_left() -> None:
     with PythonExecutorService(pool_size=3, max_sessions=24, timeout=20) as svc:
         svc.execute("pass")

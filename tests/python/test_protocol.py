@@ -29,6 +29,7 @@ SAMPLES: list[protocol.Message] = [
     protocol.Result(fatal="the output capture files were closed or replaced"),
     protocol.Forked(n=2),
     protocol.Config(max_output=1024, busy_poll=0.0005, preload=["json"]),
+    protocol.Config(max_output=1024, preload_code="import sys\nsys.x = 1\n"),
     protocol.Spawn(),
     protocol.Kill(workdir="/w/s1/w0"),
     protocol.Discard(workdir="/w/s1/w0"),

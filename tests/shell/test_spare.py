@@ -46,6 +46,24 @@ def test_new_sessions_work_from_warmed_spares(shell: ShellService) -> None:
     assert shell.stats()["failures"] == before
 
 
+def test_sessions_share_the_supervisor_the_fork_server_loaded() -> None:
+    with ShellService(pool_size=1, spares=0) as shell:
+        # an interpreter that never ran a shell request has the supervisor's modules
+        res = shell._python.execute("import sys\nprint('_toolservices_shell' in sys.modules)")
+        assert res.stdout == "True\n", res
+        assert shell.run("echo $((6 * 7))", session_id="a").stdout == "42\n"
+
+
+def test_a_session_that_lost_the_supervisor_loads_it_again(shell: ShellService, sid: str) -> None:
+    assert shell.run("echo one", session_id=sid).stdout == "one\n"
+    drop = "import sys\nfor n in [n for n in sys.modules if n.startswith('_toolservices_shell')]:"
+    drop += "\n    del sys.modules[n]\ndel __ts_shell__"
+    assert shell._python.execute(drop, session_id=sid).success
+    before = shell.stats()["failures"]
+    res = shell.run("echo two", session_id=sid)
+    assert res.stdout == "two\n" and shell.stats()["failures"] == before, res
+
+
 def test_executor_warmup_failure_only_costs_the_spares() -> None:
     with PythonExecutorService(pool_size=1, spares=1, warmup="raise RuntimeError") as py:
         for i in range(3):
