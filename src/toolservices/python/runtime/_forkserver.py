@@ -469,7 +469,9 @@ def main(argv: list[str] | None = None) -> None:
             failed[name] = f"{type(exc).__name__}: {exc}"
     if config.preload_code:  # e.g. modules every session shares copy-on-write (ShellService's)
         try:
-            exec(compile(config.preload_code, "<preload_code>", "exec"), {"__name__": "__preload__"})
+            exec(
+                compile(config.preload_code, "<preload_code>", "exec"), {"__name__": "__preload__"}
+            )
         except Exception as exc:  # reported like a failed preload
             failed["preload_code"] = f"{type(exc).__name__}: {exc}"
     session_ns = (_load_state() or {}).get("session_ns") or {}
