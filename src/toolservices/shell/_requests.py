@@ -1,8 +1,9 @@
 """Requests to a shell session's supervisor, and what its replies say.
 
 A request is Python source the executor runs in the session: a call of the
-supervisor's entry point, after the supervisor's own code (the bootstrap)
-when the session may not have it yet. The reply is the last line of the
+supervisor's entry point, bound from the modules the executor's fork server
+loaded once for every session (``preload_code``), or, in a session that lacks
+them, after the supervisor's own code (the bootstrap). The reply is the last line of the
 session's stdout, a JSON object carrying the service's token (a line the
 session printed itself cannot). Sessions whose state was lost in a call that
 could not say so are remembered until a command reports it.
