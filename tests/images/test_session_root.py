@@ -221,3 +221,26 @@ def test_an_image_without_bash_is_refused(tmp_path: Path) -> None:
     oci_layout(str(tmp_path / "oci"), [busybox_layer("gzip")])
     with pytest.raises(UserError, match="has no /bin/bash"):
         ShellService(image=f"oci:{tmp_path}/oci", image_cache=str(tmp_path / "cache"))
+
+
+def test_image_sessions_run_commands_in_copies_of_one_live_bash(
+    image_shell: ShellService,
+) -> None:
+    """The bash builtin reaches a session on an image from the bytes the fork server
+    preloaded (a memfd: the image's root has no copy of the package), as on the host root."""
+    from toolservices.shell._native import library
+
+    if library() is None:
+        pytest.skip("the package's bash builtin is not built here (no C compiler)")
+    count = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | grep -cx ts-shell; "
+    first = image_shell.run(f"X=1; cd /tmp; {count}echo $$", session_id="live")
+    second = image_shell.run(f"echo $X; pwd; {count}echo $$", session_id="live")
+    assert first.returncode == 0 and second.returncode == 0, (first, second)
+    root_first, pid_first = first.stdout.split()
+    x, where, root_second, pid_second = second.stdout.split()
+    assert (root_first, root_second) == ("1", "1"), (first, second)  # one live root bash
+    assert (x, where) == ("1", "/tmp")
+    assert pid_first != pid_second  # each command its own copy
+    # the builtin's memfd was closed once loaded: a command sees only its own descriptors
+    fds = image_shell.run("ls /proc/self/fd", session_id="live").stdout.split()
+    assert "7" not in fds, fds

@@ -651,8 +651,12 @@ def test_stopped_spare_shell_cannot_hang_the_session(shell: ShellService) -> Non
             time.sleep(0.01)
     else:
         raise AssertionError("the job never found the spare bash")
+    # With the live bash the job may have found the master (a copy of the root, also the
+    # supervisor's child) before the copy made ahead for this command: then this command
+    # runs in that copy; else it is the stopped one and times out. Never a hang or a loss.
     res = shell.run("echo never", session_id=sid, timeout=1)
-    assert res.timed_out and "did not answer" not in res.stderr, res
+    assert res.timed_out or res.stdout == "never\n", res
+    assert "did not answer" not in res.stderr, res
     after = shell.run('echo "${#BIG}"; cat f', session_id=sid)
     assert after.stdout == "200000\nkept\n", after
     shell.close_session(sid)

@@ -58,7 +58,7 @@ def test_without_the_builtin_each_command_gets_a_bash(monkeypatch: pytest.Monkey
 
 def test_a_bash_that_cannot_load_the_builtin_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     # not a shared object: the root bash answers that it cannot serve, the session goes on
-    monkeypatch.setattr(_service, "native_library", lambda: _service.__file__)
+    monkeypatch.setattr(_native, "library", lambda: _service.__file__)
     with ShellService(pool_size=1, timeout=10.0, max_sessions=4, spares=0) as svc:
         res = svc.run("X=1; pgrep -cx ts-shell", session_id="a")
         assert res.stdout == "0\n" and not res.restarted, res
@@ -72,3 +72,15 @@ def test_a_low_descriptor_limit_still_gets_the_commands_output(
     assert shell.run("ulimit -n 32", session_id=sid).success
     res = shell.run("echo ok; ulimit -n", session_id=sid)
     assert res.stdout == "ok\n32\n", res
+
+
+def test_a_session_without_the_builtins_bytes_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a session on an image takes the builtin from the bytes the fork server preloaded; an
+    # interpreter without them (not from that fork server) gets a bash per command instead
+    monkeypatch.setattr(_native, "BUILTIN", None)
+    live = _native.Live("", {"PATH": "/usr/bin:/bin"})
+    with pytest.raises(_native.Unavailable):
+        live.prime(b"", 0)
+    assert live.root is None

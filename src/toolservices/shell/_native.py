@@ -55,6 +55,11 @@ else:  # in a session: loaded just before this one (see ``_service._CODE``)
     _command = sys.modules["_toolservices_shell_command"]
 
 _PID = struct.Struct("<q")
+#: the builtin's bytes, put here by the fork server's preload (``_requests``): a session on an
+#: image, whose root has no copy of the package, loads it from a memfd (``Live("")``)
+BUILTIN: bytes | None = None
+#: the descriptor a root started from those bytes finds them at (closed once loaded)
+_BUILTIN_FD = 7
 #: what a root that cannot load the builtin answers instead of a pid
 _NOT_LIVE = b"NOTLIVE!"
 #: seconds to wait for the root or a master to answer before it is replaced
@@ -69,6 +74,7 @@ SCRIPT = (
     + r"""
 builtin shopt -s expand_aliases  # as in an interactive terminal (the state may turn it off)
 builtin enable -f "$1" __ts_serve 2>/dev/null || { builtin printf NOTLIVE! >&3; builtin exit 3; }
+builtin exec 7<&-  # the builtin's memfd, where it came from one (loaded: no longer needed)
 builtin shift
 builtin __ts_serve 3 || { [[ $? != 4 ]] || builtin printf NOTLIVE! >&3; builtin exit 1; }
 builtin trap __ts_save EXIT
@@ -85,6 +91,14 @@ def library() -> str | None:
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tsbash.so")
     return path if os.path.isfile(path) else None
+
+
+def session_library(*, on_image: bool) -> str | None:
+    """The supervisor's ``native`` setting: the builtin's path; "" for a session on an image
+    (its root has no copy of the package: the bytes the fork server preloaded, see
+    :data:`BUILTIN`); None without a builtin."""
+    path = library()
+    return None if path is None else "" if on_image else path
 
 
 class Unavailable(OSError):
@@ -218,27 +232,36 @@ class Live:
         return waiting
 
     def _start_root(self) -> _Server:
+        library, blob = self.library, -1
+        if not library:  # a session on an image: the builtin from the preloaded bytes
+            if BUILTIN is None:
+                raise Unavailable(errno.ENOENT, "no copy of the builtin in this session")
+            blob = os.memfd_create("ts-builtin", os.MFD_CLOEXEC)
+            view = memoryview(BUILTIN)
+            while view:
+                view = view[os.write(blob, view) :]
+            library = f"/proc/self/fd/{_BUILTIN_FD}"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [_command.BASH, "--noprofile", "--norc", "-c", SCRIPT, "bash", self.library]
+        argv = [_command.BASH, "--noprofile", "--norc", "-c", SCRIPT, "bash", library]
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
+        ]
+        if blob >= 0:
+            actions.append((os.POSIX_SPAWN_DUP2, blob, _BUILTIN_FD))
         try:
             pid = os.posix_spawn(
-                argv[0],
-                argv,
-                self.env,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
-                    (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
-                ],
-                setpgroup=0,
-                setsigdef=_DEFAULTS,
+                argv[0], argv, self.env, file_actions=actions, setpgroup=0, setsigdef=_DEFAULTS
             )
         except OSError:
             ours.close()
             raise
         finally:
             theirs.close()
+            if blob >= 0:
+                os.close(blob)
         return _Server(pid, ours)
 
     def prime(self, state: bytes, generation: int) -> None:

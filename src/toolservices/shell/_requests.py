@@ -22,6 +22,7 @@ from toolservices._clip import omitted_marker
 from toolservices.errors import InfrastructureError
 from toolservices.python import ExecResult, PythonExecutorService
 from toolservices.shell._checks import RUN_FIELDS, checked, died
+from toolservices.shell._native import library as native_library
 from toolservices.shell._result import ShellFileError, ShellResult
 
 if TYPE_CHECKING:
@@ -54,6 +55,19 @@ _CODE = {
         ("_toolservices_shell", "_supervisor"),
     )
 }
+
+
+def _builtin_line() -> str:
+    """The line of the preload that hands the bash builtin's bytes to ``_native`` (sessions on
+    an image load it from a memfd); none where the package has no builtin."""
+    library = native_library()
+    if library is None:
+        return ""
+    with open(library, "rb") as fh:
+        blob = base64.b64encode(fh.read()).decode()
+    return f"_s.modules['_toolservices_shell_native'].BUILTIN = _b.a2b_base64({blob!r})\n"
+
+
 #: the supervisor's top module, loaded last: once it is in ``sys.modules`` all of them are
 _TOP = "_toolservices_shell"
 # Run once by the fork server (``preload_code``): every session then shares these modules'
@@ -64,7 +78,8 @@ _LOAD = (
     "    _m = _t.ModuleType(_n)\n"
     "    _s.modules[_n] = _m\n"
     "    exec(_ma.loads(_b.a2b_base64(_c)), _m.__dict__)\n"
-    "del _b, _ma, _s, _t, _m, _n, _c\n"
+    + _builtin_line()
+    + "del _b, _ma, _s, _t, _m, _n, _c\n"
 )
 # A session binds the entry point from the preloaded modules: a few bytes to send.
 _BIND = (

@@ -31,7 +31,7 @@ from toolservices.shell._config import (
     shell_config,
 )
 from toolservices.shell._images import SessionImages, check_image_spares, start_dir
-from toolservices.shell._native import library as native_library
+from toolservices.shell._native import session_library
 from toolservices.shell._pycall import arun_python, forget_python, python_config
 from toolservices.shell._report import shell_report
 from toolservices.shell._requests import SupervisorRequests, preload_code, warmup_code
@@ -153,7 +153,7 @@ class ShellService(SupervisorRequests):
                 "start_dir": start_dir(self.image) if image_workdir else None,
                 # the bash builtin that lets one live bash serve the commands (shell.md); an
                 # image's bash may not be the one it was built for: a bash per command there
-                "native": native_library() if self.image is None else None,
+                "native": session_library(on_image=self.image is not None),
                 # every reply carries it: a line the session forged cannot (see _reply)
                 "token": secrets.token_hex(16),
                 # the Python tool's interpreter: None forks the supervisor, else the image's
@@ -459,12 +459,11 @@ class ShellService(SupervisorRequests):
         if image is not None:
             here = start_dir(image) if self.image_workdir else None
             roots = self._python.session_roots
-            # its own WorkingDir, its own bash (no builtin: not in its root), and its own
-            # python3 for the Python tool
+            # its own WorkingDir, bash builtin and python3 (for the Python tool)
             config = {
                 **self._config,
                 "start_dir": here,
-                "native": None,
+                "native": session_library(on_image=True),
                 "python": python_config(image),
             }
             self._images.put(session, image, config, roots)
