@@ -230,10 +230,10 @@ def _tree_pss() -> int:
     return total
 
 
-# a file mapping's page-cache pages: [0] RSS, [1] those mapped by this process alone
-# (a copy of its own would be private), [2] anonymous ones (private copies: relocations,
-# data written), which are no page cache
-_FIELDS = {"Rss:": 0, "Private_Clean:": 1, "Private_Dirty:": 1, "Anonymous:": 2}
+# a file mapping's pages: [0] RSS, [1] clean ones mapped by this process alone (page cache
+# only it maps: a copy of its own would be), [2] anonymous ones (copies made on write:
+# relocations, data written; shared with forks of the process, so not counted in [1])
+_FIELDS = {"Rss:": 0, "Private_Clean:": 1, "Anonymous:": 2}
 
 
 def _mapped_copies(inodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
@@ -262,7 +262,7 @@ def _mapped_copies(inodes: dict[int, str]) -> dict[int, tuple[int, int, int]]:
             entry = found.setdefault(inode, [0, 0, 0])
             entry[0] += 1
             entry[1] = max(entry[1], rss - anon)
-            entry[2] += private - anon
+            entry[2] += private
     return {inode: (n, rss, private) for inode, (n, rss, private) in found.items()}
 
 
