@@ -33,7 +33,6 @@
  * (stable since bash 4): no bash headers are needed to build it.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -43,7 +42,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sched.h>
@@ -153,13 +151,14 @@ static int init(int sock) {
 
 /* The whole memfd `fd` as a NUL-terminated string (NULL on error). */
 static char *slurp(int fd) {
-    struct stat info;
-    if (fstat(fd, &info) != 0) return NULL;
-    char *text = malloc((size_t)info.st_size + 1);
+    /* lseek, not fstat: fstat is versioned GLIBC_2.33, and images may carry an older glibc */
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size < 0) return NULL;
+    char *text = malloc((size_t)size + 1);
     if (text == NULL) return NULL;
     size_t got = 0;
-    while (got < (size_t)info.st_size) {
-        ssize_t n = pread(fd, text + got, (size_t)info.st_size - got, (off_t)got);
+    while (got < (size_t)size) {
+        ssize_t n = pread(fd, text + got, (size_t)size - got, (off_t)got);
         if (n <= 0) break;
         got += (size_t)n;
     }
@@ -168,10 +167,14 @@ static char *slurp(int fd) {
 }
 
 /* Evaluate `text` at the top level of this bash, as `source` would. */
+/* bash's own functions, bound weakly at load (not dlsym: versioned GLIBC_2.34 since libdl
+   moved into libc, which older images' glibc cannot resolve). */
+extern int evalstring(char *, const char *, int) __attribute__((weak)); /* bash >= 5.1 */
+extern int parse_and_execute(char *, const char *, int) __attribute__((weak));
+
 static void evaluate(char *text) {
-    typedef int eval_fn(char *, const char *, int);
-    eval_fn *run = (eval_fn *)dlsym(RTLD_DEFAULT, "evalstring"); /* bash >= 5.1 */
-    if (run == NULL) run = (eval_fn *)dlsym(RTLD_DEFAULT, "parse_and_execute");
+    int (*run)(char *, const char *, int) = evalstring;
+    if (run == NULL) run = parse_and_execute;
     if (run != NULL) run(text, "state", SEVAL_NOHIST | SEVAL_NOFREE);
 }
 
