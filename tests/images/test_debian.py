@@ -113,6 +113,19 @@ def test_fix_install_and_test_a_repository_shipped_in_the_image(debian: ShellSer
     assert "1 failed" in other.stdout and "ModuleNotFoundError" in other.stderr, other
 
 
+def test_commands_run_on_the_live_bash_of_debians_own_bash(debian: ShellService) -> None:
+    """Debian 12's bash (5.2, glibc 2.36) loads the package's builtin from the preloaded
+    bytes: the session's commands are copies of one live bash, as on the host root."""
+    from toolservices.shell._native import library
+
+    if library() is None:
+        pytest.skip("the package's bash builtin is not built here (no C compiler)")
+    count = "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | grep -cx ts-shell"
+    res = debian.run(f"Y=2; {count}", session_id="live-debian")
+    assert res.stdout == "1\n", res
+    assert debian.run('echo "$Y"', session_id="live-debian").stdout == "2\n"
+
+
 def test_python_sessions_run_on_the_image_python(debian_image: tuple[str, str]) -> None:
     """PythonExecutorService(image=...): Debian's own python3 (not the host's), its
     packages importable, the image's root writable and private to each session."""
