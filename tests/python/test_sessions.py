@@ -291,8 +291,11 @@ def test_timeout_kills_descendants(service: PythonExecutorService, marker: str) 
 
 
 def test_forked_child_returning_does_not_answer(service: PythonExecutorService, sid: str) -> None:
-    # a child forked by user code falls back into the worker loop: it must not reply
-    result = service.execute("import os\npid = os.fork()\nprint('hi')", session_id=sid)
+    # a child forked by user code falls back into the worker loop: it must not reply. The
+    # parent waits for it: a child still printing after the call ended would write into the
+    # next call's output (as any background process of the session may)
+    code = "import os\npid = os.fork()\nprint('hi', flush=True)\nif pid:\n    os.waitpid(pid, 0)"
+    result = service.execute(code, session_id=sid)
     assert result.success and "hi" in result.stdout
     assert service.execute("print('next')", session_id=sid).stdout == "next\n"
     service.close_session(sid)
