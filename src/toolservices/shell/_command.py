@@ -139,9 +139,7 @@ class Spare:
     def prime(self, state: bytes, generation: int) -> None:
         """Hand it the state to restore now, before its command is known."""
         try:
-            view = memoryview(state)
-            while view:  # a memfd: never blocks
-                view = view[os.write(self.state_in, view) :]
+            write_all(self.state_in, state)
             os.close(self.state_in)
             self.state_in = -1
             os.write(self.cmd_w, b"\n")  # one byte in a fresh pipe: never blocks
@@ -267,6 +265,13 @@ def _kept(buf: list[bytearray], cap: int) -> bytes:
     head, tail = buf
     keep = cap // 2
     return bytes(head) + (bytes(tail[-keep:]) if keep else b"")
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (a memfd: never blocks)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def read_all(fd: int) -> bytes:

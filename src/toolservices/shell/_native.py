@@ -237,9 +237,7 @@ class Live:
             if BUILTIN is None:
                 raise Unavailable(errno.ENOENT, "no copy of the builtin in this session")
             blob = os.memfd_create("ts-builtin", os.MFD_CLOEXEC)
-            view = memoryview(BUILTIN)
-            while view:
-                view = view[os.write(blob, view) :]
+            _command.write_all(blob, BUILTIN)
             library = f"/proc/self/fd/{_BUILTIN_FD}"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [_command.BASH, "--noprofile", "--norc", "-c", SCRIPT, "bash", library]
@@ -278,9 +276,7 @@ class Live:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         memfd = os.memfd_create("state", os.MFD_CLOEXEC)
         try:
-            view = memoryview(state)
-            while view:  # a memfd: never blocks
-                view = view[os.write(memfd, view) :]
+            _command.write_all(memfd, state)
             self.root.urgent(False)
             self.root.send(b"m", [(theirs.fileno(), 3), (memfd, 5)])
         except OSError:

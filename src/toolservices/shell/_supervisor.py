@@ -277,9 +277,7 @@ class Shell:
             state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
             launched = _command.Spare(-1, out_r, err_r, in_w, state_out, -1)
             try:
-                view = memoryview(command.encode("utf-8", "surrogateescape"))
-                while view:  # a memfd: never blocks
-                    view = view[os.write(text, view) :]
+                _command.write_all(text, command.encode("utf-8", "surrogateescape"))
                 pairs = [(in_r, 0), (out_w, 1), (err_w, 2), (text, 3), (state_out, 4)]
                 launched.pid = self.live.command(
                     pairs, self._state_bytes(), self.generation, deadline
