@@ -7,8 +7,9 @@ Each tree gets a child process of its own that holds one warm ``ShellService``
 session; the parent asks them for a few calls at a time in turn (anchor,
 candidate, candidate, anchor, ...), so both see the same machine load. Measured
 per call, through the sync API: ``run("echo hi")`` back to back,
-``write_file`` + ``read_file`` of a small file, and ``run("echo hi")`` after a
-20 ms pause; and, for comparison, ``await arun("echo hi")`` on a loop of the
+``write_file`` + ``read_file`` of a small file, ``run("echo hi")`` after a
+20 ms pause, a command that changes the shell state (``export N=<i>; cd .``)
+back to back and paused; and, for comparison, ``await arun("echo hi")`` on a loop of the
 caller's own. Prints the median of all calls of each, and candidate / anchor.
 """
 
@@ -34,13 +35,20 @@ svc.run("cd /tmp", session_id=sid)
 loop = asyncio.new_event_loop()  # the caller's own loop, as an async harness has
 
 
+counter = [0]
+
+
 def batch(kind, n):
     samples = []  # every call's time: the parent takes the median over all batches
     for _ in range(n):
-        if kind == "echo_paused":
+        if kind.endswith("_paused"):
             time.sleep(0.02)
+        counter[0] += 1
         t = time.perf_counter()
-        if kind.startswith("echo"):
+        if kind.startswith("state"):
+            res = svc.run(f"export N={counter[0]}; cd .", session_id=sid)
+            assert res.returncode == 0, res
+        elif kind.startswith("echo"):
             res = svc.run("echo hi", session_id=sid)
             assert res.stdout == "hi\n", res
         elif kind == "async_echo":
@@ -90,7 +98,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     args = parser.parse_args()
     trees = {"anchor": start(args.anchor), "candidate": start(args.candidate)}
-    kinds = ("echo", "write+read", "echo_paused", "async_echo")
+    kinds = ("echo", "write+read", "echo_paused", "state", "state_paused", "async_echo")
     results: dict[tuple[str, str], list[float]] = {}
     try:
         for kind in kinds:  # warm-up batch each, not counted

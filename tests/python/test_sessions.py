@@ -10,6 +10,7 @@ import pytest
 from tests.python.conftest import wait_until_gone
 
 from toolservices.python import ExecResult, PythonExecutorService
+from toolservices.python.runtime import AFTER_REPLY
 
 
 def test_result_is_the_contract_mapping(service: PythonExecutorService) -> None:
@@ -351,3 +352,23 @@ def test_code_breaking_the_worker_machinery(
     after = service.execute("print('ok')", session_id=sid)
     assert after.success and after.stdout == "ok\n", after
     service.close_session(sid)
+
+
+def test_after_reply_hook_runs_once_between_calls(service: PythonExecutorService, sid: str) -> None:
+    # what a call leaves under AFTER_REPLY runs after its reply, before the next call
+    hook = f"ran = []\n{AFTER_REPLY} = lambda: ran.append(len(ran))\nprint(ran)"
+    assert service.execute(hook, session_id=sid).stdout == "[]\n"
+    assert service.execute("print(ran)", session_id=sid).stdout == "[0]\n"
+    after = service.execute(f"print(ran, {AFTER_REPLY!r} in globals())", session_id=sid)
+    assert after.stdout == "[0] False\n" and not after.restarted
+
+
+def test_after_reply_hook_that_raises_ends_the_session(
+    service: PythonExecutorService, sid: str
+) -> None:
+    assert service.execute(f"x = 1\n{AFTER_REPLY} = lambda: 1 / 0", session_id=sid).success
+    # the next call finds the interpreter gone (EXIT_BROKEN) and says so; then a fresh one
+    after = service.execute("print(globals().get('x'))", session_id=sid)
+    assert after.restarted and not after.success and "status 70" in after.stderr, after
+    fresh = service.execute("print(globals().get('x'))", session_id=sid)
+    assert fresh.success and fresh.stdout == "None\n", fresh

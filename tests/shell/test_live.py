@@ -10,6 +10,10 @@ both ways).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from toolservices.shell import ShellService, _native, _service
@@ -84,3 +88,85 @@ def test_a_session_without_the_builtins_bytes_falls_back(
     with pytest.raises(_native.Unavailable):
         live.prime(b"", 0)
     assert live.root is None
+
+
+# A state change of each kind the save covers, and a command that shows it in the next copy:
+# the copy compares its state's fingerprint with its master's and saves only on a change.
+_CHANGES = [
+    ("A=1", 'echo "$A"', "1"),
+    ("A=2", 'echo "$A"', "2"),
+    ("f() { echo f; }", "f", "f"),
+    ("unset -f f; f() { echo g; }", "f", "g"),  # same size, maybe the same address
+    ("declare -a X=(1 2)", 'echo "${X[*]}"', "1 2"),
+    ("X[1]=3", 'echo "${X[*]}"', "1 3"),
+    ("declare -A M=([k]=v)", 'echo "${M[k]}"', "v"),
+    ("M[k]=w", 'echo "${M[k]}"', "w"),
+    ("shopt -s expand_aliases; alias ll=ls", "alias ll", "alias ll='ls'"),
+    ("alias ll='ls -l'", "alias ll", "alias ll='ls -l'"),
+    ("cd /tmp", "pwd", "/tmp"),
+    ("ulimit -S -n 100", "ulimit -S -n", "100"),
+    ("set -o noglob", "echo *", "*"),
+    ("declare -i N=5; N+=1", "echo $N", "6"),
+    ("export E=1", "printenv E", "1"),
+    ("export -n E", 'printenv E || echo "$E"', "1"),
+    ("unset A", 'echo "${A-unset}"', "unset"),
+]
+
+
+def test_every_kind_of_state_change_reaches_the_next_command(shell: ShellService, sid: str) -> None:
+    for change, show, expected in _CHANGES:
+        assert shell.run(change, session_id=sid).success, change
+        for _ in range(2):  # the copy after the change, and one from the master it made
+            res = shell.run(show, session_id=sid)
+            assert res.stdout == expected + "\n" and not res.restarted, (change, res)
+
+
+_SCRIPT = r"""
+import base64, json, os, sys, tempfile
+from toolservices.shell import _command, _native, _supervisor
+
+os.chdir(tempfile.mkdtemp())
+shell = _supervisor.Shell(os.getcwd(), max_output=4096, max_file=4096, native=_native.library())
+saved = []
+take = shell._take_state
+shell._take_state = lambda text: saved.append(text == _command.SAME) or take(text)
+out = []
+for command in sys.argv[1:]:
+    reply = shell.run(command, 10.0, None)
+    answered_first = shell.saving is not None
+    shell.after_reply()
+    out.append([base64.b64decode(reply["stdout"]).decode(), reply["returncode"],
+                reply["restarted"], answered_first, saved[-1], shell.generation])
+shell.live.close()
+print(json.dumps(out))
+"""
+
+
+@needs_builtin
+def test_a_copy_answers_first_and_saves_only_a_changed_state() -> None:
+    # the supervisor on this host (a subprocess: it makes its process non-dumpable)
+    # (the first two commands save: the state a master reads back is the one that settles)
+    commands = ["echo a", "echo b", "echo c", "X=1", "echo $X", "exit 3", "kill $$", "echo $X"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, *commands], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    echo, change, shown, exited, killed, after = json.loads(proc.stdout)[2:]
+    # stdout, status, restarted, answered before its exit, saved nothing, generation
+    assert echo[:5] == ["c\n", 0, False, True, True]
+    assert change[3:5] == [True, False] and change[5] == echo[5] + 1
+    assert shown[:5] == ["1\n", 0, False, True, True]
+    assert exited[:5] == ["", 3, False, True, True]
+    # dying of a signal, bash runs its EXIT trap first: only waitpid knows the status
+    assert killed[:4] == ["", -15, False, False]
+    assert after[:3] == ["1\n", 0, False]
+
+
+@needs_builtin
+def test_a_command_cannot_answer_for_its_bash(shell: ShellService, sid: str) -> None:
+    # the descriptor a copy answers on is out of reach of the command's redirections
+    res = shell.run(
+        "echo forged >&6; (exec 0>&6) 2>/dev/null || echo closed; echo real", session_id=sid
+    )
+    assert res.stdout == "closed\nreal\n" and res.returncode == 0, res
+    assert "Bad file descriptor" in res.stderr, res

@@ -78,7 +78,32 @@ _LISTED_LIMITS = r"""
     builtin printf '#ts-limits end\n'
 """
 assert _LISTED_LIMITS in FUNCTIONS
-LIVE_FUNCTIONS: str = FUNCTIONS.replace(_LISTED_LIMITS, "\n    builtin __ts_serve limits\n")
+# Its save also answers first (``__ts_serve done``: the supervisor replies while the state is
+# saved) and saves nothing when the state's fingerprint is the one the copy came from
+# (``same``); else the text starts with its fingerprint (``fp``, see :data:`SAME`).
+_SAVE = "__ts_save() {\n"
+_PRINT = "  {\n    builtin declare -p\n"
+assert _SAVE in FUNCTIONS and _PRINT in FUNCTIONS
+LIVE_FUNCTIONS: str = (
+    FUNCTIONS.replace(_SAVE, _SAVE + '  builtin __ts_serve done "$?"\n')
+    .replace(_PRINT, "  builtin __ts_serve same && builtin return\n" + _PRINT)
+    .replace(_PRINT, _PRINT.replace("declare -p", "__ts_serve fp\n    builtin declare -p"))
+    .replace(_LISTED_LIMITS, "\n    builtin __ts_serve limits\n")
+)
+#: what a live bash's copy saves when its state is the one it came from
+SAME = b"#ts-same\n"
+_FP = "#ts-fp "
+
+
+def fingerprint(state: str) -> int:
+    """The fingerprint a live bash's copy put first in the state it saved (0: none)."""
+    if not state.startswith(_FP):
+        return 0
+    try:
+        return int(state[len(_FP) : state.index("\n")], 16)
+    except ValueError:
+        return 0
+
 
 # The script of a bash started ahead of need as a spare (the spawner's; the path without
 # the live bash, see ``_native``): wait for a line on the pipe on fd 3 (the state is
@@ -130,6 +155,8 @@ class Spare:
     ) -> None:
         self.cmd_w, self.out_r, self.err_r, self.in_w = cmd_w, out_r, err_r, in_w
         self.state_out, self.state_in = state_out, state_in
+        #: where a live bash's copy says its command ended (``collect``), or -1
+        self.done_r = -1
         self.pid = 0
         #: what the poll loop writes to it besides stdin: the command, on the spawner's way
         self.writes: dict[int, bytes] = {}
@@ -149,23 +176,36 @@ class Spare:
         self.generation = generation
 
     def close(self) -> None:
-        for fd in (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out, self.state_in):
+        fds = (self.cmd_w, self.out_r, self.err_r, self.in_w, self.state_out, self.state_in)
+        for fd in (*fds, self.done_r):
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = self.state_in = -1
+        self.done_r = -1
 
 
 def collect(
-    pid: int, out_r: int, err_r: int, writes: dict[int, bytes], timeout: float, cap: int
-) -> tuple[int, list[tuple[bytes, int]], bool, str]:
-    """Feed ``writes`` (fd: data, closed once written) and read both streams until bash exits.
+    pid: int,
+    out_r: int,
+    err_r: int,
+    writes: dict[int, bytes],
+    timeout: float,
+    cap: int,
+    *,
+    pidfd: int,
+    done_r: int = -1,
+) -> tuple[int, list[tuple[bytes, int]], bool, str, bool]:
+    """Feed ``writes`` (fd: data, closed once written) and read both streams until bash exits,
+    or until it says on ``done_r`` that the command ended (a live bash's copy, see ``_native``).
 
-    Not until EOF: background jobs may hold the streams open. The last item
-    names a program of the command found waiting for terminal input (then
-    the command was killed), or is empty.
+    Not until EOF: background jobs may hold the streams open. The first item
+    is a wait status (one made of the status ``done_r`` told); the fourth
+    names a program of the command found waiting for terminal input (then the
+    command was killed), or is empty; the last says the status came from
+    ``done_r``: bash is still saving the state (``pidfd`` tells when it exits).
     """
     bufs = [[bytearray(), bytearray()], [bytearray(), bytearray()]]
     totals = [0, 0]
@@ -188,8 +228,10 @@ def collect(
     stuck = ""
     pipes = {os.fstat(fd).st_ino for fd in fds}
     # pidfd: wake up when bash exits, not only when it writes.
-    pidfd = os.pidfd_open(pid)
     poller.register(pidfd, select.POLLIN)
+    if done_r >= 0:
+        poller.register(done_r, select.POLLIN)
+    answered = False
     try:
         while status is None:
             left = deadline - time.monotonic()
@@ -206,10 +248,15 @@ def collect(
                     _, status = os.waitpid(pid, 0)
                     break
             for fd, _events in events:
-                if fd == pidfd:
+                if fd == done_r:
+                    told = _told(done_r)
+                    poller.unregister(done_r)
+                    if told is not None and status is None:  # as waitpid would say it
+                        status, answered = told << 8, True
+                elif fd == pidfd:
                     done, st = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        status = st
+                    if done:  # exited too (in the same round): its own status, its state saved
+                        status, answered = st, False
                 elif fd in pending:
                     view = pending[fd]
                     try:
@@ -228,11 +275,20 @@ def collect(
         for fd, index in fds.items():  # what the command wrote before it exited
             _drain(fd, bufs[index], totals, index, cap)
     finally:
-        os.close(pidfd)
         for fd in pending:
             os.close(fd)
     outs = [(_kept(bufs[0], cap), totals[0]), (_kept(bufs[1], cap), totals[1])]
-    return status, outs, timed_out, stuck
+    return status, outs, timed_out, stuck, answered
+
+
+def _told(fd: int) -> int | None:
+    """The status a copy's ``__ts_serve done`` wrote (4 bytes), or None: it closed the pipe
+    without (it dies of a signal, or exec'd: only ``waitpid`` knows)."""
+    try:
+        data = os.read(fd, 8)
+    except OSError:
+        return None
+    return int.from_bytes(data, "little") & 0xFF if len(data) == 4 else None
 
 
 def _drain(fd: int, buf: list[bytearray], totals: list[int], index: int, cap: int) -> bool:

@@ -78,6 +78,8 @@ builtin exec 7<&-  # the builtin's memfd, where it came from one (loaded: no lon
 builtin shift
 builtin __ts_serve 3 || { [[ $? != 4 ]] || builtin printf NOTLIVE! >&3; builtin exit 1; }
 builtin trap __ts_save EXIT
+builtin __ts_serve watch
+builtin __ts_serve wait || { builtin trap - EXIT; builtin exit 1; }
 RANDOM=$SRANDOM
 builtin eval "$__ts_cmd"
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Collection
 
 
 def killpg(pid: int) -> None:
@@ -87,8 +88,9 @@ def now_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
 
 
-def children(root: int) -> dict[int, tuple[int, int]]:
-    """``root``'s children now, pid -> (start time, to tell a reused pid apart; group)."""
+def children(root: int, skip: Collection[int] = ()) -> dict[int, tuple[int, int]]:
+    """``root``'s children now but ``skip`` (the session's own, which no tree kill takes: not
+    read), pid -> (start time, to tell a reused pid apart; group)."""
     pids: list[int] = []
     try:
         for task in os.listdir(f"/proc/{root}/task"):
@@ -102,6 +104,8 @@ def children(root: int) -> dict[int, tuple[int, int]]:
         ]
     found = {}
     for pid in pids:
+        if pid in skip:
+            continue
         try:
             fields = stat_fields(pid)
             found[pid] = (int(fields[19]), int(fields[2]))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from toolservices._clip import omitted_marker
 from toolservices.errors import InfrastructureError
 from toolservices.python import ExecResult, PythonExecutorService
+from toolservices.python.runtime import AFTER_REPLY
 from toolservices.shell._checks import RUN_FIELDS, checked, died
 from toolservices.shell._native import library as native_library
 from toolservices.shell._result import ShellFileError, ShellResult
@@ -157,7 +158,11 @@ class SupervisorRequests:
     def _code(self, op: str, args: dict[str, Any], boot: bool, session_id: str | None) -> str:
         # a session on another image than the service's has its own (its WorkingDir)
         config = self._images.config_text(session_id) or self._config_text
-        call = f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {config})"
+        # the supervisor's answer is what the session runs after the reply (its state saved)
+        call = (
+            f"{AFTER_REPLY} = "
+            f"{_ENTRY}({op!r}, __import__('json').loads({json.dumps(args)!r}), {config})"
+        )
         if boot:
             return f"{_BOOTSTRAP}{call}\n"
         # a session without the supervisor says so (no exception: not a failed call)

@@ -35,6 +35,8 @@ import ctypes
 import errno
 import json
 import os
+import select
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -52,6 +54,9 @@ else:  # in a session: loaded just before this one (see ``_service._CODE``)
     Spawner = sys.modules["_toolservices_shell_spawner"].Spawner
 
 _MAX_LINGERING = 64
+#: seconds a command's copy that answered may take to save the state before it is killed
+#: (and the next command says ``restarted``): a 23 MB variable takes well under one
+_SAVE_WAIT = 5.0
 _PR_SET_DUMPABLE = 4
 _libc: Any = None
 
@@ -87,6 +92,9 @@ class Shell:
         # image's WorkingDir, made if the image lacks it, as docker does); later ones
         # where the previous command left off (the saved state's ``cd``)
         self.state = "" if not start_dir else _command.start_state(start_dir)
+        # the fingerprint of ``state`` (``_command.fingerprint``): a copy whose state still
+        # has it saves nothing
+        self.fingerprint = 0
         # bumped at each change of ``state``: a spare primed with another generation is stale
         self.generation = 0
         self.pid = os.getpid()
@@ -97,6 +105,11 @@ class Shell:
         # bash per command from the spawner
         self.live = None if native is None else _native.Live(native, self._env())
         self._encoded = (-1, b"")  # the state as bytes, and its generation
+        # a live bash's copy that answered (``__ts_serve done``) and is saving the state: its
+        # pidfd and state memfd, taken by ``settle`` after the reply (``after_reply``)
+        self.saving: tuple[int, int] | None = None
+        # news for the next command: the state a copy saved after it answered was lost
+        self.unsaved = False
         # stdout/stderr pipes of finished commands that background jobs still hold: kept
         # open and drained, so that a job printing later is not killed by SIGPIPE
         self.lingering: list[int] = []
@@ -132,6 +145,7 @@ class Shell:
             if not copied["ok"]:
                 return {**copied, "message": f"cannot copy HOME: {copied['message']}"}
         self.state = state
+        self.fingerprint = _command.fingerprint(state)
         self.generation += 1  # a spare primed with the state this session started with is stale
         return {"ok": True}
 
@@ -273,12 +287,15 @@ class Shell:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             in_r, in_w = os.pipe2(os.O_CLOEXEC)
+            done_r, done_w = os.pipe2(os.O_CLOEXEC)
             text = os.memfd_create("command", os.MFD_CLOEXEC)
             state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
             launched = _command.Spare(-1, out_r, err_r, in_w, state_out, -1)
+            launched.done_r = done_r
             try:
-                _command.write_all(text, command.encode("utf-8", "surrogateescape"))
-                pairs = [(in_r, 0), (out_w, 1), (err_w, 2), (text, 3), (state_out, 4)]
+                head = b"%016x\n" % self.fingerprint  # the state the copy comes from
+                _command.write_all(text, head + command.encode("utf-8", "surrogateescape"))
+                pairs = [(in_r, 0), (out_w, 1), (err_w, 2), (text, 3), (state_out, 4), (done_w, 6)]
                 launched.pid = self.live.command(
                     pairs, self._state_bytes(), self.generation, deadline
                 )
@@ -290,7 +307,7 @@ class Shell:
                 launched.close()
                 raise
             finally:
-                for fd in (in_r, out_w, err_w, text):
+                for fd in (in_r, out_w, err_w, text, done_w):
                     os.close(fd)
         spare = self._take_spare()
         spare.writes = {spare.cmd_w: b"__ts_cmd=" + _command.quote(command) + b"\n"}
@@ -320,7 +337,49 @@ class Shell:
             spared.add(self.spawner.pid)
         return spared
 
+    def _take_state(self, saved: bytes) -> bool:
+        """Adopt the state a command's bash saved; False if it is incomplete (not saved)."""
+        if saved == _command.SAME:  # a live bash's copy whose state is the one it came from
+            return True
+        text = _terminal.compact_limits(saved.decode("utf-8", "surrogateescape"))
+        if not text.endswith(_command.STATE_END + "\n"):
+            return False
+        if text != self.state:
+            self.state = text
+            self.fingerprint = _command.fingerprint(text)
+            self.generation += 1
+        return True
+
+    def settle(self) -> None:
+        """Take the state the last command's copy saved after it answered (see :meth:`run`):
+        wait for it to exit (at most ``_SAVE_WAIT``: then it is killed and the next command
+        says ``restarted``)."""
+        saving, self.saving = self.saving, None
+        if saving is None:
+            return
+        pidfd, state_out = saving
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            if not poller.poll(_SAVE_WAIT * 1000):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                poller.poll()  # SIGKILL: it exits now
+            saved = _command.read_all(state_out)
+        finally:
+            os.close(pidfd)
+            os.close(state_out)
+        _procs.reap()  # the copy, whose status it told
+        if not self._take_state(saved):
+            self.unsaved = True
+
+    def after_reply(self) -> None:
+        """Run by the session after the reply went (``AFTER_REPLY``): the state saved, the
+        next command's copy on its way from the master of that state."""
+        self.settle()
+        self.prepare_next()
+
     def run(self, command: str, timeout: float, stdin: bytes | None) -> dict[str, Any]:
+        self.settle()
         started = time.monotonic()
         self._drain_lingering()
         # the command's processes start from now on (a spare bash started earlier is in its
@@ -333,31 +392,43 @@ class Shell:
         pid = launched.pid
         # Background jobs of earlier commands, reparented to us: never this command's,
         # even when they forked after this command's bash was started as a spare.
-        earlier = _procs.children(self.pid)
+        earlier = _procs.children(self.pid, self._spared())
+        pidfd = -1
         try:
+            pidfd = os.pidfd_open(pid)
             # Written from the poll loop: a stopped bash (kill -STOP) cannot block us.
             writes = {**launched.writes, launched.in_w: stdin or b""}
             launched.in_w = -1
             left = max(started + timeout - time.monotonic(), 0.0)
-            status, outs, timed_out, stuck = _command.collect(
-                pid, launched.out_r, launched.err_r, writes, left, self.max_output
+            status, outs, timed_out, stuck, answered = _command.collect(
+                pid,
+                launched.out_r,
+                launched.err_r,
+                writes,
+                left,
+                self.max_output,
+                pidfd=pidfd,
+                done_r=launched.done_r,
             )
             if timed_out or stuck:
                 _procs.kill_tree(self.pid, pid, born, self._spared(), earlier)
                 self._discard_pending()
-            saved = _command.read_all(launched.state_out)
+            if answered:  # its bash saves the state while we reply: ``settle`` takes it
+                self.saving = (pidfd, launched.state_out)
+                pidfd = launched.state_out = -1
+                saved = b""
+            else:
+                saved = _command.read_all(launched.state_out)
             kept = (launched.out_r, launched.err_r)
             launched.out_r = launched.err_r = -1
             self._drain_lingering(kept)
         finally:
+            if pidfd >= 0:
+                os.close(pidfd)
             launched.close()
-        text = _terminal.compact_limits(saved.decode("utf-8", "surrogateescape"))
-        restarted = True
-        if not timed_out and not stuck and text.endswith(_command.STATE_END + "\n"):
-            if text != self.state:
-                self.state = text
-                self.generation += 1
-            restarted = False
+        # a copy that answered saves the state after the reply: lost, the next command says so
+        lost = not answered and (timed_out or bool(stuck) or not self._take_state(saved))
+        restarted, self.unsaved = lost or self.unsaved, False
         self.prepare_next()
         _procs.reap()
         if os.WIFEXITED(status):
@@ -390,8 +461,9 @@ class Shell:
 _shell: Shell | None = None
 
 
-def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
-    """Entry point of every request: one JSON line on stdout."""
+def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> Any:
+    """Entry point of every request: one JSON line on stdout. Returns what the session runs
+    after the reply (``AFTER_REPLY``), or None."""
     global _shell
     if _shell is None:
         _shell = Shell(
@@ -404,6 +476,7 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
             native=config.get("native"),
         )
     shell = _shell
+    shell.settle()  # every request sees the last command's state (normally taken already)
     if op == "run":
         stdin = None if args["stdin"] is None else base64.b64decode(args["stdin"])
         try:
@@ -461,3 +534,4 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     # request, to this non-dumpable process): a line it did not write cannot carry it
     reply["token"] = config.get("token")
     print(json.dumps(reply))
+    return shell.after_reply if shell.saving is not None else None

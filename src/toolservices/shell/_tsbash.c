@@ -16,14 +16,23 @@
  *     process of another command can open its descriptors or memory), becomes
  *     dumpable again, reads its command from the memfd on fd 3 into $__ts_cmd, sets
  *     $$ to its own pid and returns 0: the script goes on to run the command;
- *   role 'w' (a copy ahead of need): as 'c', but the copy then waits on its own
- *     socket (fd 5) for one message 'r' carrying the command's descriptors (no
- *     answer: its pid is known), so that the clone is off the command's path.
+ *   role 'w' (a copy ahead of need): as 'c', but without a command: the copy maps
+ *     the code it shares with its master, returns 0 so that the script sets its
+ *     EXIT trap, and then (`__ts_serve wait`) waits on its own socket (fd 5) for
+ *     one message 'r' carrying the command's descriptors (no answer: its pid is
+ *     known): the clone and that set-up are off the command's path.
  *
  * The first call (in the root bash) makes the process non-dumpable, prepares the
  * commands' Landlock ruleset once, and enters a nested Landlock domain scoped for
  * signals (ABI >= 6): commands cannot signal the supervisor, which stays outside.
  * It returns 1 when the socket closes, 4 when a Landlock layer could not be set up.
+ *
+ * `__ts_serve done STATUS`, the first step of a command's EXIT trap, tells the supervisor
+ * on fd 6 (then closed) that the command ended with STATUS and the state is being saved:
+ * it answers its caller without waiting for the save (4 bytes, the status; none when bash
+ * ends by a signal: then only `waitpid` knows the status). `__ts_serve watch`, run once
+ * the EXIT trap is set, wraps bash's handler of each fatal signal to note the signal
+ * first: without that note a trap run on the way to a signal's death says `$?`.
  *
  * `__ts_serve limits` prints the `ulimit` commands that restore the limits a command
  * changed since the root started (the state's part that `ulimit -a` twice, read back
@@ -62,6 +71,27 @@ struct builtin {
 #define BUILTIN_ENABLED 0x01
 
 extern void *bind_variable(const char *, char *, int);
+extern void termsig_sighandler(int) __attribute__((weak)); /* bash's fatal-signal handler */
+
+/* What `fingerprint` reads of bash's state: its variables (a layout unchanged since bash 2),
+ * functions and aliases, through the functions `declare -p`, `declare -f` and `alias -p`
+ * use themselves. Weak: a bash without one of them never skips the save. */
+typedef struct variable {
+    char *name, *value, *exportstr;
+    void *dynamic_value, *assign_func;
+    int attributes, context;
+} SHELL_VAR;
+typedef struct alias { char *name, *value; char flags; } alias_t;
+extern SHELL_VAR **all_shell_variables(void) __attribute__((weak));
+extern SHELL_VAR **all_shell_functions(void) __attribute__((weak));
+extern alias_t **all_aliases(void) __attribute__((weak));
+extern char *array_to_assign(void *, int) __attribute__((weak));
+extern char *assoc_to_assign(void *, int) __attribute__((weak));
+extern char *named_function_string(char *, void *, int) __attribute__((weak));
+#define ATT_ARRAY 0x4
+#define ATT_ASSOC 0x40
+#define ATT_INVISIBLE 0x1000
+#define FUNC_TEXT 0x3 /* FUNC_MULTILINE | FUNC_EXTERNAL, as `declare -f` prints */
 extern pid_t dollar_dollar_pid;
 extern pid_t last_asynchronous_pid;
 
@@ -78,6 +108,7 @@ extern pid_t last_asynchronous_pid;
 #define LL_SCOPE_ALL 3ULL /* abstract unix sockets | signals (ABI 6) */
 
 #define MAX_FDS 8
+#define DONE_FD 6 /* a command's copy: where `done` tells that the command ended */
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
@@ -86,6 +117,10 @@ struct ll_attr { uint64_t fs, net, scoped; };
 struct __attribute__((packed)) ll_beneath { uint64_t allowed; int32_t parent_fd; };
 
 static int initialized;
+static int done_fd = -1;               /* DONE_FD moved out of the command's way, close-on-exec */
+static volatile sig_atomic_t died_of;  /* a fatal signal bash's handler was given (`watch`) */
+static uint64_t expected;              /* the fingerprint of the state this copy came from, or 0 */
+static uint64_t measured;              /* this copy's own (`same`), printed by `fp` */
 static int waiting; /* a copy made ahead of its command ('w'), serving on fd 5 */
 
 /* The limits `ulimit -a` lists (bash's order, without the read-only pipe size): its flag,
@@ -213,19 +248,46 @@ static void place(int *fds, const unsigned char *targets, int n) {
     shut(low, ~0U);
 }
 
-/* In a command's copy, its descriptors in place: the command from fd 3 into $__ts_cmd. */
+/* In a command's copy, its descriptors in place: from fd 3 the fingerprint of the state it
+ * came from (16 hex digits and a newline) and the command, into $__ts_cmd. */
 static int take_command(void) {
     struct sched_param param = {0};
     sched_setscheduler(0, SCHED_OTHER, &param); /* commands run in the normal policy */
-    char *command = slurp(3);
+    char *text = slurp(3), *command = text;
     close(3);
+    if (text != NULL && strlen(text) >= 17 && text[16] == '\n') {
+        text[16] = '\0';
+        expected = strtoull(text, NULL, 16);
+        command = text + 17;
+    }
+    if (fcntl(DONE_FD, F_GETFD) >= 0) { /* out of reach of the command's `>&6`, not inherited */
+        done_fd = fcntl(DONE_FD, F_DUPFD_CLOEXEC, 100);
+        close(DONE_FD);
+    }
     bind_variable("__ts_cmd", command != NULL ? command : (char *)"", 0);
-    free(command);
+    free(text);
     return 0;
 }
 
 static int answer(int sock, int64_t value) {
     return send(sock, &value, sizeof value, MSG_NOSIGNAL) == (ssize_t)sizeof value ? 0 : -1;
+}
+
+#include <sys/mman.h>
+/* In a copy made ahead of need: map the code it shares with its master (bash's, the C
+ * library's...) into its own page tables now, off the command's path; a new process
+ * otherwise takes a page fault per few pages of code it runs. */
+static void map_code(void) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    if (maps == NULL) return;
+    char line[512];
+    while (fgets(line, sizeof line, maps) != NULL) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[2] != 'x') continue;
+        madvise((void *)lo, hi - lo, 22 /* MADV_POPULATE_READ, Linux 5.14 */);
+    }
+    fclose(maps);
 }
 
 static int serve(int sock) {
@@ -296,8 +358,108 @@ static int serve(int sock) {
         command_ruleset = -1;
         if (role == 'c') return take_command();
         waiting = 1; /* 'w': its socket on fd 5, the command's descriptors to come */
-        sock = 5;
+        map_code();
+        return 0;
     }
+}
+
+static void noted(int sig) {
+    died_of = sig;
+    termsig_sighandler(sig);
+}
+
+/* `__ts_serve watch`: each signal bash handles as fatal goes through `noted` first. */
+static int watch(void) {
+    if (termsig_sighandler == NULL) return 0; /* an unknown bash: `done` never answers early */
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction now;
+        if (sigaction(sig, NULL, &now) != 0 || (now.sa_flags & SA_SIGINFO)) continue;
+        if (now.sa_handler != termsig_sighandler) continue;
+        now.sa_handler = noted;
+        sigaction(sig, &now, NULL);
+    }
+    return 0;
+}
+
+/* `__ts_serve done STATUS`: the command ended with STATUS, unless bash is dying of a signal,
+ * or a fatal signal reaches bash's handler unwatched (a command set and reset its trap). */
+static int done(const char *status) {
+    if (done_fd < 0) return 0;
+    int fd = done_fd, early = termsig_sighandler != NULL && died_of == 0;
+    done_fd = -1;
+    for (int sig = 1; early && sig < NSIG; sig++) {
+        struct sigaction now;
+        if (sigaction(sig, NULL, &now) == 0 && !(now.sa_flags & SA_SIGINFO) &&
+            now.sa_handler == termsig_sighandler)
+            early = 0;
+    }
+    if (early) { /* a short or failed write: the supervisor waits for the exit, as without */
+        int32_t value = atoi(status) & 0xff;
+        ssize_t sent = write(fd, &value, sizeof value);
+        (void)sent;
+    }
+    close(fd);
+    return 0;
+}
+
+static uint64_t mix(uint64_t hash, const void *data, size_t size) { /* FNV-1a, 64 bits */
+    const unsigned char *byte = data;
+    for (size_t i = 0; i < size; i++) hash = (hash ^ byte[i]) * 0x100000001b3ULL;
+    return hash;
+}
+
+static uint64_t mix_text(uint64_t hash, const char *text) { /* with its NUL: unambiguous */
+    return text == NULL ? mix(hash, "\1", 2) : mix(hash, text, strlen(text) + 1);
+}
+
+/* A fingerprint of everything the EXIT trap saves (variables, functions, aliases, limits),
+ * as bash holds it now; 0 if this bash lacks a function it needs. */
+static uint64_t fingerprint(void) {
+    if (!all_shell_variables || !all_shell_functions || !all_aliases || !array_to_assign ||
+        !assoc_to_assign || !named_function_string)
+        return 0;
+    uint64_t hash = 0xcbf29ce484222325ULL;
+    SHELL_VAR **vars = all_shell_variables();
+    for (size_t i = 0; vars != NULL && vars[i] != NULL; i++) {
+        SHELL_VAR *var = vars[i];
+        hash = mix(mix_text(hash, var->name), &var->attributes, sizeof var->attributes);
+        if (var->attributes & ATT_INVISIBLE) continue;
+        if (var->attributes & (ATT_ARRAY | ATT_ASSOC)) {
+            char *text = (var->attributes & ATT_ARRAY) ? array_to_assign(var->value, 0)
+                                                       : assoc_to_assign(var->value, 0);
+            hash = mix_text(hash, text);
+            free(text);
+        } else {
+            hash = mix_text(hash, var->value);
+        }
+    }
+    free(vars);
+    SHELL_VAR **funcs = all_shell_functions();
+    for (size_t i = 0; funcs != NULL && funcs[i] != NULL; i++) {
+        SHELL_VAR *fn = funcs[i];
+        hash = mix(mix_text(hash, fn->name), &fn->attributes, sizeof fn->attributes);
+        hash = mix_text(hash, named_function_string(fn->name, fn->value, FUNC_TEXT));
+    }
+    free(funcs);
+    alias_t **aliases = all_aliases();
+    for (size_t i = 0; aliases != NULL && aliases[i] != NULL; i++)
+        hash = mix_text(mix_text(hash, aliases[i]->name), aliases[i]->value);
+    free(aliases);
+    for (size_t i = 0; i < NLIMITS; i++) {
+        struct rlimit now = {0, 0};
+        getrlimit(LIMITS[i].resource, &now);
+        hash = mix(hash, &now, sizeof now);
+    }
+    return hash == 0 ? 1 : hash;
+}
+
+/* `__ts_serve same`, in the EXIT trap where the save would print: 0 (true) when this copy's
+ * state is the one it came from (nothing to save: the trap writes "#ts-same" instead). */
+static int same(void) {
+    measured = fingerprint();
+    if (measured == 0 || measured != expected) return 1;
+    static const char mark[] = "#ts-same\n";
+    return pwrite(4, mark, sizeof mark - 1, 0) == (ssize_t)(sizeof mark - 1) ? 0 : 1;
 }
 
 /* `__ts_serve limits`: the `ulimit` commands that restore what a command changed (soft
@@ -324,6 +486,16 @@ static int print_limits(void) {
 static int ts_serve_builtin(WORD_LIST *list) {
     if (list == NULL || list->word == NULL) return 2;
     if (strcmp(list->word->word, "limits") == 0) return print_limits();
+    if (strcmp(list->word->word, "watch") == 0) return watch();
+    if (strcmp(list->word->word, "wait") == 0) return waiting ? serve(5) : 0;
+    if (strcmp(list->word->word, "same") == 0) return same();
+    if (strcmp(list->word->word, "fp") == 0) {
+        if (measured != 0) printf("#ts-fp %016llx\n", (unsigned long long)measured);
+        fflush(stdout);
+        return 0;
+    }
+    if (strcmp(list->word->word, "done") == 0)
+        return done(list->next != NULL && list->next->word != NULL ? list->next->word->word : "");
     int sock = atoi(list->word->word);
     if (!initialized) {
         initialized = 1;

@@ -30,6 +30,7 @@ if __name__ == "toolservices.python.runtime":  # the parent's import, not a runt
     from ._imagepy import runtime_zip_bytes
     from ._memcg import ENV as MEMCG_ENV
     from ._protocol import (
+        AFTER_REPLY,
         ANC_SPACE,
         EXIT_BROKEN,
         HEADER,
@@ -58,6 +59,7 @@ if __name__ == "toolservices.python.runtime":  # the parent's import, not a runt
     )
 
 __all__ = [
+    "AFTER_REPLY",
     "ANC_SPACE",
     "EXIT_BROKEN",
     "HEADER",

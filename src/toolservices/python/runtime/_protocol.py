@@ -62,6 +62,11 @@ __all__ = [
 HEADER = struct.Struct("<IIB")
 #: a session worker's exit status when the code broke its machinery (channel, output files)
 EXIT_BROKEN = 70
+#: a call may leave a callable under this name in the session's globals: the worker runs it
+#: once, after the reply is sent and before it reads the next request (work the caller need
+#: not wait for: the shell supervisor takes a command's saved state there). It must not
+#: raise: a hook that does ends the session (EXIT_BROKEN; the host reports the loss).
+AFTER_REPLY = "__toolservices_after_reply__"
 MAX_FDS = 16
 ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 

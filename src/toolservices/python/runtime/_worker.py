@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from ._confine import enter_copy, fixed_workspace, own_pids
 from ._linux import die_with_parent, libc, set_subreaper
 from ._protocol import (
+    AFTER_REPLY,
     EXIT_BROKEN,
     Error,
     Exec,
@@ -458,6 +459,15 @@ class _Worker:
                     pass
                 return
 
+    def _after_reply(self) -> None:
+        hook = self.globals.pop(AFTER_REPLY, None)
+        if hook is None:
+            return
+        try:
+            hook()
+        except BaseException:  # the session's own machinery failed: end it (see AFTER_REPLY)
+            os._exit(EXIT_BROKEN)
+
     def serve(self) -> NoReturn:
         self.hello()
         replied = 0.0
@@ -478,6 +488,7 @@ class _Worker:
                 replied = _perf_counter()
                 if result.fatal is not None:
                     os._exit(EXIT_BROKEN)
+                self._after_reply()
             elif frame.kind == Kind.FORK:
                 self.fork(frame)
             else:
