@@ -170,3 +170,20 @@ def test_a_command_cannot_answer_for_its_bash(shell: ShellService, sid: str) -> 
     )
     assert res.stdout == "closed\nreal\n" and res.returncode == 0, res
     assert "Bad file descriptor" in res.stderr, res
+
+
+@needs_builtin
+def test_a_command_that_takes_the_copys_descriptors_gets_none_of_its_writes(
+    shell: ShellService, sid: str
+) -> None:
+    # fd 4 (the state's memfd) and the answer's hidden descriptor, redirected for good by
+    # the command: the files stay the command's own; the lost save is said, not hidden
+    assert shell.run("X=1", session_id=sid).success
+    taken = shell.run("exec 4>four; X=2", session_id=sid)
+    assert taken.success and not taken.restarted, taken
+    after = shell.run('wc -c <four; echo "$X"', session_id=sid)
+    assert after.stdout == "0\n1\n" and after.restarted, after
+    for fd in range(100, 104):  # where the answer's descriptor goes (the first free above 99)
+        assert shell.run(f"exec {fd}>f{fd}; Y={fd}", session_id=sid).success
+        res = shell.run(f'wc -c <f{fd}; echo "$Y"', session_id=sid)
+        assert res.stdout == f"0\n{fd}\n" and not res.restarted, res

@@ -51,6 +51,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sched.h>
@@ -121,6 +122,24 @@ static int done_fd = -1;               /* DONE_FD moved out of the command's way
 static volatile sig_atomic_t died_of;  /* a fatal signal bash's handler was given (`watch`) */
 static uint64_t expected;              /* the fingerprint of the state this copy came from, or 0 */
 static uint64_t measured;              /* this copy's own (`same`), printed by `fp` */
+
+/* A file a descriptor names when the copy takes its command: a command may put something
+ * else on the same number (`exec 4>file`), which must then get none of our writes. */
+struct file_id { dev_t dev; ino_t ino; int known; };
+static struct file_id done_file, state_file;
+
+static struct file_id identify(int fd) {
+    struct stat st; /* by the system call: fstat is versioned GLIBC_2.33 (see slurp) */
+    struct file_id id = {0, 0, 0};
+    if (fd >= 0 && syscall(SYS_newfstatat, fd, "", &st, AT_EMPTY_PATH) == 0)
+        id = (struct file_id){st.st_dev, st.st_ino, 1};
+    return id;
+}
+
+static int still(int fd, struct file_id id) {
+    struct file_id now = identify(fd);
+    return id.known && now.known && now.dev == id.dev && now.ino == id.ino;
+}
 static int waiting; /* a copy made ahead of its command ('w'), serving on fd 5 */
 
 /* The limits `ulimit -a` lists (bash's order, without the read-only pipe size): its flag,
@@ -263,7 +282,9 @@ static int take_command(void) {
     if (fcntl(DONE_FD, F_GETFD) >= 0) { /* out of reach of the command's `>&6`, not inherited */
         done_fd = fcntl(DONE_FD, F_DUPFD_CLOEXEC, 100);
         close(DONE_FD);
+        done_file = identify(done_fd);
     }
+    state_file = identify(4);
     bind_variable("__ts_cmd", command != NULL ? command : (char *)"", 0);
     free(text);
     return 0;
@@ -282,9 +303,11 @@ static void map_code(void) {
     if (maps == NULL) return;
     char line[512];
     while (fgets(line, sizeof line, maps) != NULL) {
-        unsigned long lo, hi;
-        char perms[8];
-        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[2] != 'x') continue;
+        char *end; /* "lo-hi perms ...": not sscanf, which is versioned GLIBC_2.7 */
+        unsigned long lo = strtoul(line, &end, 16), hi;
+        if (*end != '-') continue;
+        hi = strtoul(end + 1, &end, 16);
+        if (*end != ' ' || strlen(end) < 4 || end[3] != 'x') continue;
         madvise((void *)lo, hi - lo, 22 /* MADV_POPULATE_READ, Linux 5.14 */);
     }
     fclose(maps);
@@ -384,9 +407,9 @@ static int watch(void) {
 /* `__ts_serve done STATUS`: the command ended with STATUS, unless bash is dying of a signal,
  * or a fatal signal reaches bash's handler unwatched (a command set and reset its trap). */
 static int done(const char *status) {
-    if (done_fd < 0) return 0;
     int fd = done_fd, early = termsig_sighandler != NULL && died_of == 0;
     done_fd = -1;
+    if (fd < 0 || !still(fd, done_file)) return 0; /* none, or the command's own by now */
     for (int sig = 1; early && sig < NSIG; sig++) {
         struct sigaction now;
         if (sigaction(sig, NULL, &now) == 0 && !(now.sa_flags & SA_SIGINFO) &&
@@ -456,6 +479,10 @@ static uint64_t fingerprint(void) {
 /* `__ts_serve same`, in the EXIT trap where the save would print: 0 (true) when this copy's
  * state is the one it came from (nothing to save: the trap writes "#ts-same" instead). */
 static int same(void) {
+    /* fd 4 is no longer the state's memfd (the command redirected it for good): nothing is
+     * saved, rather than the state written into the command's file; the session says
+     * `restarted` */
+    if (!still(4, state_file)) return 0;
     measured = fingerprint();
     if (measured == 0 || measured != expected) return 1;
     static const char mark[] = "#ts-same\n";
