@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from tests._wait import wait_until
 
 from toolservices import _portal
 from toolservices.errors import UserError
@@ -202,3 +203,40 @@ def test_an_interrupted_call_makes_the_next_one_say_the_state_is_lost(
     assert again.restarted and again.stdout == "False\n"
     assert not service.execute("print(1)", session_id=sid).restarted
     service.close_session(sid)
+
+
+def test_a_new_session_takes_a_ready_spare_without_the_loop() -> None:
+    with PythonExecutorService(pool_size=2, timeout=10.0, max_sessions=8, spares=1) as svc:
+        svc.execute("pass")  # starts the fork server; its spare follows
+        wait_until(lambda: svc.stats()["spares"] >= 1)
+        before = _direct(svc)
+        assert svc.execute("x = 41", session_id="fresh").success
+        assert _direct(svc) - before == 1  # the spare, taken in this thread
+        assert svc.execute("print(x + 1)", session_id="fresh").stdout == "42\n"
+        wait_until(lambda: svc.stats()["spares"] >= 1)  # ordered again after the call
+        # with no spare ready, the loop makes the session (and spawns its interpreter)
+        svc.spares = 0  # none made again: the one ready goes to the next new session
+        assert svc.execute("pass", session_id="takes-it").success
+        assert svc.stats()["spares"] == 0
+        before = _direct(svc)
+        assert svc.execute("y = 1", session_id="later").success
+        assert _direct(svc) == before
+
+
+def test_threads_starting_one_new_session_share_it() -> None:
+    # the caller's threads and the loop may make the same new session at once: one wins
+    with PythonExecutorService(pool_size=4, timeout=10.0, max_sessions=8, spares=2) as svc:
+        svc.execute("pass")
+        wait_until(lambda: svc.stats()["spares"] >= 2)
+        start = threading.Barrier(4)
+
+        def first(k: int) -> ExecResult:
+            start.wait()
+            if k % 2:
+                return asyncio.run(svc.aexecute("n = globals().get('n', 0) + 1", session_id="one"))
+            return svc.execute("n = globals().get('n', 0) + 1", session_id="one")
+
+        with ThreadPoolExecutor(4) as pool:
+            assert all(r.success for r in pool.map(first, range(4)))
+        assert svc.execute("print(n)", session_id="one").stdout == "4\n"
+        assert svc.stats()["sessions"] == 1

@@ -505,7 +505,10 @@ def call(op: str, args: dict[str, Any], config: dict[str, Any]) -> Any:
     elif op == "get_archive":
         reply = _files.get_archive(shell._path(args["path"]), shell.max_file)
     elif op == "warm":  # a spare interpreter, ahead of need: the first bash starts now
-        shell.prepare_next()
+        # and runs one command (its state saved and read back into a master: what the first
+        # command would wait for, and the code paths a first command faults in)
+        shell.run("true", 10.0, None)
+        shell.after_reply()
         # give back what loading the supervisor left free in the heap (about 0.35 MiB a
         # session: the bootstrap's source and its compilation)
         _lib().malloc_trim(0)

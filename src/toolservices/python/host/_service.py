@@ -381,13 +381,22 @@ class PythonExecutorService(SessionTable):
     def _execute_direct(self, code: str, session_id: str, limit: float) -> ExecResult | None:
         """The call from this thread, if its session is live and idle and a slot is free.
 
-        None when the loop must take it: a new, busy, lost or closed session,
-        no free slot, a bad argument (the loop path raises the error), or a
-        call from the loop's own thread.
+        None when the loop must take it: a new session without a spare ready
+        (``_new_slot_direct``), a busy, lost or closed one, no free slot, a bad
+        argument (the loop path raises the error), or a call from the loop's own
+        thread.
         """
-        slot = self._slots.get(session_id)
-        if slot is None or not isinstance(code, str) or self._closed or _portal.on_loop_thread():
+        if not isinstance(code, str) or self._closed or _portal.on_loop_thread():
             return None
+        slot = self._slots.get(session_id)
+        took_spare = slot is None
+        if slot is None:
+            server = self._server
+            if server is None or not server.alive:
+                return None
+            slot = self._new_slot_direct(session_id)
+            if slot is None:
+                return None
 
         def usable() -> bool:
             handle, server = slot.handle, self._server
@@ -415,6 +424,8 @@ class PythonExecutorService(SessionTable):
                 slot.handle = None
         finally:
             self._admission.release(slot.gate)
+            if took_spare:  # the next spare, once this call is done (as on the loop route)
+                _portal.get_loop().call_soon_threadsafe(self._schedule_refill)
         self._count(result, direct=True)
         return result
 
