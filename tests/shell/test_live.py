@@ -11,12 +11,13 @@ both ways).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from toolservices.shell import ShellService, _native, _service
+from toolservices.shell import ShellService, _command, _native, _service
 
 needs_builtin = pytest.mark.skipif(
     _native.library() is None,
@@ -134,6 +135,9 @@ out = []
 for command in sys.argv[1:]:
     reply = shell.run(command, 10.0, None)
     answered_first = shell.saving is not None
+    if "gate" in command:  # its copy waits in its save (see the test): let it go now
+        with open("gate", "w") as gate:
+            gate.write("go\n")
     shell.after_reply()
     out.append([base64.b64decode(reply["stdout"]).decode(), reply["returncode"],
                 reply["restarted"], answered_first, saved[-1], shell.generation])
@@ -142,24 +146,59 @@ print(json.dumps(out))
 """
 
 
-@needs_builtin
-def test_a_copy_answers_first_and_saves_only_a_changed_state() -> None:
-    # the supervisor on this host (a subprocess: it makes its process non-dumpable)
-    # (the first two commands save: the state a master reads back is the one that settles)
-    commands = ["echo a", "echo b", "echo c", "X=1", "echo $X", "exit 3", "kill $$", "echo $X"]
+def _on_this_host(*commands: str) -> list[list[object]]:
+    """Run ``commands`` in a supervisor on this host (a subprocess: it makes its process
+    non-dumpable); per command its stdout, status, restarted, whether it answered before
+    its bash exited, whether its bash saved nothing, and the state's generation."""
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, *commands], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
-    echo, change, shown, exited, killed, after = json.loads(proc.stdout)[2:]
-    # stdout, status, restarted, answered before its exit, saved nothing, generation
-    assert echo[:5] == ["c\n", 0, False, True, True]
-    assert change[3:5] == [True, False] and change[5] == echo[5] + 1
-    assert shown[:5] == ["1\n", 0, False, True, True]
-    assert exited[:5] == ["", 3, False, True, True]
+    rows: list[list[object]] = json.loads(proc.stdout)
+    return rows
+
+
+@needs_builtin
+def test_a_copy_saves_only_a_changed_state() -> None:
+    # (the first two commands save: the state a master reads back is the one that settles)
+    rows = _on_this_host(
+        "echo a", "echo b", "echo c", "X=1", "echo $X", "exit 3", "kill $$", "echo $X"
+    )
+    echo, change, shown, exited, killed, after = rows[2:]
+    assert echo[:3] == ["c\n", 0, False] and echo[4] is True
+    assert change[4] is False and change[5] == echo[5] + 1
+    assert shown[:3] == ["1\n", 0, False] and shown[4] is True
+    assert exited[:3] == ["", 3, False] and exited[4] is True
     # dying of a signal, bash runs its EXIT trap first: only waitpid knows the status
     assert killed[:4] == ["", -15, False, False]
     assert after[:3] == ["1\n", 0, False]
+
+
+def test_collect_returns_on_the_answer_while_bash_still_runs() -> None:
+    # what a copy's `__ts_serve done` writes (the status, 4 bytes on fd 6), by a bash that
+    # then waits on its stdin: collect answers without waiting for its exit
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    script = f"echo out; printf '\\003\\000\\000\\000' >&{done_w}; read -r _; true"
+    bash = subprocess.Popen(
+        ["bash", "-c", script], stdin=in_r, stdout=out_w, stderr=err_w, pass_fds=(done_w,)
+    )
+    for fd in (in_r, out_w, err_w, done_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(bash.pid)
+    try:
+        status, outs, timed_out, stuck, answered = _command.collect(
+            bash.pid, out_r, err_r, {}, 10.0, 4096, pidfd=pidfd, done_r=done_r
+        )
+        assert answered and os.WEXITSTATUS(status) == 3 and bash.poll() is None
+        assert outs[0][0] == b"out\n" and not timed_out and not stuck
+    finally:
+        os.close(in_w)  # its read ends: it exits
+        assert bash.wait(timeout=10) == 0
+        for fd in (pidfd, out_r, err_r, done_r):
+            os.close(fd)
 
 
 @needs_builtin
@@ -177,13 +216,24 @@ def test_a_command_that_takes_the_copys_descriptors_gets_none_of_its_writes(
     shell: ShellService, sid: str
 ) -> None:
     # fd 4 (the state's memfd) and the answer's hidden descriptor, redirected for good by
-    # the command: the files stay the command's own; the lost save is said, not hidden
+    # the command: the files stay the command's own; the lost save is said
     assert shell.run("X=1", session_id=sid).success
     taken = shell.run("exec 4>four; X=2", session_id=sid)
-    assert taken.success and not taken.restarted, taken
+    assert taken.success and taken.restarted, taken  # known before it answers: said now
     after = shell.run('wc -c <four; echo "$X"', session_id=sid)
-    assert after.stdout == "0\n1\n" and after.restarted, after
+    assert after.stdout == "0\n1\n" and not after.restarted, after
     for fd in range(100, 104):  # where the answer's descriptor goes (the first free above 99)
         assert shell.run(f"exec {fd}>f{fd}; Y={fd}", session_id=sid).success
         res = shell.run(f'wc -c <f{fd}; echo "$Y"', session_id=sid)
         assert res.stdout == f"0\n{fd}\n" and not res.restarted, res
+
+
+@needs_builtin
+def test_a_lowered_file_size_limit_that_stops_the_save_is_said_at_once(
+    shell: ShellService, sid: str
+) -> None:
+    # the copy does not answer before a save bound to fail: this command says restarted
+    assert shell.run("X=1", session_id=sid).success
+    res = shell.run("ulimit -f 0; X=2", session_id=sid)
+    assert res.restarted, res
+    assert shell.run('echo "$X"', session_id=sid).stdout == "1\n"

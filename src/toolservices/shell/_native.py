@@ -76,9 +76,12 @@ builtin shopt -s expand_aliases  # as in an interactive terminal (the state may 
 builtin enable -f "$1" __ts_serve 2>/dev/null || { builtin printf NOTLIVE! >&3; builtin exit 3; }
 builtin exec 7<&-  # the builtin's memfd, where it came from one (loaded: no longer needed)
 builtin shift
-builtin __ts_serve 3 || { [[ $? != 4 ]] || builtin printf NOTLIVE! >&3; builtin exit 1; }
-builtin trap __ts_save EXIT
+builtin trap __ts_save EXIT  # set once here: every copy inherits it, and the watch
 builtin __ts_serve watch
+builtin __ts_serve 3 || {
+  [[ $? != 4 ]] || builtin printf NOTLIVE! >&3
+  builtin trap - EXIT; builtin exit 1
+}
 builtin __ts_serve wait || { builtin trap - EXIT; builtin exit 1; }
 RANDOM=$SRANDOM
 builtin eval "$__ts_cmd"

@@ -16,11 +16,12 @@
  *     process of another command can open its descriptors or memory), becomes
  *     dumpable again, reads its command from the memfd on fd 3 into $__ts_cmd, sets
  *     $$ to its own pid and returns 0: the script goes on to run the command;
- *   role 'w' (a copy ahead of need): as 'c', but without a command: the copy maps
- *     the code it shares with its master, returns 0 so that the script sets its
- *     EXIT trap, and then (`__ts_serve wait`) waits on its own socket (fd 5) for
- *     one message 'r' carrying the command's descriptors (no answer: its pid is
- *     known): the clone and that set-up are off the command's path.
+ *   role 'w' (a copy ahead of need): as 'c', but without a command: the copy
+ *     returns 0 so that the script sets its EXIT trap, and then (`__ts_serve wait`)
+ *     waits on its own socket (fd 5) for one message 'r' carrying the command's
+ *     descriptors (no answer: its pid is known), mapping the code it shares with
+ *     its master if none comes at once: the clone and that set-up are off the
+ *     command's path.
  *
  * The first call (in the root bash) makes the process non-dumpable, prepares the
  * commands' Landlock ruleset once, and enters a nested Landlock domain scoped for
@@ -152,6 +153,7 @@ static const struct { char flag; int resource; rlim_t unit; } LIMITS[] = {
     {'v', RLIMIT_AS, 1024}, {'x', 10, 1},
 };
 #define NLIMITS (sizeof LIMITS / sizeof LIMITS[0])
+#define FSIZE_INDEX 4 /* RLIMIT_FSIZE's row */
 static struct rlimit started[NLIMITS];
 static int command_ruleset = -1;
 
@@ -295,6 +297,8 @@ static int answer(int sock, int64_t value) {
 }
 
 #include <sys/mman.h>
+#include <poll.h>
+#define MAP_AFTER_MS 2
 /* In a copy made ahead of need: map the code it shares with its master (bash's, the C
  * library's...) into its own page tables now, off the command's path; a new process
  * otherwise takes a page fault per few pages of code it runs. */
@@ -381,10 +385,11 @@ static int serve(int sock) {
         command_ruleset = -1;
         if (role == 'c') return take_command();
         waiting = 1; /* 'w': its socket on fd 5, the command's descriptors to come */
-        map_code();
         return 0;
     }
 }
+
+#define FATAL_MAX 32 /* the signals bash may handle as fatal: the standard ones */
 
 static void noted(int sig) {
     died_of = sig;
@@ -394,7 +399,7 @@ static void noted(int sig) {
 /* `__ts_serve watch`: each signal bash handles as fatal goes through `noted` first. */
 static int watch(void) {
     if (termsig_sighandler == NULL) return 0; /* an unknown bash: `done` never answers early */
-    for (int sig = 1; sig < NSIG; sig++) {
+    for (int sig = 1; sig < FATAL_MAX; sig++) {
         struct sigaction now;
         if (sigaction(sig, NULL, &now) != 0 || (now.sa_flags & SA_SIGINFO)) continue;
         if (now.sa_handler != termsig_sighandler) continue;
@@ -410,7 +415,13 @@ static int done(const char *status) {
     int fd = done_fd, early = termsig_sighandler != NULL && died_of == 0;
     done_fd = -1;
     if (fd < 0 || !still(fd, done_file)) return 0; /* none, or the command's own by now */
-    for (int sig = 1; early && sig < NSIG; sig++) {
+    /* a save bound to fail (fd 4 not the state's memfd any more, a lowered file size
+     * limit) is not answered early: the command's own result then says `restarted` */
+    struct rlimit fsize;
+    if (!still(4, state_file) || getrlimit(RLIMIT_FSIZE, &fsize) != 0 ||
+        fsize.rlim_cur < started[FSIZE_INDEX].rlim_cur)
+        early = 0;
+    for (int sig = 1; early && sig < FATAL_MAX; sig++) {
         struct sigaction now;
         if (sigaction(sig, NULL, &now) == 0 && !(now.sa_flags & SA_SIGINFO) &&
             now.sa_handler == termsig_sighandler)
@@ -514,7 +525,14 @@ static int ts_serve_builtin(WORD_LIST *list) {
     if (list == NULL || list->word == NULL) return 2;
     if (strcmp(list->word->word, "limits") == 0) return print_limits();
     if (strcmp(list->word->word, "watch") == 0) return watch();
-    if (strcmp(list->word->word, "wait") == 0) return waiting ? serve(5) : 0;
+    if (strcmp(list->word->word, "wait") == 0) {
+        if (!waiting) return 0;
+        /* the command not there at once: the caller is away, map the code meanwhile (back
+         * to back that would only add work: the mapping and its unmapping at exit) */
+        struct pollfd ready = {5, POLLIN, 0};
+        if (poll(&ready, 1, MAP_AFTER_MS) == 0) map_code();
+        return serve(5);
+    }
     if (strcmp(list->word->word, "same") == 0) return same();
     if (strcmp(list->word->word, "fp") == 0) {
         if (measured != 0) printf("#ts-fp %016llx\n", (unsigned long long)measured);
