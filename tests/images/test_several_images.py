@@ -8,6 +8,7 @@ copy of those), each with a layer and an Env of its own; and the Debian image of
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pickle
 import tarfile
@@ -290,5 +291,5 @@ def test_forgotten_sessions_are_pruned(tmp_path: Path) -> None:
             live.add(f"s{i}")
     assert set(images.sessions) <= {f"s{i}" for i in range(200)}
     assert len(images.sessions) < 200 and "s199" in images.sessions
-    assert images.config_text("s199") == repr({"start_dir": None})
-    assert images.config_text("nobody") is None and images.config_text(None) is None
+    assert images.config_json("s199") == json.dumps({"start_dir": None})
+    assert images.config_json("nobody") is None and images.config_json(None) is None

@@ -13,6 +13,7 @@ stand on their source's image.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -165,9 +166,9 @@ class SessionImages:
                 for gone in [s for s in self.sessions if s not in live]:
                     del self.sessions[gone]
             self.sessions[session] = image
-            self._configs.setdefault(image.digest, repr(config))
+            self._configs.setdefault(image.digest, json.dumps(config))
 
-    def config_text(self, session: str | None) -> str | None:
+    def config_json(self, session: str | None) -> str | None:
         """The supervisor configuration of a session on another image; None: the service's."""
         image = self.sessions.get(session) if session is not None else None
         return None if image is None else self._configs[image.digest]

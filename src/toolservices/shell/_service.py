@@ -177,7 +177,7 @@ class ShellService(SupervisorRequests):
             preload_code=preload_code(),
             # spare interpreters load the supervisor and start the first bash ahead of need:
             # a new session's first command then finds them ready
-            warmup=warmup_code(self._config_text),
+            warmup=warmup_code(self._config_json),
         )
         self._python.image_spares = check_image_spares(image_spares)
         self.pool_size = pool_size
