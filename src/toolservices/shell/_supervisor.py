@@ -429,7 +429,8 @@ class Shell:
         # a copy that answered saves the state after the reply: lost, the next command says so
         lost = not answered and (timed_out or bool(stuck) or not self._take_state(saved))
         restarted, self.unsaved = lost or self.unsaved, False
-        self.prepare_next()
+        if not answered:  # else after the reply, once the state is known (``after_reply``)
+            self.prepare_next()
         _procs.reap()
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
