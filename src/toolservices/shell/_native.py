@@ -13,10 +13,12 @@ and a copy of it runs each command:
   current state (made again only when a command changed the state);
 * each *command*: a copy of the master (``clone(CLONE_PARENT)``: our child, so
   its exit status is ``waitpid``'s, as for any bash we start) in its own
-  process group and its own Landlock domain, that runs the command and, in its
-  ``EXIT`` trap, saves the new state into a memfd. The copy for the next
-  command is made while the caller is away and waits for its descriptors
-  (no clone on the command's path).
+  process group and its own Landlock domain, that runs the command; its
+  ``EXIT`` trap tells the command's status on a pipe first (the reply leaves
+  then: ``_supervisor``), and saves the new state into a memfd when its
+  fingerprint differs from its master's (else only ``#ts-same``). The copy for
+  the next command is made while the caller is away and waits for its
+  descriptors (no clone on the command's path).
 
 The root, the masters and a waiting copy wait in ``SCHED_BATCH`` (a request
 does not preempt the supervisor on its way to reply); a command's copy takes
@@ -24,8 +26,8 @@ the normal policy back.
 
 The master is a snapshot: a command that timed out, ``exec``'d or was killed
 leaves it as it was (``restarted``), and the next command is its copy again.
-The state is still saved as text after each command (``fork_session``, and a
-new master when this one is lost), but read back only when it changed.
+The state's text (what ``fork_session`` copies and a new master evaluates) is
+written only when a command changed the state.
 
 Each request is one message on a unix socket: a role byte, the descriptors'
 target numbers, and the descriptors (``SCM_RIGHTS``); the answer is the copy's

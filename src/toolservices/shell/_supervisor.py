@@ -11,8 +11,11 @@ from the spawner (``_spawner``) that restored the state from a private memfd
 before the command arrived (``_command``). On exit the command's bash writes
 the new state into another private memfd. So:
 
-* the exit status is bash's own exit status, seen by ``waitpid``: nothing the
-  command prints, closes or redirects can end it early or fake it;
+* the exit status is bash's own exit status, seen by ``waitpid``, or told by a
+  live bash's copy at the start of its ``EXIT`` trap (the status it exits with;
+  the reply then leaves while it saves the state: :meth:`Shell.settle` takes
+  that after the reply): nothing the command prints, closes or redirects can
+  end it early or fake it;
 * ``exit``, ``exec``, ``kill -9 $$`` end only that bash; the next command gets
   another, from the last state saved (``restarted`` says when this command's
   changes could not be saved);
