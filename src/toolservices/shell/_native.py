@@ -78,7 +78,7 @@ builtin shopt -s expand_aliases  # as in an interactive terminal (the state may 
 builtin enable -f "$1" __ts_serve 2>/dev/null || { builtin printf NOTLIVE! >&3; builtin exit 3; }
 builtin exec 7<&-  # the builtin's memfd, where it came from one (loaded: no longer needed)
 builtin shift
-builtin trap __ts_save EXIT  # set once here: every copy inherits it, and the watch
+builtin trap __ts_save EXIT  # set once, here: every copy inherits the trap and the watch
 builtin __ts_serve watch
 builtin __ts_serve 3 || {
   [[ $? != 4 ]] || builtin printf NOTLIVE! >&3

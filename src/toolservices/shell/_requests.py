@@ -1,11 +1,13 @@
 """Requests to a shell session's supervisor, and what its replies say.
 
-A request is Python source the executor runs in the session: a call of the
-supervisor's entry point, bound from the modules the executor's fork server
-loaded once for every session (``preload_code``), or, in a session that lacks
-them, after the supervisor's own code (the bootstrap). The reply is the last line of the
-session's stdout, a JSON object carrying the service's token (a line the
-session printed itself cannot). Sessions whose state was lost in a call that
+A request is Python source the executor runs in the session: one call of the
+supervisor's entry point (a builtin name since the executor's fork server
+loaded the modules once for every session, ``preload_code``) with one JSON
+text, or, in a session that lacks it, the supervisor's own code first (the
+bootstrap). What the call returns the session runs after the reply
+(``AFTER_REPLY``: the state a command saves after it answered). The reply is
+the last line of the session's stdout, a JSON object carrying the service's
+token (a line the session printed itself cannot). Sessions whose state was lost in a call that
 could not say so are remembered until a command reports it.
 """
 

@@ -366,7 +366,7 @@ class Shell:
             poller.register(pidfd, select.POLLIN)
             if not poller.poll(_SAVE_WAIT * 1000):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                poller.poll()  # SIGKILL: it exits now
+                poller.poll(_SAVE_WAIT * 1000)  # SIGKILL: it exits now (what it saved: partial)
             saved = _command.read_all(state_out)
         finally:
             os.close(pidfd)

@@ -31,9 +31,15 @@
  * `__ts_serve done STATUS`, the first step of a command's EXIT trap, tells the supervisor
  * on fd 6 (then closed) that the command ended with STATUS and the state is being saved:
  * it answers its caller without waiting for the save (4 bytes, the status; none when bash
- * ends by a signal: then only `waitpid` knows the status). `__ts_serve watch`, run once
- * the EXIT trap is set, wraps bash's handler of each fatal signal to note the signal
- * first: without that note a trap run on the way to a signal's death says `$?`.
+ * ends by a signal: then only `waitpid` knows the status, nor when the save is bound to
+ * fail). `__ts_serve watch`, run by the root once its EXIT trap is set (every copy
+ * inherits both), wraps bash's handler of each fatal signal to note the signal first:
+ * without that note a trap run on the way to a signal's death says `$?`.
+ *
+ * `__ts_serve same`, where the trap would print the state, is true when a fingerprint
+ * of the state (what the save prints, read through bash's own functions) equals the
+ * one of the state the copy came from (given with its command): the trap then saves
+ * only "#ts-same". Else `__ts_serve fp` prints the fingerprint first in the state.
  *
  * `__ts_serve limits` prints the `ulimit` commands that restore the limits a command
  * changed since the root started (the state's part that `ulimit -a` twice, read back
@@ -49,12 +55,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -296,8 +304,6 @@ static int answer(int sock, int64_t value) {
     return send(sock, &value, sizeof value, MSG_NOSIGNAL) == (ssize_t)sizeof value ? 0 : -1;
 }
 
-#include <sys/mman.h>
-#include <poll.h>
 #define MAP_AFTER_MS 2
 /* In a copy made ahead of need: map the code it shares with its master (bash's, the C
  * library's...) into its own page tables now, off the command's path; a new process
