@@ -86,8 +86,11 @@ _PRINT = "  {\n    builtin declare -p\n"
 assert _SAVE in FUNCTIONS and _PRINT in FUNCTIONS
 LIVE_FUNCTIONS: str = (
     FUNCTIONS.replace(_SAVE, _SAVE + '  builtin __ts_serve done "$?"\n')
-    .replace(_PRINT, "  builtin __ts_serve same && builtin return\n" + _PRINT)
-    .replace(_PRINT, _PRINT.replace("declare -p", "__ts_serve fp\n    builtin declare -p"))
+    .replace(
+        _PRINT,
+        "  builtin __ts_serve same && builtin return\n"
+        + _PRINT.replace("declare -p", "__ts_serve fp\n    builtin declare -p"),
+    )
     .replace(_LISTED_LIMITS, "\n    builtin __ts_serve limits\n")
 )
 #: what a live bash's copy saves when its state is the one it came from
@@ -185,6 +188,17 @@ class Spare:
                     pass
         self.cmd_w = self.out_r = self.err_r = self.in_w = self.state_out = self.state_in = -1
         self.done_r = -1
+
+
+def streams() -> tuple[Spare, tuple[int, int, int]]:
+    """A command's streams and the memfd its bash saves the state into: the :class:`Spare`
+    holding our ends (the way its bash starts sets the rest), and bash's ends (stdin,
+    stdout, stderr), to hand over and then close."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
+    return Spare(-1, out_r, err_r, in_w, state_out, -1), (in_r, out_w, err_w)
 
 
 def collect(

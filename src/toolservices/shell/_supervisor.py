@@ -184,15 +184,11 @@ class Shell:
         if self.spawner is None:
             argv = [_command.BASH, "--noprofile", "--norc", "-c", _command.PRELUDE, "bash"]
             self.spawner = Spawner(argv, self._env(), self.workspace)
-        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
-        state_in = os.memfd_create("state-in", os.MFD_CLOEXEC)
-        spare = _command.Spare(cmd_w, out_r, err_r, in_w, state_out, state_in)
+        spare, (in_r, out_w, err_w) = _command.streams()
+        cmd_r, spare.cmd_w = os.pipe2(os.O_CLOEXEC)
+        spare.state_in = os.memfd_create("state-in", os.MFD_CLOEXEC)
         try:
-            self.spawner.request([in_r, out_w, err_w, cmd_r, state_out, state_in])
+            self.spawner.request([in_r, out_w, err_w, cmd_r, spare.state_out, spare.state_in])
         except OSError:
             spare.close()
             self._drop_spawner()
@@ -287,18 +283,14 @@ class Shell:
         spare from the spawner (its command written to its pipe).
         """
         if self.live is not None:
-            out_r, out_w = os.pipe2(os.O_CLOEXEC)
-            err_r, err_w = os.pipe2(os.O_CLOEXEC)
-            in_r, in_w = os.pipe2(os.O_CLOEXEC)
-            done_r, done_w = os.pipe2(os.O_CLOEXEC)
+            launched, (in_r, out_w, err_w) = _command.streams()
+            launched.done_r, done_w = os.pipe2(os.O_CLOEXEC)
             text = os.memfd_create("command", os.MFD_CLOEXEC)
-            state_out = os.memfd_create("state-out", os.MFD_CLOEXEC)
-            launched = _command.Spare(-1, out_r, err_r, in_w, state_out, -1)
-            launched.done_r = done_r
             try:
                 head = b"%016x\n" % self.fingerprint  # the state the copy comes from
                 _command.write_all(text, head + command.encode("utf-8", "surrogateescape"))
-                pairs = [(in_r, 0), (out_w, 1), (err_w, 2), (text, 3), (state_out, 4), (done_w, 6)]
+                state = launched.state_out
+                pairs = [(in_r, 0), (out_w, 1), (err_w, 2), (text, 3), (state, 4), (done_w, 6)]
                 launched.pid = self.live.command(
                     pairs, self._state_bytes(), self.generation, deadline
                 )
